@@ -1,0 +1,109 @@
+"""dispatchcore: verl's single-controller model on any backend.
+
+One driver calls ``wg.update_actor(batch)``; the ``@register`` decorator on
+the worker method decides how the batch is split over the ranks and how
+their results come back.  Executors (``local`` threads, ``torchrun``
+processes, ``ray`` actors) are plugins found through pluggy.
+"""
+
+from ._builtin_modes import concat_outputs, trim_padding
+from ._call import Call, UniqueValues
+from ._call_context import CallContext, current_call
+from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
+from ._dataproto import DataProto, DataProtoConfig, DataProtoItem
+from ._dataproto_ops import (
+    PADDING_ROWS_KEY,
+    chunk_with_padding,
+    collate_fn,
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    union_numpy_dict,
+    union_two_dict,
+    unfold_batch_dim,
+    unpad_dataproto,
+)
+from ._errors import (
+    BackendNotFoundError,
+    BatchSizeError,
+    DispatchError,
+    DispatchTimeoutError,
+    RegistrationError,
+    WorkerDiedError,
+    WorkerError,
+)
+from ._executor import CallHandle, Executor, GroupSpec
+from ._futures import CallFuture, DataProtoFuture
+from ._hookspecs import hookimpl, hookspec
+from ._method_proxy import MethodProxy
+from ._modes import (
+    Dispatch,
+    DispatchSpec,
+    Execute,
+    register_dispatch_mode,
+    unregister_dispatch_mode,
+    update_dispatch_mode,
+)
+from ._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from ._plugins import available_backends
+from ._register import Registration, register
+from ._tensor_batch import TensorBatch
+from ._worker import Worker
+from ._worker_group import WorkerGroup
+from ._worker_host import RemoteFailure, WorkerHost
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PADDING_ROWS_KEY",
+    "BackendNotFoundError",
+    "BatchSizeError",
+    "Call",
+    "CallContext",
+    "CallFuture",
+    "CallHandle",
+    "ClassWithInitArgs",
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoFuture",
+    "DataProtoItem",
+    "Dispatch",
+    "DispatchError",
+    "DispatchSpec",
+    "DispatchTimeoutError",
+    "Execute",
+    "Executor",
+    "GroupSpec",
+    "MethodProxy",
+    "Registration",
+    "RegistrationError",
+    "RemoteFailure",
+    "TensorBatch",
+    "UniqueValues",
+    "Worker",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerHost",
+    "__version__",
+    "available_backends",
+    "chunk_with_padding",
+    "collate_fn",
+    "colocate",
+    "concat_outputs",
+    "create_colocated_worker_cls",
+    "current_call",
+    "fold_batch_dim",
+    "hookimpl",
+    "hookspec",
+    "make_nd_compute_dataproto_dispatch_fn",
+    "pad_dataproto_to_divisor",
+    "register",
+    "register_dispatch_mode",
+    "trim_padding",
+    "unfold_batch_dim",
+    "union_numpy_dict",
+    "union_two_dict",
+    "unpad_dataproto",
+    "unregister_dispatch_mode",
+    "update_dispatch_mode",
+]

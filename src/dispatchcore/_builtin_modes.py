@@ -1,0 +1,172 @@
+"""The built-in dispatch modes' driver-side functions (DESIGN §4 table)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._call_context import current_call
+from ._dataproto import DataProto
+from ._dataproto_ops import PADDING_ROWS_KEY, chunk_with_padding
+from ._errors import BatchSizeError, DispatchError
+from ._futures import DataProtoFuture
+from ._modes import Dispatch, DispatchSpec, set_builtin
+
+PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
+
+
+def _world(wg: Any) -> int:
+    return int(wg.world_size)
+
+
+def broadcast(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    """Every rank gets every argument whole (the same object: shipped once)."""
+    n = _world(wg)
+    return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
+
+
+def dispatch_all_to_all(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    """verl's rule: split when every argument is a world-size list, else broadcast."""
+    n = _world(wg)
+    values = list(args) + list(kwargs.values())
+    if values and all(isinstance(v, list) and len(v) == n for v in values):
+        return tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()}
+    return broadcast(wg, *args, **kwargs)
+
+
+def collect_list(wg: Any, outputs: list[Any]) -> list[Any]:
+    return list(outputs)
+
+
+def collect_rank_zero(wg: Any, outputs: list[Any]) -> Any:
+    return outputs[0]
+
+
+def dispatch_dp_compute(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    """Element i of each list/tuple argument goes to rank i."""
+    n = _world(wg)
+    for where, v in [(f"argument {i}", a) for i, a in enumerate(args)] + [
+        (f"keyword {k!r}", v) for k, v in kwargs.items()
+    ]:
+        if not isinstance(v, (list, tuple)) or len(v) != n:
+            got = f"a {type(v).__name__} of length {len(v)}" if isinstance(v, (list, tuple)) else repr(type(v))
+            raise BatchSizeError(
+                f"Dispatch.DP_COMPUTE needs every argument to be a list or tuple with one entry per "
+                f"rank ({n}); {where} is {got}"
+            )
+    return tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()}
+
+
+def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
+    """Per-rank chunks of a DataProto or future, or None for other values."""
+    ctx = current_call()
+    if isinstance(value, DataProtoFuture):
+        executor = getattr(wg, "_executor", None)
+        forwarded = executor.forward_future(value, n) if executor is not None else None
+        if forwarded is not None:
+            parts, pad_size, padded_len = forwarded
+            _note_padding(ctx, pad_size, padded_len)
+            return list(parts)
+        value = value.get()
+    if isinstance(value, DataProto):
+        chunks, pad_size = chunk_with_padding(value, n, allow_padding=value.is_padding_enabled())
+        _note_padding(ctx, pad_size, len(value) + pad_size)
+        return chunks
+    return None
+
+
+def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
+    if ctx.padded_len and ctx.padded_len != padded_len:
+        raise BatchSizeError(
+            f"call {ctx.method!r}: DataProto arguments have different lengths "
+            f"({ctx.padded_len - ctx.pad_size} and {padded_len - pad_size} rows after the same split)"
+        )
+    ctx.pad_size, ctx.padded_len = pad_size, padded_len
+
+
+def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PerRank:
+    """Chunk DataProto/future arguments ``n`` ways; broadcast everything else."""
+    out_args = []
+    for a in args:
+        chunks = _chunk_value(wg, a, n)
+        out_args.append(chunks if chunks is not None else [a] * n)
+    out_kwargs = {}
+    for k, v in kwargs.items():
+        chunks = _chunk_value(wg, v, n)
+        out_kwargs[k] = chunks if chunks is not None else [v] * n
+    return tuple(out_args), out_kwargs
+
+
+def dispatch_dp_compute_proto(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    return split_dataprotos(wg, _world(wg), args, kwargs)
+
+
+def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    if not args or not callable(args[0]):
+        raise DispatchError(
+            "Dispatch.DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument, got "
+            f"{type(args[0]).__name__ if args else 'no arguments'}"
+        )
+    n = _world(wg)
+    rest_args, rest_kwargs = split_dataprotos(wg, n, args[1:], kwargs)
+    return ([args[0]] * n, *rest_args), rest_kwargs
+
+
+def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
+    """Drop the rows that padding produced, never whole worker results."""
+    if pad_size <= 0 or not isinstance(result, (DataProto, torch.Tensor)):
+        return result
+    total = len(result)
+    if padded_len and total % padded_len == 0:
+        keep = total // padded_len * (padded_len - pad_size)
+    else:
+        keep = total - pad_size
+    return result[:keep] if keep >= 0 else result
+
+
+def concat_outputs(outputs: list[Any]) -> Any:
+    """One DataProto (or tensor) from per-rank outputs, in the given order."""
+    if outputs and all(isinstance(o, DataProto) for o in outputs):
+        return DataProto.concat(outputs)
+    if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
+        return torch.cat(outputs)
+    if all(o is None for o in outputs):
+        return None
+    kinds = sorted({type(o).__name__ for o in outputs})
+    raise DispatchError(
+        f"a DataProto-collecting mode needs every rank to return a DataProto (or a tensor); got {kinds}"
+    )
+
+
+def collect_dp_compute_proto(wg: Any, outputs: list[Any]) -> Any:
+    ctx = current_call()
+    picked = outputs if ctx.collect_positions is None else [outputs[i] for i in ctx.collect_positions]
+    result = concat_outputs(picked)
+    if isinstance(result, DataProto):
+        result.meta_info.pop(PADDING_ROWS_KEY, None)
+    return trim_padding(result, ctx.pad_size, ctx.padded_len)
+
+
+def _direct_only(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
+    raise DispatchError("Dispatch.DIRECT_ROLLOUT_METHOD methods are called on the workers directly")
+
+
+def _install() -> None:
+    specs = {
+        "ALL_TO_ALL": DispatchSpec(dispatch_all_to_all, collect_list),
+        "ONE_TO_ALL": DispatchSpec(broadcast, collect_list),
+        "RANK_ZERO": DispatchSpec(broadcast, collect_rank_zero, rank_zero_only=True),
+        "DP_COMPUTE": DispatchSpec(dispatch_dp_compute, collect_list),
+        "DP_COMPUTE_PROTO": DispatchSpec(dispatch_dp_compute_proto, collect_dp_compute_proto, returns_dataproto=True),
+        "DP_COMPUTE_PROTO_WITH_FUNC": DispatchSpec(
+            dispatch_dp_compute_proto_with_func, collect_dp_compute_proto, returns_dataproto=True
+        ),
+        "DP_COMPUTE_METRIC": DispatchSpec(dispatch_dp_compute_proto, collect_list),
+        "DIRECT_ROLLOUT_METHOD": DispatchSpec(_direct_only, collect_list, direct=True),
+    }
+    for name, spec in specs.items():
+        set_builtin(Dispatch[name], DispatchSpec(**{**spec.__dict__, "name": name}))
+
+
+_install()

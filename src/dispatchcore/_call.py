@@ -1,0 +1,66 @@
+"""What the core hands an executor: one method call on some ranks.
+
+The core has already dispatched (split, padded, chosen the ranks); an
+executor only moves :class:`Call`'s per-rank arguments and brings back one
+result per rank.  :meth:`Call.unique_values` tells it which argument objects
+are the same object on several ranks, so each is serialized once (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Call:
+    """One method call: ``ranks[i]`` runs ``method(*args[i], **kwargs[i])``."""
+
+    method: str
+    ranks: tuple[int, ...]
+    args: list[tuple[Any, ...]]
+    kwargs: list[dict[str, Any]]
+    timeout: float | None = None
+    #: Set when the collect step copies every result anyway (concatenation),
+    #: so an executor may skip isolating results.
+    results_are_copied: bool = False
+    trace: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (len(self.ranks) == len(self.args) == len(self.kwargs)):
+            raise ValueError(
+                f"Call {self.method!r}: {len(self.ranks)} ranks but {len(self.args)} "
+                f"argument tuples and {len(self.kwargs)} keyword dicts"
+            )
+
+    def unique_values(self) -> UniqueValues:
+        """Distinct argument objects (by identity) and per-rank slots into them."""
+        values: list[Any] = []
+        slots: dict[int, int] = {}
+
+        def slot(obj: Any) -> int:
+            key = id(obj)
+            found = slots.get(key)
+            if found is None:
+                found = slots[key] = len(values)
+                values.append(obj)
+            return found
+
+        arg_slots = [tuple(slot(a) for a in args) for args in self.args]
+        kwarg_slots = [{k: slot(v) for k, v in kw.items()} for kw in self.kwargs]
+        return UniqueValues(values, arg_slots, kwarg_slots)
+
+
+@dataclass
+class UniqueValues:
+    """Argument objects deduplicated by identity, as :meth:`Call.unique_values`."""
+
+    values: list[Any]
+    arg_slots: list[tuple[int, ...]]
+    kwarg_slots: list[dict[str, int]]
+
+    def rebuild(self, position: int, resolved: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Arguments of the ``position``-th rank of the call from resolved values."""
+        args = tuple(resolved[i] for i in self.arg_slots[position])
+        kwargs = {k: resolved[i] for k, i in self.kwarg_slots[position].items()}
+        return args, kwargs

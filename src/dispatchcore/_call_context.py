@@ -1,0 +1,55 @@
+"""Per-call state shared by a mode's dispatch and collect functions.
+
+``dispatch_fn(wg, *args, **kwargs)`` and ``collect_fn(wg, outputs)`` have
+verl's fixed signatures, yet collect must know how many padding rows
+dispatch added.  The core opens a :class:`CallContext` around both; built-in
+and user modes read and write it through :func:`current_call`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CallContext:
+    """What one call's dispatch tells its collect."""
+
+    method: str
+    world_size: int
+    #: Rows added by padding, and the padded batch length they belong to.
+    pad_size: int = 0
+    padded_len: int = 0
+    #: Positions (into the outputs list) to collect, in order; None = all.
+    collect_positions: list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("dispatchcore_call", default=None)
+
+
+@contextlib.contextmanager
+def call_context(ctx: CallContext) -> Iterator[CallContext]:
+    """Make ``ctx`` the current call's context for the duration of the block."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+def current_call() -> CallContext:
+    """The context of the call being dispatched or collected.
+
+    Outside a call (a dispatch function invoked directly, e.g. in a property
+    test) a throwaway context is returned so the functions still work.
+    """
+    ctx = _current.get()
+    if ctx is None:
+        ctx = CallContext(method="<direct>", world_size=0)
+        _current.set(ctx)
+    return ctx

@@ -1,0 +1,93 @@
+"""The one exception tree of dispatchcore.
+
+Every exception raised on purpose by the library derives from
+:class:`DispatchError` and also from the builtin it most resembles, so a
+caller can catch either::
+
+    DispatchError (Exception)
+    ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
+    ├── BatchSizeError (ValueError)         a batch that cannot be split as asked
+    ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
+    ├── WorkerError (RuntimeError)          a worker method raised
+    ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
+    └── DispatchTimeoutError (TimeoutError) a call outlived its timeout
+
+Backend exceptions are translated into these at each executor's boundary
+(``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class DispatchError(Exception):
+    """Base of every dispatchcore exception."""
+
+
+class RegistrationError(DispatchError, ValueError):
+    """A dispatch mode, execute mode or ``@register`` option is invalid."""
+
+
+class BatchSizeError(DispatchError, ValueError):
+    """A batch's length does not fit the requested split."""
+
+
+class BackendNotFoundError(DispatchError, LookupError):
+    """The requested backend is unknown or its extra is not installed."""
+
+
+class WorkerError(DispatchError, RuntimeError):
+    """A worker method raised; carries where and the remote traceback."""
+
+    def __init__(
+        self,
+        rank: int,
+        method: str,
+        remote_traceback: str,
+        exc_type: str = "Exception",
+        exc_message: str = "",
+    ) -> None:
+        self.rank = rank
+        self.method = method
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        super().__init__(rank, method, remote_traceback, exc_type, exc_message)
+
+    def __str__(self) -> str:
+        head = f"worker rank {self.rank} raised {self.exc_type}: {self.exc_message}"
+        head += f" (in method {self.method!r})"
+        tb = self.remote_traceback.rstrip()
+        if not tb:
+            return head
+        return f"{head}\n\n--- remote traceback (rank {self.rank}, {self.method}) ---\n{tb}"
+
+    def __reduce__(self):  # type: ignore[override]
+        return (
+            type(self),
+            (self.rank, self.method, self.remote_traceback, self.exc_type, self.exc_message),
+        )
+
+
+class WorkerDiedError(DispatchError, RuntimeError):
+    """A worker is gone (process exit, kill, lost actor)."""
+
+    def __init__(self, rank: int, detail: str = "", method: str | None = None) -> None:
+        self.rank = rank
+        self.detail = detail
+        self.method = method
+        super().__init__(rank, detail, method)
+
+    def __str__(self) -> str:
+        msg = f"worker rank {self.rank} died"
+        if self.method:
+            msg += f" while running {self.method!r}"
+        if self.detail:
+            msg += f": {self.detail}"
+        return msg
+
+    def __reduce__(self):  # type: ignore[override]
+        return (type(self), (self.rank, self.detail, self.method))
+
+
+class DispatchTimeoutError(DispatchError, TimeoutError):
+    """A call did not finish within its timeout."""

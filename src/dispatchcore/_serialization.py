@@ -1,0 +1,191 @@
+"""Pickle with tensors as raw out-of-band buffers.
+
+torch's own pickling of a tensor goes through ``torch.save`` of its whole
+storage: a 10-row view of a 1M-row batch ships all 1M rows, in-band.  Here a
+tensor is reduced to a flat ``uint8`` numpy view of exactly its bytes, which
+pickle protocol 5 hands out as a :class:`pickle.PickleBuffer` (no copy), and
+rebuilt with ``torch.from_numpy`` (no copy either).  Executors that move bytes
+themselves (threads, torch.distributed, Ray) call :func:`dumps` / :func:`loads`;
+:class:`~dispatchcore.DataProto` uses :func:`reduce_tensor` in its own
+``__reduce_ex__`` so that any protocol-5 pickler (Ray's included) gets the
+same zero-copy layout.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+try:  # cloudpickle ships functions and classes from ``__main__`` by value.
+    import cloudpickle as _cloudpickle
+
+    _BasePickler: type[pickle.Pickler] = _cloudpickle.CloudPickler
+except ImportError:  # pragma: no cover - cloudpickle comes with the ray/torchrun extras
+    _cloudpickle = None
+    _BasePickler = pickle.Pickler
+
+PROTOCOL = 5
+
+_BY_REFERENCE = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.ModuleType,
+    type,
+)
+
+
+def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of ``t``'s own elements (copying only if needed)."""
+    if t.device.type != "cpu":
+        t = t.detach().to("cpu")
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def rebuild_tensor(
+    raw: np.ndarray,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    device: str | None = None,
+    requires_grad: bool = False,
+) -> torch.Tensor:
+    """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory."""
+    if not raw.flags.writeable:
+        # Read-only shared memory (Ray's object store).  torch would only warn
+        # and then let a worker write into buffers other readers share.
+        # Executors that keep isolation copy before this point; here the
+        # memory is wrapped as is and the flag is the caller's business.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(raw)
+    else:
+        flat = torch.from_numpy(raw)
+    if dtype == torch.bool:
+        t = flat.view(torch.uint8).view(torch.bool)
+    else:
+        t = flat.view(dtype)
+    t = t.reshape(shape)
+    if device is not None and device != "cpu":
+        t = t.to(_receiving_device(device))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _receiving_device(device: str) -> torch.device:
+    """CUDA tensors land on the receiving rank's current device."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device)
+
+
+def reduce_tensor(t: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
+    """``__reduce__`` value of a tensor as its own bytes, never its storage."""
+    device = None if t.device.type == "cpu" else str(t.device)
+    return rebuild_tensor, (
+        _tensor_bytes(t),
+        t.dtype,
+        tuple(t.shape),
+        device,
+        bool(t.requires_grad and t.is_leaf),
+    )
+
+
+def _is_plain_tensor(obj: Any) -> bool:
+    return type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized
+
+
+class _Pickler(_BasePickler):  # type: ignore[misc, valid-type]
+    """Protocol-5 pickler: tensors out of band, optionally callables by reference."""
+
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], shared: list[Any] | None):
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
+        self._shared = shared
+        self._shared_ids: dict[int, int] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if _is_plain_tensor(obj) and obj.device.type != "meta":
+            return reduce_tensor(obj)
+        parent = getattr(super(), "reducer_override", None)
+        if parent is not None:
+            return parent(obj)
+        return NotImplemented
+
+    def persistent_id(self, obj: Any) -> Any:
+        if self._shared is None or not isinstance(obj, _BY_REFERENCE):
+            return None
+        key = id(obj)
+        slot = self._shared_ids.get(key)
+        if slot is None:
+            slot = self._shared_ids[key] = len(self._shared)
+            self._shared.append(obj)
+        return slot
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, buffers: list[Any], shared: list[Any]):
+        super().__init__(file, buffers=buffers)
+        self._shared = shared
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._shared[pid]
+
+
+@dataclass
+class Serialized:
+    """A pickled object: the pickle stream plus its out-of-band buffers.
+
+    ``shared`` holds the objects passed by reference (same-process executors
+    only); it is empty for anything that crosses a process boundary.
+    """
+
+    data: bytes
+    buffers: list[pickle.PickleBuffer] = field(default_factory=list)
+    shared: list[Any] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
+
+
+def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
+    """Pickle ``obj`` with protocol 5; tensor bytes go to ``buffers`` uncopied.
+
+    ``share_callables=True`` passes functions, classes and modules by
+    reference (for executors whose ranks live in this process).
+    """
+    file = io.BytesIO()
+    buffers: list[pickle.PickleBuffer] = []
+    shared: list[Any] | None = [] if share_callables else None
+    _Pickler(file, buffers, shared).dump(obj)
+    return Serialized(file.getvalue(), buffers, shared or [])
+
+
+def loads(payload: Serialized, *, copy: bool = True) -> Any:
+    """Rebuild an object from :func:`dumps`.
+
+    ``copy=True`` gives the result private, writable memory (isolation);
+    ``copy=False`` wraps the buffers as they are (zero-copy, shared).
+    """
+    if copy:
+        buffers: list[Any] = [bytearray(memoryview(b).cast("B")) for b in payload.buffers]
+    else:
+        buffers = list(payload.buffers)
+    return _Unpickler(io.BytesIO(payload.data), buffers, payload.shared).load()
+
+
+def round_trip(obj: Any, *, share_callables: bool = True) -> Any:
+    """What a remote rank would receive: ``loads(dumps(obj))`` with copies."""
+    return loads(dumps(obj, share_callables=share_callables), copy=True)

@@ -1,0 +1,367 @@
+"""``WorkerGroup``: the driver's handle on N ranks hosting one worker class.
+
+The group turns ``wg.method(*args)`` into dispatch (split per the method's
+mode), one :class:`~dispatchcore.Call` to the executor, and collect.  It is
+identical for every backend; only the executor behind it changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+from ._builtin_modes import collect_list, dispatch_all_to_all
+from ._call import Call
+from ._call_context import CallContext, call_context
+from ._errors import DispatchError, RegistrationError
+from ._executor import Executor, GroupSpec, remaining
+from ._futures import CallFuture, DataProtoFuture
+from ._method_proxy import DEFAULT, MethodProxy, proxy_class
+from ._modes import Execute, resolve_mode
+from ._plugins import get_executor_class
+from ._register import Registration, registered_methods
+
+W = TypeVar("W")
+
+BACKEND_ENV = "DISPATCHCORE_BACKEND"
+DEFAULT_BACKEND = "local"
+
+_live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
+_names = itertools.count()
+
+
+def resolve_backend(backend: str | None, config: Mapping[str, Any] | None = None) -> str:
+    """Backend choice, first set wins: argument, config, environment, ``local``."""
+    if backend:
+        return backend
+    if config is not None and config.get("backend"):
+        return str(config["backend"])
+    return os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
+
+
+def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{label} must be a positive number of seconds{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
+
+
+class WorkerGroup(Generic[W]):
+    """N ranks hosting ``worker_cls``; one proxy attribute per ``@register`` method."""
+
+    _executor: Executor
+    _closed: bool
+
+    def __init__(
+        self,
+        worker_cls: type[W],
+        world_size: int | None = None,
+        *,
+        backend: str | None = None,
+        init_args: tuple[Any, ...] = (),
+        init_kwargs: Mapping[str, Any] | None = None,
+        call_timeout: float | None = None,
+        death_timeout: float = 60.0,
+        isolate: bool = True,
+        **backend_options: Any,
+    ) -> None:
+        if not isinstance(worker_cls, type):
+            raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
+        self._backend = resolve_backend(backend)
+        executor_cls = get_executor_class(self._backend)
+        if world_size is None:
+            world_size = executor_cls.launch_world_size()
+            if world_size is None:
+                raise ValueError(
+                    f"world_size is required for backend {self._backend!r} (it is implied only under torchrun); "
+                    f"pass WorkerGroup({worker_cls.__name__}, world_size=N)"
+                )
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        if not isinstance(isolate, bool):
+            raise TypeError(f"isolate must be True or False, got {isolate!r}")
+        if not isinstance(init_args, (tuple, list)):
+            raise TypeError(f"init_args must be a tuple, got {type(init_args).__name__}")
+        self._call_timeout = _check_timeout("call_timeout", call_timeout)
+        death = _check_timeout("death_timeout", death_timeout, allow_none=False)
+        methods = registered_methods(worker_cls)
+        _refuse_collisions(worker_cls, methods)
+        self._worker_cls = worker_cls
+        self._world_size = world_size
+        self._methods = methods
+        self._prefix = ""
+        self._parent: WorkerGroup[Any] | None = None
+        self._mesh_cache: dict[str, list[tuple[int, bool]]] = {}
+        self._closed = True  # until the executor is up
+        self._lock = threading.Lock()
+        name = backend_options.pop("name", None) or f"{worker_cls.__name__}-{os.getpid()}-{next(_names)}"
+        spec = GroupSpec(
+            worker_cls=worker_cls,
+            world_size=world_size,
+            init_args=tuple(init_args),
+            init_kwargs=dict(init_kwargs or {}),
+            isolate=isolate,
+            call_timeout=self._call_timeout,
+            death_timeout=death,  # type: ignore[arg-type]
+            options=dict(backend_options),
+            name=str(name),
+        )
+        self._executor = executor_cls(spec)
+        self._closed = False
+        self._bind()
+        _live_groups.add(self)
+
+    # -- construction helpers -------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], worker_cls: type[W], **kwargs: Any) -> WorkerGroup[W]:
+        """Build from any mapping with ``backend``, ``world_size`` and a per-backend section.
+
+        Keys ``call_timeout``, ``death_timeout`` and ``isolate`` are read too;
+        keyword arguments win over the config.
+        """
+        if not isinstance(config, Mapping) and not hasattr(config, "get"):
+            raise TypeError(f"config must be a mapping (dict, OmegaConf), got {type(config).__name__}")
+        backend = resolve_backend(kwargs.pop("backend", None), config)
+        for key in ("world_size", "call_timeout", "death_timeout", "isolate", "init_kwargs"):
+            if key not in kwargs and config.get(key) is not None:
+                kwargs[key] = _plain(config.get(key))
+        section = config.get(backend)
+        options = _plain(section) if section is not None else {}
+        if not isinstance(options, dict):
+            raise TypeError(f"config[{backend!r}] must be a mapping of backend options, got {type(section).__name__}")
+        return cls(worker_cls, backend=backend, **{**options, **kwargs})
+
+    def _bind(self) -> None:
+        for name, registration in self._methods.items():
+            setattr(self, name, proxy_class(name)(self, name, registration))
+
+    def _view(self, worker_cls: type, prefix: str) -> WorkerGroup[Any]:
+        """A group sharing this one's ranks, calling methods named ``prefix + name``."""
+        view: WorkerGroup[Any] = object.__new__(type(self))
+        view.__dict__.update(
+            _backend=self._backend,
+            _executor=self._executor,
+            _call_timeout=self._call_timeout,
+            _worker_cls=worker_cls,
+            _world_size=self._world_size,
+            _methods=registered_methods(worker_cls),
+            _prefix=prefix,
+            _parent=self,
+            _mesh_cache={},
+            _closed=False,
+            _lock=threading.Lock(),
+        )
+        view._bind()
+        return view
+
+    def spawn(self, prefix_set: Any) -> dict[str, WorkerGroup[Any]]:
+        """Per-role groups of a colocated worker class, sharing these ranks (verl's name)."""
+        roles: dict[str, type] | None = getattr(self._worker_cls, "_dispatchcore_roles", None)
+        if roles is None:
+            raise DispatchError(
+                f"spawn() needs a group built from create_colocated_worker_cls(...); "
+                f"{self._worker_cls.__name__} hosts one role"
+            )
+        wanted = list(prefix_set)
+        unknown = [r for r in wanted if r not in roles]
+        if unknown:
+            raise KeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
+        return {role: self._view(roles[role], f"{self._prefix}{role}_") for role in wanted}
+
+    # -- calling ---------------------------------------------------------------
+    def _check_open(self) -> None:
+        root = self._parent or self
+        if root._closed:
+            raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
+        reason = self._executor.broken
+        if reason:
+            raise DispatchError(f"{self!r} can take no more calls: {reason}. Shut it down and create a new one")
+
+    def _call_method(
+        self, name: str, registration: Registration, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: Any
+    ) -> Any:
+        spec = resolve_mode(registration.dispatch_mode)
+        if spec.direct:
+            raise DispatchError(
+                f"{name!r} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on the workers "
+                "directly, not through the WorkerGroup"
+            )
+        self._check_open()
+        timeout = self._call_timeout if timeout is DEFAULT else timeout
+        rank_zero = spec.rank_zero_only or registration.execute_mode is Execute.RANK_ZERO
+        ctx = CallContext(method=name, world_size=self._world_size)
+        with call_context(ctx):
+            if registration.materialize_futures and not spec.returns_dataproto:
+                args, kwargs = _materialize(args, kwargs)
+            per_rank_args, per_rank_kwargs = spec.dispatch_fn(self, *args, **kwargs)
+        call = self._make_call(
+            name, spec.name, per_rank_args, per_rank_kwargs, rank_zero, timeout,
+            copied=spec.returns_dataproto and registration.execute_mode is not Execute.RANK_ZERO,
+        )
+        handle = self._executor.submit(call)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unwrap = registration.execute_mode is Execute.RANK_ZERO
+
+        def resolve(wait: float | None) -> Any:
+            results = handle.result(remaining(deadline) if wait is None else wait)
+            if unwrap:
+                return results[0]
+            with call_context(ctx):
+                return spec.collect_fn(self, results)
+
+        if registration.blocking:
+            return resolve(None)
+        if spec.returns_dataproto:
+            return DataProtoFuture(
+                resolve, handle.done, handle=handle, executor=self._executor, call=call,
+                collect_positions=ctx.collect_positions, pad_size=ctx.pad_size, padded_len=ctx.padded_len,
+            )
+        return CallFuture(resolve, handle.done)
+
+    def _make_call(
+        self,
+        name: str,
+        mode_name: str,
+        per_rank_args: Any,
+        per_rank_kwargs: Any,
+        rank_zero: bool,
+        timeout: float | None,
+        copied: bool = False,
+    ) -> Call:
+        n = self._world_size
+        values = [(f"argument {i}", v) for i, v in enumerate(per_rank_args)]
+        values += [(f"keyword {k!r}", v) for k, v in per_rank_kwargs.items()]
+        for where, v in values:
+            if not isinstance(v, (list, tuple)) or len(v) != n:
+                size = len(v) if isinstance(v, (list, tuple)) else type(v).__name__
+                raise DispatchError(
+                    f"dispatch function of mode {mode_name!r} returned {where} of {name!r} as {size}; "
+                    f"it must be a list with one entry per rank ({n})"
+                )
+        ranks = (0,) if rank_zero else tuple(range(n))
+        return Call(
+            method=self._prefix + name,
+            ranks=ranks,
+            args=[tuple(a[r] for a in per_rank_args) for r in ranks],
+            kwargs=[{k: v[r] for k, v in per_rank_kwargs.items()} for r in ranks],
+            timeout=timeout,
+            results_are_copied=copied,
+        )
+
+    def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
+        self._check_open()
+        with call_context(CallContext(method=name, world_size=self._world_size)):
+            per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)
+        call = self._make_call(name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero, self._call_timeout)
+        return self._executor.submit(call).result(self._call_timeout)
+
+    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
+        return collect_list(self, self._raw_call(method_name, args, kwargs, rank_zero=False))
+
+    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run any worker method on rank 0 only and return its value."""
+        return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
+
+    def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
+        """Every rank's (dp_rank, is_collect) on ``mesh_name``, asked once."""
+        with self._lock:
+            cached = self._mesh_cache.get(mesh_name)
+        if cached is None:
+            answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
+            cached = [(int(dp), bool(c)) for dp, c in answers]
+            with self._lock:
+                self._mesh_cache[mesh_name] = cached
+        return cached
+
+    # -- attributes and lifetime ----------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def backend(self) -> str:
+        """The backend's name, e.g. ``"local"``."""
+        return self._backend
+
+    @property
+    def worker_cls(self) -> type:
+        return self._worker_cls
+
+    @property
+    def method_names(self) -> list[str]:
+        """Names of the registered methods bound on this group."""
+        return sorted(self._methods)
+
+    def __getattr__(self, name: str) -> Any:
+        worker_cls = self.__dict__.get("_worker_cls")
+        if worker_cls is not None and not name.startswith("__") and callable(getattr(worker_cls, name, None)):
+            raise AttributeError(
+                f"{worker_cls.__name__}.{name} is not decorated with @register, so the group has no "
+                f"proxy for it. Decorate it with @register(dispatch_mode=...) or call "
+                f"wg.execute_all({name!r}, ...)"
+            )
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def shutdown(self) -> None:
+        """Release every rank; idempotent; views leave the shared ranks to their parent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._parent is None:
+            self._executor.shutdown()
+
+    def __enter__(self) -> WorkerGroup[W]:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        name = getattr(self, "_worker_cls", type(None)).__name__
+        state = " closed" if self.__dict__.get("_closed") else ""
+        return f"<WorkerGroup {name} x{self.__dict__.get('_world_size')} on {self.__dict__.get('_backend')!r}{state}>"
+
+
+_GROUP_ATTRS = frozenset(n for n in dir(WorkerGroup) if not n.startswith("__"))
+
+
+def _refuse_collisions(worker_cls: type, methods: Mapping[str, Registration]) -> None:
+    clashes = sorted(set(methods) & _GROUP_ATTRS)
+    if clashes:
+        raise RegistrationError(
+            f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
+            f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
+        )
+
+
+def _materialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def get(v: Any) -> Any:
+        return v.get() if isinstance(v, CallFuture) else v
+
+    return tuple(get(a) for a in args), {k: get(v) for k, v in kwargs.items()}
+
+
+def _plain(value: Any) -> Any:
+    """Plain dicts/lists from any mapping (OmegaConf DictConfig included)."""
+    if isinstance(value, Mapping) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
+        return {str(k): _plain(value[k]) for k in value.keys()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+@atexit.register
+def _shutdown_live_groups() -> None:
+    for group in list(_live_groups):
+        try:
+            group.shutdown()
+        except Exception:  # noqa: BLE001, S110 - best effort at exit
+            pass

@@ -1,0 +1,98 @@
+"""Rank-side runtime shared by every executor.
+
+A :class:`WorkerHost` builds one worker in its rank context, runs methods on
+it (``async def`` ones on a private event loop), and reports failures as
+picklable :class:`RemoteFailure` records instead of raising, so an executor
+can always send a status back and keep the group in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import WorkerError
+from ._worker import rank_context
+
+
+@dataclass
+class RemoteFailure:
+    """A worker-side exception, reduced to what crosses a process boundary."""
+
+    rank: int
+    method: str
+    exc_type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(rank, method, type(exc).__qualname__, str(exc), text)
+
+    def to_error(self) -> WorkerError:
+        return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
+
+
+class WorkerHost:
+    """One rank's worker object plus the loop its coroutines run on."""
+
+    def __init__(
+        self,
+        worker_cls: type,
+        rank: int,
+        world_size: int,
+        init_args: tuple[Any, ...] = (),
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._worker_cls = worker_cls
+        self._init_args = init_args
+        self._init_kwargs = dict(init_kwargs or {})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.worker: Any = None
+
+    def start(self) -> RemoteFailure | None:
+        """Build the worker; a failure is returned (method ``__init__``), not raised."""
+        try:
+            with rank_context(self.rank, self.world_size):
+                self.worker = self._worker_cls(*self._init_args, **self._init_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return RemoteFailure.capture(self.rank, "__init__", exc)
+        return None
+
+    def run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, value)`` or ``(False, RemoteFailure)``; never raises."""
+        try:
+            fn = getattr(self.worker, method)
+        except AttributeError as exc:
+            cls = type(self.worker).__name__
+            failure = RemoteFailure.capture(self.rank, method, exc)
+            failure.message = f"{cls} has no method {method!r}"
+            return False, failure
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = self._event_loop().run_until_complete(_await(value))
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return False, RemoteFailure.capture(self.rank, method, exc)
+        return True, value
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def close(self) -> None:
+        """Close the private event loop, if one was made."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.close()
+        self._loop = None
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
