@@ -99,12 +99,15 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Release every rank; idempotent; must return promptly."""
 
-    def forward_future(self, future: DataProtoFuture, chunks: int) -> list[Any] | None:
+    def forward_future(self, future: DataProtoFuture, chunks: int) -> tuple[list[Any], int, int] | None:
         """Per-chunk placeholders that let ranks fetch ``future``'s rows themselves.
 
         Return ``None`` (the default) to have the core resolve the future on the
         driver and chunk it.  Executors that can move data rank to rank return
-        ``chunks`` objects they will recognise in a later :meth:`submit`.
+        ``(parts, pad_size, padded_len)``: ``chunks`` objects they will
+        recognise in a later :meth:`submit` (each resolving on its rank to a
+        ``DataProto`` chunk whose ``meta_info`` carries ``PADDING_ROWS_KEY``),
+        the padding rows added and the padded total length (for trimming).
         """
         return None
 
