@@ -17,9 +17,9 @@ from ._dataproto_ops import (
     collate_fn,
     fold_batch_dim,
     pad_dataproto_to_divisor,
+    unfold_batch_dim,
     union_numpy_dict,
     union_two_dict,
-    unfold_batch_dim,
     unpad_dataproto,
 )
 from ._errors import (

@@ -94,6 +94,5 @@ class DataProtoFuture(CallFuture["DataProto"]):
         if chunks <= 0:
             raise ValueError(f"chunk count must be positive, got {chunks}")
         return [
-            DataProtoFuture(lambda timeout, i=i: self.get(timeout).chunk(chunks)[i], self.done)
-            for i in range(chunks)
+            DataProtoFuture(lambda timeout, i=i: self.get(timeout).chunk(chunks)[i], self.done) for i in range(chunks)
         ]

@@ -76,10 +76,17 @@ class _DynamicEnum(metaclass=_DynamicEnumMeta):
         return f"<{type(self).__name__}.{self.name}: {self.value}>"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self).__getitem__, (self.name,))
+        return (_member_or_placeholder, (type(self), self.name, self.value))
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.name))
+
+
+def _member_or_placeholder(cls: Any, name: str, value: int) -> Any:
+    """Unpickle a member by name; a mode the receiving process never registered
+    (one added in a driver script) becomes an unregistered stand-in, because
+    dispatch and collect only ever run on the driver."""
+    return cls._members.get(name) or cls(name, value)
 
 
 class Dispatch(_DynamicEnum):

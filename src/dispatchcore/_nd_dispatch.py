@@ -40,7 +40,7 @@ def mesh_layout(mesh_name: str, info: list[tuple[int, bool]]) -> tuple[int, list
     return dp_size, [collectors[dp] for dp in range(dp_size)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchSpec:
     """A ``dispatch_mode`` splitting DataProto arguments by dp rank on ``mesh_name``."""
     if not isinstance(mesh_name, str) or not mesh_name:

@@ -145,8 +145,9 @@ class PluginRegistry:
                 f"provides it (entry-point group {PROJECT!r}) or pick one of those"
             )
         hint = f" Run: {info.install_hint}" if info.install_hint else ""
-        raise BackendNotFoundError(f"backend {name!r} is not usable here ({info.status}).{hint} "
-                                   f"Available backends: {available}")
+        raise BackendNotFoundError(
+            f"backend {name!r} is not usable here ({info.status}).{hint} Available backends: {available}"
+        )
 
     def reset(self) -> None:
         """Forget everything and reload on next use (tests; after installing a plugin)."""

@@ -387,7 +387,7 @@ class TensorBatch:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._batch_size = torch.Size(state["batch_size"])
-        self._tensors = {k: rebuild_tensor(*args) for k, args in state["tensors"].items()}
+        self._tensors = {k: _rebuild(args) for k, args in state["tensors"].items()}
 
     def __repr__(self) -> str:
         fields = ", ".join(
@@ -400,7 +400,7 @@ def batch_state(batch: TensorBatch) -> dict[str, Any]:
     """Picklable state: each tensor as its own bytes (out of band under protocol 5)."""
     return {
         "batch_size": tuple(batch.batch_size),
-        "tensors": {k: reduce_tensor(v)[1] for k, v in batch.items()},
+        "tensors": {k: _tensor_args(v) for k, v in batch.items()},
     }
 
 
@@ -409,6 +409,28 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
     out = TensorBatch.__new__(TensorBatch)
     out.__setstate__(state)
     return out
+
+
+def _tensor_args(t: torch.Tensor) -> tuple[Any, ...]:
+    """``reduce_tensor``'s arguments; empty tensors carry no bytes at all.
+
+    (Byte views of zero-element tensors can have stride 0, which
+    ``Tensor.view(dtype)`` refuses, so they are rebuilt from their shape.)
+    """
+    if t.numel() == 0:
+        device = None if t.device.type == "cpu" else str(t.device)
+        return (None, t.dtype, tuple(t.shape), device, False)
+    return reduce_tensor(t)[1]
+
+
+def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
+    raw, dtype, shape, device = args[:4]
+    if raw is not None:
+        return rebuild_tensor(*args)
+    t = torch.empty(shape, dtype=dtype)
+    if device is not None:
+        t = rebuild_tensor(np.zeros(0, dtype=np.uint8), torch.uint8, (0,), device).new_empty(shape, dtype=dtype)
+    return t
 
 
 def _dim0(dim: int) -> None:

@@ -22,7 +22,7 @@ from ._call_context import CallContext, call_context
 from ._errors import DispatchError, RegistrationError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
-from ._method_proxy import DEFAULT, MethodProxy, proxy_class
+from ._method_proxy import DEFAULT, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
@@ -49,7 +49,8 @@ def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | N
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{label} must be a positive number of seconds{' or None' if allow_none else ''}, got {value!r}")
+        allowed = " or None" if allow_none else ""
+        raise ValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
     return float(value)
 
 
@@ -202,7 +203,12 @@ class WorkerGroup(Generic[W]):
                 args, kwargs = _materialize(args, kwargs)
             per_rank_args, per_rank_kwargs = spec.dispatch_fn(self, *args, **kwargs)
         call = self._make_call(
-            name, spec.name, per_rank_args, per_rank_kwargs, rank_zero, timeout,
+            name,
+            spec.name,
+            per_rank_args,
+            per_rank_kwargs,
+            rank_zero,
+            timeout,
             copied=spec.returns_dataproto and registration.execute_mode is not Execute.RANK_ZERO,
         )
         handle = self._executor.submit(call)
@@ -220,8 +226,14 @@ class WorkerGroup(Generic[W]):
             return resolve(None)
         if spec.returns_dataproto:
             return DataProtoFuture(
-                resolve, handle.done, handle=handle, executor=self._executor, call=call,
-                collect_positions=ctx.collect_positions, pad_size=ctx.pad_size, padded_len=ctx.padded_len,
+                resolve,
+                handle.done,
+                handle=handle,
+                executor=self._executor,
+                call=call,
+                collect_positions=ctx.collect_positions,
+                pad_size=ctx.pad_size,
+                padded_len=ctx.padded_len,
             )
         return CallFuture(resolve, handle.done)
 

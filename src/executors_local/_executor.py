@@ -154,8 +154,9 @@ class LocalExecutor(Executor):
         unknown = set(spec.options) - {"start_timeout"}
         if unknown:
             raise TypeError(f"unknown option(s) for the local backend: {sorted(unknown)}; it takes start_timeout")
-        started = _LocalCallHandle(self, Call("__init__", tuple(range(spec.world_size)),
-                                              [()] * spec.world_size, [{}] * spec.world_size))
+        started = _LocalCallHandle(
+            self, Call("__init__", tuple(range(spec.world_size)), [()] * spec.world_size, [{}] * spec.world_size)
+        )
         for position, rank in enumerate(self._ranks):
             rank.thread.start()
             rank.tasks.put(lambda p=position, r=rank: started.finish(p, *_start(r.host)))
@@ -228,4 +229,3 @@ class LocalExecutor(Executor):
 def _start(host: WorkerHost) -> tuple[bool, Any]:
     failure = host.start()
     return (True, None) if failure is None else (False, failure)
-

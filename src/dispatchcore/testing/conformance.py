@@ -1,0 +1,313 @@
+"""The conformance suite: the behaviour every executor must show (DESIGN §4).
+
+Subclass :class:`ExecutorConformance` in a test module and set ``backend``
+(and ``backend_options``); pytest then runs every case against that
+executor.  Groups are built once per class where a case does not break them,
+since process and actor backends take seconds to start.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .. import (
+    BatchSizeError,
+    DataProto,
+    DataProtoFuture,
+    DispatchError,
+    DispatchTimeoutError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroup,
+    available_backends,
+    create_colocated_worker_cls,
+)
+from .._dataproto_ops import PADDING_ROWS_KEY
+from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
+
+
+def batch(n: int, *, padding: bool = False, start: int = 0) -> DataProto:
+    """``n`` rows: int64 ``x`` = row number, float ``y``, a string column, meta."""
+    x = torch.arange(start, start + n, dtype=torch.int64)
+    return DataProto.from_dict(
+        tensors={"x": x, "y": x.to(torch.float32).unsqueeze(1).repeat(1, 3) / 2},
+        non_tensors={"s": np.array([f"row{i}" for i in range(start, start + n)], dtype=object)},
+        meta_info={"temperature": 0.7},
+        auto_padding=padding,
+    )
+
+
+class ExecutorConformance:
+    """Cases every executor passes; set ``backend`` in a subclass."""
+
+    backend: ClassVar[str] = "local"
+    backend_options: ClassVar[dict[str, Any]] = {}
+    world_size: ClassVar[int] = 4
+    #: Whether a rank can die without taking the test process with it.
+    ranks_are_processes: ClassVar[bool] = True
+
+    # -- fixtures ---------------------------------------------------------------
+    def make_group(self, worker_cls: type, world_size: int, **kwargs: Any) -> WorkerGroup[Any]:
+        if self.backend not in available_backends():
+            pytest.skip(f"backend {self.backend!r} is not available here")
+        return WorkerGroup(worker_cls, world_size, backend=self.backend, **{**self.backend_options, **kwargs})
+
+    @pytest.fixture(scope="class")
+    def group(self) -> Iterator[WorkerGroup[Any]]:
+        wg = self.make_group(EchoWorker, self.world_size, init_kwargs={"tag": "conformance"})
+        wg.set_mesh(2)
+        yield wg
+        wg.shutdown()
+
+    @pytest.fixture(scope="class")
+    def colocated(self) -> Iterator[WorkerGroup[Any]]:
+        cls = create_colocated_worker_cls({"actor": ActorRole, "critic": CriticRole})
+        wg = self.make_group(cls, 2, init_kwargs={"actor": {"lr": 0.5}})
+        yield wg
+        wg.shutdown()
+
+    # -- binding and rank context -------------------------------------------------
+    def test_group_reports_backend_and_size(self, group: WorkerGroup[Any]) -> None:
+        assert group.backend == self.backend
+        assert group.world_size == self.world_size
+        assert "echo" in group.method_names
+
+    def test_rank_and_world_size_valid_in_init(self, group: WorkerGroup[Any]) -> None:
+        infos = group.info()
+        assert [i["rank"] for i in infos] == list(range(self.world_size))
+        assert [i["rank_in_init"] for i in infos] == list(range(self.world_size))
+        assert {i["world_in_init"] for i in infos} == {self.world_size}
+        assert {i["tag"] for i in infos} == {"conformance"}
+
+    def test_undecorated_method_says_to_decorate(self, group: WorkerGroup[Any]) -> None:
+        with pytest.raises(AttributeError, match="@register"):
+            group.not_registered()
+
+    def test_direct_rollout_method_refused(self, group: WorkerGroup[Any]) -> None:
+        with pytest.raises(DispatchError, match="directly"):
+            group.generate_direct()
+
+    # -- built-in modes -------------------------------------------------------------
+    def test_one_to_all_sends_everything_whole(self, group: WorkerGroup[Any]) -> None:
+        out = group.one_to_all([1, 2], k="v")
+        assert out == [(r, ([1, 2],), {"k": "v"}) for r in range(self.world_size)]
+
+    def test_all_to_all_splits_world_size_lists(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        assert group.all_to_all(list(range(n)), k=[f"k{i}" for i in range(n)]) == [
+            (r, (r,), {"k": f"k{r}"}) for r in range(n)
+        ]
+        assert group.all_to_all([1], 5) == [(r, ([1], 5), {}) for r in range(n)]
+
+    def test_rank_zero_runs_once_and_unwraps(self, group: WorkerGroup[Any]) -> None:
+        assert group.rank_zero("x") == (0, ("x",))
+        assert group.only_rank_zero() == 0
+
+    def test_dp_compute_scatters_lists_and_tuples(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        out = group.dp_compute(list(range(n)), tuple(range(10, 10 + n)), k=[str(i) for i in range(n)])
+        assert out == [(r, (r, 10 + r), {"k": str(r)}) for r in range(n)]
+        with pytest.raises(BatchSizeError, match="one entry per rank"):
+            group.dp_compute([1])
+
+    def test_dp_compute_proto_order_and_content(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(4 * n)
+        out = group.echo(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert torch.equal(out.batch["y"], data.batch["y"])
+        assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+        assert out.batch["rank"].tolist() == [r for r in range(n) for _ in range(4)]
+        assert out.meta_info["temperature"] == 0.7
+        assert PADDING_ROWS_KEY not in out.meta_info
+
+    def test_dp_compute_proto_several_dataprotos_and_kwargs(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        out = group.echo_pair(batch(2 * n), other=batch(2 * n, start=100), scale=3)
+        assert out.batch["other"].tolist() == [3 * (100 + i) for i in range(2 * n)]
+
+    def test_padding_keeps_length_and_caller(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(2 * n + 1, padding=True)
+        before = data.batch["x"].clone()
+        out = group.echo(data)
+        assert len(out) == len(data)
+        assert torch.equal(out.batch["x"], before)
+        assert torch.equal(data.batch["x"], before) and len(data) == 2 * n + 1
+
+    def test_padding_rows_visible_to_workers(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(2 * n + 1, padding=True)
+        metrics = group.metric(data)
+        assert [m["rank"] for m in metrics] == list(range(n))
+        assert {m["rows"] for m in metrics} == {3}
+        assert sum(m["padding"] for m in metrics) == n - 1
+
+    def test_no_padding_refuses_uneven_batch(self, group: WorkerGroup[Any]) -> None:
+        with pytest.raises(BatchSizeError, match="auto_padding"):
+            group.echo(batch(self.world_size + 1))
+
+    def test_dp_compute_proto_with_func_ships_lambdas(self, group: WorkerGroup[Any]) -> None:
+        offset = 5
+        out = group.apply(lambda d: DataProto.from_dict({"x": d.batch["x"] + offset}), batch(2 * self.world_size))
+        assert out.batch["x"].tolist() == [i + offset for i in range(2 * self.world_size)]
+
+    def test_dp_compute_metric_returns_per_rank_values(self, group: WorkerGroup[Any]) -> None:
+        metrics = group.metric(batch(self.world_size * 2))
+        assert metrics == [{"rank": r, "rows": 2, "padding": 0} for r in range(self.world_size)]
+
+    def test_execute_rank_zero_on_a_proto_mode(self, group: WorkerGroup[Any]) -> None:
+        out = group.proto_on_rank_zero(batch(2 * self.world_size))
+        assert isinstance(out, DataProto) and out.batch["rank"].tolist() == [0, 0]
+
+    def test_execute_all_and_rank_zero_by_name(self, group: WorkerGroup[Any]) -> None:
+        assert [r for r, _, _ in group.execute_all("one_to_all", 1)] == list(range(self.world_size))
+        assert group.execute_rank_zero("not_registered") == 0
+
+    def test_async_def_methods(self, group: WorkerGroup[Any]) -> None:
+        assert group.coroutine("v") == [(r, "v") for r in range(self.world_size)]
+
+    # -- futures ---------------------------------------------------------------------
+    def test_non_blocking_returns_future(self, group: WorkerGroup[Any]) -> None:
+        future = group.sleep_then_rank(0.05)
+        assert hasattr(future, "get")
+        assert future.get() == list(range(self.world_size))
+
+    def test_dataproto_future_resolves_trimmed_and_chains(self, group: WorkerGroup[Any]) -> None:
+        data = batch(2 * self.world_size + 1, padding=True)
+        future = group.echo_later(data)
+        assert isinstance(future, DataProtoFuture)
+        chained = group.echo(future)
+        assert len(chained) == len(data)
+        assert torch.equal(chained.batch["x"], data.batch["x"])
+        assert len(future.get()) == len(data)
+
+    def test_many_calls_in_flight(self, group: WorkerGroup[Any]) -> None:
+        futures = [group.echo_later(batch(self.world_size, start=10 * i)) for i in range(5)]
+        for i, future in reversed(list(enumerate(futures))):
+            assert future.get().batch["x"].tolist() == list(range(10 * i, 10 * i + self.world_size))
+
+    # -- isolation -------------------------------------------------------------------
+    def test_broadcast_inputs_isolated(self, group: WorkerGroup[Any]) -> None:
+        tensor = torch.arange(6)
+        data = batch(4)
+        arr = np.arange(3)
+        meta = {"k": 1}
+        before = group.mutate_inputs(tensor, data, arr, meta)
+        assert before == [15] * self.world_size, "a rank saw another rank's writes"
+        assert tensor.tolist() == list(range(6))
+        assert data.batch["x"].tolist() == [0, 1, 2, 3]
+        assert data.non_tensor_batch["s"][0] == "row0" and "touched" not in data.meta_info
+        assert arr.tolist() == [0, 1, 2] and meta == {"k": 1}
+
+    def test_dp_chunks_isolated(self, group: WorkerGroup[Any]) -> None:
+        data = batch(2 * self.world_size)
+        out = group.mutate_chunk(data)
+        assert out.batch["x"].tolist() == list(range(2 * self.world_size))
+        assert data.batch["x"].tolist() == list(range(2 * self.world_size))
+        assert data.non_tensor_batch["s"][0] == "row0"
+
+    def test_worker_state_isolated_from_later_driver_writes(self, group: WorkerGroup[Any]) -> None:
+        tensor = torch.zeros(3)
+        group.keep(tensor)
+        tensor.add_(7)
+        assert [t.tolist() for t in group.kept()] == [[0.0, 0.0, 0.0]] * self.world_size
+
+    # -- nd mesh -----------------------------------------------------------------------
+    def test_nd_replicas_share_chunks_and_collect_in_dp_order(self, group: WorkerGroup[Any]) -> None:
+        dp = self.world_size // 2
+        data = batch(3 * dp)
+        out = group.nd_echo(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert out.batch["rank"].tolist() == [2 * d for d in range(dp) for _ in range(3)]
+
+    def test_nd_with_padding_and_kwargs_only(self, group: WorkerGroup[Any]) -> None:
+        dp = self.world_size // 2
+        data = batch(3 * dp + 1, padding=True)
+        out = group.nd_checksum(data=data)
+        assert len(out) == len(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+
+    # -- colocation ----------------------------------------------------------------------
+    def test_colocated_roles_share_ranks(self, colocated: WorkerGroup[Any]) -> None:
+        roles = colocated.spawn({"actor", "critic"})
+        actor, critic = roles["actor"], roles["critic"]
+        a, c = actor.whoami(), critic.whoami()
+        assert [x[:2] for x in a] == [("actor", 0), ("actor", 1)]
+        assert [x[:2] for x in c] == [("critic", 0), ("critic", 1)]
+        assert [x[2:4] for x in a] == [x[2:4] for x in c], "roles of one rank must share its process/thread"
+        assert {x[4] for x in a} == {0.5}
+        out = actor.act(batch(4))
+        assert out.batch["rank"].tolist() == [0, 0, 1, 1]
+        assert critic.value(batch(4)) == [1.0, 5.0]
+
+    def test_colocated_role_nd_mesh(self, colocated: WorkerGroup[Any]) -> None:
+        actor = colocated.spawn(["actor"])["actor"]
+        actor.set_mesh(2)
+        out = actor.nd_act(batch(3, padding=True))
+        assert out.batch["rank"].tolist() == [0, 0, 0]
+
+    # -- properties ----------------------------------------------------------------------
+    @settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(n=st.integers(min_value=1, max_value=37))
+    def test_any_length_round_trips(self, group: WorkerGroup[Any], n: int) -> None:
+        data = batch(n, padding=True)
+        out = group.echo(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+
+    # -- failures ------------------------------------------------------------------------
+    def test_worker_error_names_rank_method_and_traceback(self, group: WorkerGroup[Any]) -> None:
+        with pytest.raises(WorkerError) as info:
+            group.fail_on(1)
+        err = info.value
+        assert err.rank == 1 and err.method == "fail_on"
+        assert "planted failure on rank 1" in err.remote_traceback
+        assert "ValueError" in str(err) and "planted failure" in str(err)
+        assert [i["rank"] for i in group.info()] == list(range(self.world_size)), "group unusable after an error"
+
+    def test_init_failure_reported_with_rank(self) -> None:
+        with pytest.raises(WorkerError) as info:
+            self.make_group(FailingInitWorker, 2)
+        assert info.value.rank == 1 and info.value.method == "__init__"
+        assert "planted __init__ failure" in info.value.remote_traceback
+
+    def test_call_timeout(self) -> None:
+        wg = self.make_group(EchoWorker, 2, call_timeout=60)
+        try:
+            with pytest.raises(DispatchTimeoutError, match="sleep"):
+                wg.sleep.options(timeout=0.5)(30)
+            try:
+                assert wg.info()  # recovered
+            except DispatchError as exc:  # or declared broken, saying so
+                assert "no more calls" in str(exc) or "broken" in str(exc)
+        finally:
+            started = time.monotonic()
+            wg.shutdown()
+            assert time.monotonic() - started < 30, "shutdown must not wait for a stuck call"
+
+    def test_dead_worker_reported(self) -> None:
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        wg = self.make_group(EchoWorker, 2, death_timeout=10)
+        try:
+            with pytest.raises(WorkerDiedError) as info:
+                wg.exit_on(1)
+            assert info.value.rank == 1
+        finally:
+            wg.shutdown()
+
+    def test_shutdown_is_idempotent_and_final(self) -> None:
+        with self.make_group(EchoWorker, 2) as wg:
+            assert len(wg.info()) == 2
+        wg.shutdown()
+        with pytest.raises(DispatchError, match="shut down"):
+            wg.info()
