@@ -1,0 +1,65 @@
+"""What only the in-process executor promises: threads, zero-copy opt-out, exit without hanging."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import torch
+
+from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register
+
+
+class Holder(Worker):
+    @register(Dispatch.ONE_TO_ALL)
+    def pointer(self, t: torch.Tensor) -> int:
+        return t.data_ptr()
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def chunk_pointer(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"p": torch.full((len(data),), data.batch["x"].data_ptr())})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def thread(self) -> int:
+        return threading.get_ident()
+
+
+def test_isolate_false_hands_shared_memory() -> None:
+    t = torch.arange(8)
+    with WorkerGroup(Holder, 2, isolate=False) as wg:
+        assert wg.pointer(t) == [t.data_ptr()] * 2
+        out = wg.chunk_pointer(DataProto.from_dict({"x": t}))
+        assert out.batch["p"].tolist() == [t.data_ptr()] * 4 + [t.data_ptr() + 4 * 8] * 4
+    with WorkerGroup(Holder, 2) as wg:
+        assert t.data_ptr() not in wg.pointer(t)
+
+
+def test_a_rank_always_runs_on_the_same_thread() -> None:
+    with WorkerGroup(Holder, 3) as wg:
+        first = wg.thread()
+        assert len(set(first)) == 3 and threading.get_ident() not in first
+        for _ in range(5):
+            assert wg.thread() == first
+
+
+def test_interpreter_exits_with_a_stuck_worker() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from dispatchcore import Dispatch, Worker, WorkerGroup, register
+
+        class Stuck(Worker):
+            @register(Dispatch.ONE_TO_ALL, blocking=False)
+            def forever(self):
+                time.sleep(3600)
+
+        wg = WorkerGroup(Stuck, 2)
+        wg.forever()
+        print("leaving")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "leaving" in done.stdout
