@@ -27,7 +27,7 @@ class Call:
     trace: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (len(self.ranks) == len(self.args) == len(self.kwargs)):
+        if len(self.ranks) != len(self.args) or len(self.args) != len(self.kwargs):
             raise ValueError(
                 f"Call {self.method!r}: {len(self.ranks)} ranks but {len(self.args)} "
                 f"argument tuples and {len(self.kwargs)} keyword dicts"

@@ -32,6 +32,15 @@ class CallContext:
 _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("dispatchcore_call", default=None)
 
 
+def enter_call(ctx: CallContext) -> contextvars.Token[CallContext | None]:
+    """Make ``ctx`` current (the fast form of :func:`call_context`)."""
+    return _current.set(ctx)
+
+
+def leave_call(token: contextvars.Token[CallContext | None]) -> None:
+    _current.reset(token)
+
+
 @contextlib.contextmanager
 def call_context(ctx: CallContext) -> Iterator[CallContext]:
     """Make ``ctx`` the current call's context for the duration of the block."""

@@ -13,6 +13,7 @@ same zero-copy layout.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import types
@@ -47,6 +48,8 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.detach().to("cpu")
     t = t.detach()
+    if t.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bool:
@@ -62,6 +65,11 @@ def rebuild_tensor(
     requires_grad: bool = False,
 ) -> torch.Tensor:
     """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory."""
+    if raw.size == 0:
+        t = torch.empty(shape, dtype=dtype)
+        if device is not None and device != "cpu":
+            t = t.to(_receiving_device(device))
+        return t.requires_grad_(True) if requires_grad else t
     if not raw.flags.writeable:
         # Read-only shared memory (Ray's object store).  torch would only warn
         # and then let a worker write into buffers other readers share.
@@ -134,6 +142,17 @@ class _Pickler(_BasePickler):  # type: ignore[misc, valid-type]
         return slot
 
 
+class _FastPickler(pickle.Pickler):
+    """The C pickler with tensors in its dispatch table: no Python hook per object.
+
+    Functions and classes go by reference (by name), which is right only
+    inside one process; anything it cannot pickle (lambdas, local classes)
+    falls back to :class:`_Pickler`.
+    """
+
+    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: reduce_tensor}
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, buffers: list[Any], shared: list[Any]):
         super().__init__(file, buffers=buffers)
@@ -168,6 +187,12 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
     """
     file = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
+    if share_callables:
+        try:
+            _FastPickler(file, protocol=PROTOCOL, buffer_callback=buffers.append).dump(obj)
+            return Serialized(file.getvalue(), buffers)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            file, buffers = io.BytesIO(), []
     shared: list[Any] | None = [] if share_callables else None
     _Pickler(file, buffers, shared).dump(obj)
     return Serialized(file.getvalue(), buffers, shared or [])

@@ -19,6 +19,8 @@ from typing import Any, Generic, TypeVar
 from ._builtin_modes import collect_list, dispatch_all_to_all
 from ._call import Call
 from ._call_context import CallContext, call_context
+from ._call_context import enter_call as _enter_call
+from ._call_context import leave_call as _leave_call
 from ._errors import DispatchError, RegistrationError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
@@ -28,6 +30,8 @@ from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
 
 W = TypeVar("W")
+
+_EXECUTE_RANK_ZERO = Execute.RANK_ZERO
 
 BACKEND_ENV = "DISPATCHCORE_BACKEND"
 DEFAULT_BACKEND = "local"
@@ -96,6 +100,7 @@ class WorkerGroup(Generic[W]):
         _refuse_collisions(worker_cls, methods)
         self._worker_cls = worker_cls
         self._world_size = world_size
+        self._all_ranks = tuple(range(world_size))
         self._methods = methods
         self._prefix = ""
         self._parent: WorkerGroup[Any] | None = None
@@ -152,6 +157,7 @@ class WorkerGroup(Generic[W]):
             _call_timeout=self._call_timeout,
             _worker_cls=worker_cls,
             _world_size=self._world_size,
+            _all_ranks=self._all_ranks,
             _methods=registered_methods(worker_cls),
             _prefix=prefix,
             _parent=self,
@@ -195,32 +201,38 @@ class WorkerGroup(Generic[W]):
                 "directly, not through the WorkerGroup"
             )
         self._check_open()
-        timeout = self._call_timeout if timeout is DEFAULT else timeout
-        rank_zero = spec.rank_zero_only or registration.execute_mode is Execute.RANK_ZERO
-        ctx = CallContext(method=name, world_size=self._world_size)
-        with call_context(ctx):
-            if registration.materialize_futures and not spec.returns_dataproto:
+        if timeout is DEFAULT:
+            timeout = self._call_timeout
+        unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
+        ctx = CallContext(name, self._world_size)
+        token = _enter_call(ctx)
+        try:
+            if registration.materialize_futures and not spec.returns_dataproto and (args or kwargs):
                 args, kwargs = _materialize(args, kwargs)
             per_rank_args, per_rank_kwargs = spec.dispatch_fn(self, *args, **kwargs)
+        finally:
+            _leave_call(token)
         call = self._make_call(
             name,
             spec.name,
             per_rank_args,
             per_rank_kwargs,
-            rank_zero,
+            spec.rank_zero_only or unwrap,
             timeout,
-            copied=spec.returns_dataproto and registration.execute_mode is not Execute.RANK_ZERO,
+            copied=spec.returns_dataproto and not unwrap,
         )
         handle = self._executor.submit(call)
         deadline = None if timeout is None else time.monotonic() + timeout
-        unwrap = registration.execute_mode is Execute.RANK_ZERO
 
         def resolve(wait: float | None) -> Any:
             results = handle.result(remaining(deadline) if wait is None else wait)
             if unwrap:
                 return results[0]
-            with call_context(ctx):
+            token = _enter_call(ctx)
+            try:
                 return spec.collect_fn(self, results)
+            finally:
+                _leave_call(token)
 
         if registration.blocking:
             return resolve(None)
@@ -248,24 +260,28 @@ class WorkerGroup(Generic[W]):
         copied: bool = False,
     ) -> Call:
         n = self._world_size
-        values = [(f"argument {i}", v) for i, v in enumerate(per_rank_args)]
-        values += [(f"keyword {k!r}", v) for k, v in per_rank_kwargs.items()]
-        for where, v in values:
+        for i, v in enumerate((*per_rank_args, *per_rank_kwargs.values())):
             if not isinstance(v, (list, tuple)) or len(v) != n:
-                size = len(v) if isinstance(v, (list, tuple)) else type(v).__name__
+                where = (
+                    f"argument {i}"
+                    if i < len(per_rank_args)
+                    else f"keyword {list(per_rank_kwargs)[i - len(per_rank_args)]!r}"
+                )
+                size = f"{len(v)} entries" if isinstance(v, (list, tuple)) else f"a {type(v).__name__}"
                 raise DispatchError(
                     f"dispatch function of mode {mode_name!r} returned {where} of {name!r} as {size}; "
                     f"it must be a list with one entry per rank ({n})"
                 )
-        ranks = (0,) if rank_zero else tuple(range(n))
-        return Call(
-            method=self._prefix + name,
-            ranks=ranks,
-            args=[tuple(a[r] for a in per_rank_args) for r in ranks],
-            kwargs=[{k: v[r] for k, v in per_rank_kwargs.items()} for r in ranks],
-            timeout=timeout,
-            results_are_copied=copied,
-        )
+        ranks = (0,) if rank_zero else self._all_ranks
+        if per_rank_args:
+            args = [tuple(a[r] for a in per_rank_args) for r in ranks]
+        else:
+            args = [()] * len(ranks)
+        if per_rank_kwargs:
+            kwargs = [{k: v[r] for k, v in per_rank_kwargs.items()} for r in ranks]
+        else:
+            kwargs = [{} for _ in ranks]
+        return Call(self._prefix + name, ranks, args, kwargs, timeout, copied)
 
     def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
         self._check_open()

@@ -1,0 +1,486 @@
+"""``DataProto``: verl's batch container, without tensordict or Ray.
+
+A DataProto is three things sharing one row count: ``batch`` (a
+:class:`~dispatchcore._tensor_batch.TensorBatch` of tensors), ``non_tensor_batch``
+(name -> numpy array, object dtype allowed) and ``meta_info`` (a dict for
+the whole batch).  Method names, arguments and defaults follow verl 0.9.1's
+``verl.protocol.DataProto`` so verl code ports by changing imports.  Where
+verl has sharp edges this module fixes them: padding never mutates the
+caller, ``concat([])`` raises a ValueError, chunks are views that own their
+``meta_info`` dict, and pickling ships each tensor's own bytes out of band
+(a chunk of a big batch carries only its rows).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from dispatchcore._dataproto_extras import DataProtoExtras
+from dispatchcore._dataproto_ops import (
+    PADDING_ROWS_KEY,
+    chunk_with_padding,
+    merge_meta_info,
+    split_views,
+    union_numpy_dict,
+    union_tensor_dict,
+    union_two_dict,
+)
+from dispatchcore._errors import BatchSizeError
+from dispatchcore._tensor_batch import (
+    TensorBatch,
+    batch_from_state,
+    batch_state,
+    is_tensordict,
+)
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; only read by type checkers
+
+__all__ = [
+    "AUTO_PADDING_KEY",
+    "PADDING_ROWS_KEY",
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoItem",
+]
+
+#: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
+AUTO_PADDING_KEY = "_verl_auto_padding"
+_ENV_FLAGS = ("DISPATCHCORE_AUTO_PADDING", "VERL_AUTO_PADDING")
+
+
+class _DataProtoConfigMeta(type):
+    _auto_padding = False
+
+    @property
+    def auto_padding(cls) -> bool:
+        """Process-wide padding switch; also on when an env flag is TRUE/1."""
+        env = any(os.getenv(name, "").upper() in ("TRUE", "1") for name in _ENV_FLAGS)
+        return env or cls._auto_padding
+
+    @auto_padding.setter
+    def auto_padding(cls, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"auto_padding must be a bool, got {type(enabled).__name__}")
+        cls._auto_padding = enabled
+
+
+class DataProtoConfig(metaclass=_DataProtoConfigMeta):
+    """Global DataProto settings (verl's name): ``DataProtoConfig.auto_padding = True``."""
+
+    auto_padding_key = AUTO_PADDING_KEY
+
+
+@dataclass
+class DataProtoItem:
+    """One row of a DataProto: what ``data[i]`` returns (verl's shape)."""
+
+    batch: TensorBatch | None = None
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_batch(batch: Any) -> TensorBatch | None:
+    if batch is None or isinstance(batch, TensorBatch):
+        return batch
+    if is_tensordict(batch) or isinstance(batch, Mapping):
+        return TensorBatch(batch)
+    raise TypeError(f"DataProto.batch must be a TensorBatch, TensorDict or dict, got {type(batch).__name__}")
+
+
+def _as_column(key: str, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"non_tensor_batch[{key!r}] is a torch.Tensor; put tensors in the batch")
+    if isinstance(value, list | tuple):
+        return np.array(value, dtype=object)
+    raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
+
+
+def _as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
+    """An index list/array/tensor as a matching (torch, numpy) pair."""
+    if isinstance(idxs, list | tuple):
+        arr = np.asarray(idxs) if len(idxs) else np.zeros(0, dtype=np.int64)
+    elif isinstance(idxs, np.ndarray):
+        arr = idxs
+    elif isinstance(idxs, torch.Tensor):
+        arr = idxs.detach().cpu().numpy()
+    else:
+        raise TypeError(f"cannot select rows with {type(idxs).__name__}; use a list, numpy array or tensor")
+    if arr.ndim != 1:
+        raise IndexError(f"row index must be 1-D, got shape {arr.shape}")
+    if arr.dtype != bool and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
+    if arr.dtype != bool:
+        arr = arr.astype(np.int64, copy=False)
+    return torch.from_numpy(np.ascontiguousarray(arr)), arr
+
+
+class DataProto(DataProtoExtras):
+    """Tensors, non-tensor columns and meta info for one batch of rows."""
+
+    def __init__(
+        self,
+        batch: TensorBatch | Mapping[str, torch.Tensor] | None = None,
+        non_tensor_batch: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.batch = batch  # type: ignore[assignment]
+        self.non_tensor_batch = {k: _as_column(k, v) for k, v in (non_tensor_batch or {}).items()}
+        self.meta_info = dict(meta_info or {})
+        self.check_consistency()
+
+    @property
+    def batch(self) -> TensorBatch | None:
+        """The tensors (a TensorBatch); assigning a TensorDict or dict converts it."""
+        return self._batch
+
+    @batch.setter
+    def batch(self, value: Any) -> None:
+        self._batch = _as_batch(value)
+
+    # -- construction ------------------------------------------------------------
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+        auto_padding: bool = False,
+        *,
+        num_batch_dims: int = 1,
+    ) -> Self:
+        """Build from column dicts; every column must have the same length."""
+        if num_batch_dims != 1:
+            raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
+        tensors = dict(tensors or {})
+        non_tensors = {k: _as_column(k, v) for k, v in (non_tensors or {}).items()}
+        lengths = {f"tensors[{k!r}]": (v.shape[0] if v.dim() else None) for k, v in tensors.items()}
+        lengths.update({f"non_tensors[{k!r}]": (v.shape[0] if v.ndim else None) for k, v in non_tensors.items()})
+        if len(set(lengths.values())) > 1 or None in lengths.values():
+            listed = ", ".join(f"{k}: {'scalar' if n is None else n}" for k, n in lengths.items())
+            raise BatchSizeError(f"DataProto.from_dict: columns must share their first dim; got {listed}")
+        batch = TensorBatch(tensors) if tensors else None
+        meta = dict(meta_info or {})
+        if auto_padding:
+            meta[AUTO_PADDING_KEY] = True
+        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+    @classmethod
+    def from_single_dict(
+        cls,
+        data: Mapping[str, torch.Tensor | np.ndarray],
+        meta_info: Mapping[str, Any] | None = None,
+        auto_padding: bool = False,
+    ) -> Self:
+        """Build from one dict: tensors go to ``batch``, numpy arrays to ``non_tensor_batch``."""
+        tensors: dict[str, torch.Tensor] = {}
+        non_tensors: dict[str, np.ndarray] = {}
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif isinstance(value, np.ndarray):
+                non_tensors[key] = value
+            else:
+                raise TypeError(f"from_single_dict: {key!r} is a {type(value).__name__}, not a tensor or ndarray")
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
+
+    # -- checks and info -----------------------------------------------------------
+
+    def check_consistency(self) -> None:
+        """Raise if columns disagree on the row count (public, as in verl)."""
+        if self.batch is not None and self.batch.batch_dims != 1:
+            raise BatchSizeError(
+                f"DataProto.batch must have exactly one batch dim, got batch_size {list(self.batch.batch_size)}"
+            )
+        expected = len(self.batch) if self.batch is not None else None
+        for key, value in self.non_tensor_batch.items():
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array, got {type(value).__name__}")
+            if value.ndim == 0:
+                raise BatchSizeError(f"non_tensor_batch[{key!r}] is 0-dimensional; it needs one row per item")
+            if expected is None:
+                expected = value.shape[0]
+            elif value.shape[0] != expected:
+                sizes = {k: v.shape[0] for k, v in self.non_tensor_batch.items()}
+                head = f"batch size {len(self.batch)}, " if self.batch is not None else ""
+                raise BatchSizeError(f"non_tensor_batch[{key!r}] has {value.shape[0]} rows; {head}columns: {sizes}")
+
+    def __len__(self) -> int:
+        if self.batch is not None:
+            return len(self.batch)
+        for value in self.non_tensor_batch.values():
+            return int(value.shape[0])
+        return 0
+
+    def is_padding_enabled(self) -> bool:
+        """True when this DataProto or :class:`DataProtoConfig` turned auto-padding on."""
+        return bool(self.meta_info.get(AUTO_PADDING_KEY, False)) or DataProtoConfig.auto_padding
+
+    def __repr__(self) -> str:
+        keys = list(self.batch.keys()) if self.batch is not None else None
+        return (
+            f"{type(self).__name__}(len={len(self)}, batch_keys={keys}, "
+            f"non_tensor_keys={list(self.non_tensor_batch)}, meta_keys={list(self.meta_info)})"
+        )
+
+    # -- indexing ----------------------------------------------------------------
+
+    def _new(
+        self,
+        batch: TensorBatch | None,
+        non_tensor: dict[str, np.ndarray],
+        meta: dict[str, Any],
+    ) -> Self:
+        """A sibling of the same class, skipping the checks (rows already agree)."""
+        out = type(self).__new__(type(self))
+        out._batch = batch
+        out.non_tensor_batch = non_tensor
+        out.meta_info = meta
+        return out
+
+    def __getitem__(self, item: Any) -> Any:
+        """int -> DataProtoItem; slice -> view; int/bool list, array or tensor -> gathered copy."""
+        if isinstance(item, slice):
+            return self.slice(item.start, item.stop, item.step)
+        if isinstance(item, bool | np.bool_):
+            raise TypeError(f"cannot index a DataProto with a bool ({item!r}); use a bool mask")
+        if isinstance(item, (np.ndarray, torch.Tensor)) and item.ndim == 0:
+            item = item.item()
+            if isinstance(item, float):
+                raise TypeError("cannot index a DataProto with a float scalar")
+        if isinstance(item, int | np.integer):
+            length = len(self)
+            if not -length <= item < length:
+                raise IndexError(f"row {item} is out of range for a DataProto of length {length}")
+            row = int(item) % length
+            batch = self.batch[row] if self.batch is not None else None
+            return DataProtoItem(
+                batch=batch,
+                non_tensor_batch={k: v[row] for k, v in self.non_tensor_batch.items()},
+                meta_info=self.meta_info,
+            )
+        if isinstance(item, list | tuple | np.ndarray | torch.Tensor):
+            return self.select_idxs(item)
+        raise TypeError(f"indexing a DataProto with {type(item).__name__} is not supported")
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> Self:
+        """Rows ``start:end:step`` as views (negative steps gather a copy)."""
+        sl = slice(start, end, step)
+        if step is not None and step <= 0:
+            return self._take(np.arange(len(self))[sl])
+        batch = self.batch[sl] if self.batch is not None else None
+        non_tensor = {k: v[sl] for k, v in self.non_tensor_batch.items()}
+        return self._new(batch, non_tensor, dict(self.meta_info))
+
+    def _take(self, index: np.ndarray) -> Self:
+        """Rows at ``index`` (int array) as a gathered copy."""
+        idx_t, idx_np = _as_index(index)
+        batch = self.batch[idx_t] if self.batch is not None else None
+        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
+        return self._new(batch, non_tensor, dict(self.meta_info))
+
+    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
+        """Rows picked by an int index or bool mask (list, numpy array or tensor)."""
+        idx_t, idx_np = _as_index(idxs)
+        length = len(self)
+        if idx_np.dtype == bool:
+            if idx_np.shape[0] != length:
+                raise IndexError(f"bool mask has {idx_np.shape[0]} entries for a DataProto of length {length}")
+        elif idx_np.size and not (-length <= idx_np.min() and idx_np.max() < length):
+            raise IndexError(f"row index out of range for a DataProto of length {length}")
+        if self.batch is not None and self.batch.device is not None and self.batch.device.type != "cpu":
+            idx_t = idx_t.to(self.batch.device)
+        batch = self.batch[idx_t] if self.batch is not None else None
+        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
+        return self._new(batch, non_tensor, dict(self.meta_info))
+
+    # -- splitting and joining ------------------------------------------------------
+
+    def chunk(self, chunks: int) -> list[Self]:
+        """``chunks`` equal parts (views), padding first when padding is enabled.
+
+        Without padding a length that does not divide raises BatchSizeError.
+        """
+        return chunk_with_padding(self, chunks)[0]
+
+    def split(self, split_size: int) -> list[Self]:
+        """Consecutive views of ``split_size`` rows; the last may be shorter."""
+        return split_views(self, split_size)
+
+    @staticmethod
+    def concat(data: Iterable[DataProto]) -> DataProto:
+        """Join rows of several DataProtos (one copy per column).
+
+        ``meta_info["metrics"]`` of the items is gathered into lists per key;
+        any other meta key must agree across items (ValueError naming it).
+        """
+        items = list(data)
+        if not items:
+            raise BatchSizeError("DataProto.concat got an empty list; there is nothing to concatenate")
+        for pos, item in enumerate(items):
+            if not isinstance(item, DataProto):
+                raise TypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
+        has_batch = [item.batch is not None for item in items]
+        if any(has_batch) and not all(has_batch):
+            raise ValueError(
+                f"DataProto.concat: items {[i for i, h in enumerate(has_batch) if not h]} have no tensor batch "
+                f"while items {[i for i, h in enumerate(has_batch) if h]} do"
+            )
+        batch = TensorBatch.cat([item.batch for item in items]) if all(has_batch) else None  # type: ignore[misc]
+        keys = list(items[0].non_tensor_batch)
+        for pos, item in enumerate(items[1:], start=1):
+            if set(item.non_tensor_batch) != set(keys):
+                raise ValueError(
+                    f"DataProto.concat: non_tensor_batch keys differ: item 0 has {sorted(keys)}, "
+                    f"item {pos} has {sorted(item.non_tensor_batch)}"
+                )
+        non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items], axis=0) for k in keys}
+        meta = merge_meta_info([item.meta_info for item in items])
+        return type(items[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append ``padding_size`` copies of the first (``"first"``) or last row, in place (verl)."""
+        if padding_size == 0:
+            return
+        if padding_size < 0:
+            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+        if len(self) == 0:
+            raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
+        row = 0 if padding_candidate == "first" else len(self) - 1
+        index = np.concatenate([np.arange(len(self)), np.full(padding_size, row)])
+        padded = self._take(index)
+        self.batch = padded.batch
+        self.non_tensor_batch = padded.non_tensor_batch
+
+    # -- column selection ------------------------------------------------------------
+
+    def select(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+        deepcopy: bool = False,
+    ) -> Self:
+        """A DataProto with only the named columns/meta keys (tensors shared).
+
+        ``deepcopy=True`` deep-copies non-tensor columns and meta info (as verl).
+        """
+        batch = self.batch
+        if batch_keys is not None:
+            if batch is None:
+                raise KeyError(f"cannot select batch keys {list(batch_keys)}: this DataProto has no tensor batch")
+            batch = batch.select(*batch_keys)
+        elif batch is not None:
+            batch = batch.copy()
+        non_tensor = self.non_tensor_batch
+        if non_tensor_batch_keys is not None:
+            wanted = set(non_tensor_batch_keys)
+            non_tensor = {k: v for k, v in non_tensor.items() if k in wanted}
+        meta = self.meta_info
+        if meta_info_keys is not None:
+            wanted = set(meta_info_keys)
+            meta = {k: v for k, v in meta.items() if k in wanted}
+        if deepcopy:
+            return self._new(batch, copy.deepcopy(non_tensor), copy.deepcopy(meta))
+        return self._new(batch, dict(non_tensor), dict(meta))
+
+    def pop(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+    ) -> Self:
+        """Remove the named columns/meta keys from self and return them as a DataProto."""
+        batch_keys = list(batch_keys or ())
+        nt_keys = list(non_tensor_batch_keys or ())
+        meta_keys = list(meta_info_keys or ())
+        for names, where, pool in (
+            (batch_keys, "batch", self.batch.keys() if self.batch is not None else ()),
+            (nt_keys, "non_tensor_batch", self.non_tensor_batch),
+            (meta_keys, "meta_info", self.meta_info),
+        ):
+            missing = [k for k in names if k not in pool]
+            if missing:
+                raise KeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
+        tensors = {k: self.batch.pop(k) for k in batch_keys}  # type: ignore[union-attr]
+        non_tensors = {k: self.non_tensor_batch.pop(k) for k in nt_keys}
+        meta = {k: self.meta_info.pop(k) for k in meta_keys}
+        batch = TensorBatch(tensors, batch_size=[len(self)]) if tensors else None
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+    def rename(
+        self,
+        old_keys: str | list[str] | None = None,
+        new_keys: str | list[str] | None = None,
+    ) -> Self:
+        """Rename batch keys in place; returns self."""
+        old = [old_keys] if isinstance(old_keys, str) else old_keys
+        new = [new_keys] if isinstance(new_keys, str) else new_keys
+        if not isinstance(old, list) or not isinstance(new, list):
+            raise TypeError(
+                f"keys must be a str or list of str, got {type(old_keys).__name__} and {type(new_keys).__name__}"
+            )
+        if len(old) != len(new):
+            raise ValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
+        if self.batch is None:
+            raise KeyError(f"cannot rename {old}: this DataProto has no tensor batch")
+        for o, n in zip(old, new, strict=True):
+            self.batch.rename_key_(o, n)
+        return self
+
+    def union(self, other: DataProto) -> Self:
+        """Merge ``other``'s columns and meta into self (shared keys must be equal); returns self."""
+        if other.batch is not None:
+            if self.batch is None:
+                if self.non_tensor_batch and len(other) != len(self):
+                    raise BatchSizeError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+                self.batch = other.batch.copy()
+            else:
+                union_tensor_dict(self.batch, other.batch)
+        elif other.non_tensor_batch and len(self) != len(other) and (self.batch is not None or self.non_tensor_batch):
+            raise BatchSizeError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+        union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
+        union_two_dict(self.meta_info, other.meta_info)
+        self.check_consistency()
+        return self
+
+    # -- reshaping rows --------------------------------------------------------------
+
+    def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
+        """Permute rows in place by ``indices``."""
+        reordered = self.select_idxs(indices)
+        self.batch = reordered.batch
+        self.non_tensor_batch = reordered.non_tensor_batch
+
+    # -- devices, iteration, persistence ----------------------------------------------
+
+    def to(self, device: torch.device | str, **kwargs: Any) -> Self:
+        """Move the tensors to ``device`` in place; returns self (as verl)."""
+        if self.batch is not None:
+            self.batch = self.batch.to(device, **kwargs)
+        return self
+
+    # -- pickling -------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tensors as their own bytes: out-of-band buffers under protocol 5, only this view's rows."""
+        return {
+            "batch": None if self.batch is None else batch_state(self.batch),
+            "non_tensor_batch": self.non_tensor_batch,
+            "meta_info": self.meta_info,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._batch = None if state["batch"] is None else batch_from_state(state["batch"])
+        self.non_tensor_batch = state["non_tensor_batch"]
+        self.meta_info = state["meta_info"]
