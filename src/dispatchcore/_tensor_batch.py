@@ -241,6 +241,12 @@ class TensorBatch:
     # -- rows ----------------------------------------------------------------
 
     def _index_rows(self, index: Any) -> TensorBatch:
+        if type(index) is slice and len(self._batch_size) == 1:
+            # Fast path (every chunk goes through here): a view per tensor.
+            out = TensorBatch.__new__(TensorBatch)
+            out._batch_size = torch.Size([len(range(*index.indices(self._batch_size[0])))])
+            out._tensors = {k: v[index] for k, v in self._tensors.items()}
+            return out
         index = _check_row_index(index)
         if not self._batch_size:
             raise IndexError("cannot index rows of a TensorBatch with no batch dims")

@@ -17,6 +17,9 @@ from typing import Any
 from ._errors import WorkerError
 from ._worker import rank_context
 
+#: Result types that are never awaitable (skips the awaitable check).
+_PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, dict})
+
 
 @dataclass
 class RemoteFailure:
@@ -54,6 +57,7 @@ class WorkerHost:
         self._init_args = init_args
         self._init_kwargs = dict(init_kwargs or {})
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._bound: dict[str, Any] = {}
         self.worker: Any = None
 
     def start(self) -> RemoteFailure | None:
@@ -67,16 +71,18 @@ class WorkerHost:
 
     def run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, RemoteFailure)``; never raises."""
-        try:
-            fn = getattr(self.worker, method)
-        except AttributeError as exc:
-            cls = type(self.worker).__name__
-            failure = RemoteFailure.capture(self.rank, method, exc)
-            failure.message = f"{cls} has no method {method!r}"
-            return False, failure
+        fn = self._bound.get(method)
+        if fn is None:
+            try:
+                fn = self._bound[method] = getattr(self.worker, method)
+            except AttributeError as exc:
+                cls = type(self.worker).__name__
+                failure = RemoteFailure.capture(self.rank, method, exc)
+                failure.message = f"{cls} has no method {method!r}"
+                return False, failure
         try:
             value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
+            if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                 value = self._event_loop().run_until_complete(_await(value))
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, method, exc)

@@ -3,9 +3,9 @@
 A rank always runs on the same thread (thread-local state in user code, CUDA
 current device, torch's per-thread settings stay put), and a call is put on
 every rank's queue at once.  Isolation (the default) gives each rank what a
-pickle round trip would: each distinct argument is pickled once on the
-driver (tensors as out-of-band buffers, functions by reference) and every
-rank unpickles its own copy on its own thread.
+pickle round trip would: every rank copies its arguments on its own thread
+(:func:`dispatchcore._isolation.isolated_copy`: tensors cloned, functions
+shared), so the copies run in parallel and the driver pays none of them.
 """
 
 from __future__ import annotations
@@ -27,33 +27,10 @@ from dispatchcore import (
     WorkerHost,
 )
 from dispatchcore._executor import timeout_error
-from dispatchcore._serialization import Serialized, dumps, loads
+from dispatchcore._isolation import ATOMS, isolated_copy
 
-_ATOMS = (type(None), bool, int, float, complex, str, bytes)
 #: How often a waiting driver checks that rank threads are alive.
 _LIVENESS_POLL = 0.5
-
-
-class _Payload:
-    """One distinct argument, ready for any number of ranks to unpack."""
-
-    __slots__ = ("raw", "serialized")
-
-    def __init__(self, value: Any, isolate: bool, method: str) -> None:
-        self.raw = value
-        self.serialized: Serialized | None = None
-        if isolate and not isinstance(value, _ATOMS):
-            try:
-                self.serialized = dumps(value, share_callables=True)
-            except Exception as exc:
-                raise DispatchError(
-                    f"an argument of {method!r} ({type(value).__name__}) cannot be pickled, and an isolated "
-                    f"group hands each rank a pickled copy: {exc}. Make it picklable or create the group "
-                    "with isolate=False"
-                ) from exc
-
-    def unpack(self) -> Any:
-        return self.raw if self.serialized is None else loads(self.serialized, copy=True)
 
 
 class _LocalCallHandle(CallHandle):
@@ -65,9 +42,16 @@ class _LocalCallHandle(CallHandle):
         self._pending = len(call.ranks)
         self._finished = [False] * len(call.ranks)
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        # A latch: held from creation until the last rank finishes.
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._is_done = False
         if not call.ranks:
-            self._done.set()
+            self._release()
+
+    def _release(self) -> None:
+        self._is_done = True
+        self._latch.release()
 
     def finish(self, position: int, ok: bool, value: Any) -> None:
         with self._lock:
@@ -78,17 +62,24 @@ class _LocalCallHandle(CallHandle):
             self._pending -= 1
             self._finished[position] = True
             if self._pending == 0:
-                self._done.set()
+                self._release()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._is_done
+
+    def _wait(self, seconds: float) -> bool:
+        if self._is_done:
+            return True
+        if self._latch.acquire(timeout=seconds):
+            self._latch.release()
+        return self._is_done
 
     def result(self, timeout: float | None = None) -> list[Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done.is_set():
+        deadline = None if timeout is None or self._is_done else time.monotonic() + timeout
+        while not self._is_done:
             wait = _LIVENESS_POLL if deadline is None else min(_LIVENESS_POLL, deadline - time.monotonic())
-            if wait <= 0 or self._done.wait(wait):
-                if self._done.is_set():
+            if wait <= 0 or self._wait(wait):
+                if self._is_done:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     waiting = self._waiting_ranks()
@@ -170,33 +161,31 @@ class LocalExecutor(Executor):
         if self._closed:
             raise DispatchError("this local group is shut down")
         handle = _LocalCallHandle(self, call)
-        unique = call.unique_values()
-        payloads = [_Payload(v, self._isolate, call.method) for v in unique.values]
         copy_results = self._isolate and not call.results_are_copied
+        method = call.method
+        if not any(call.args) and not any(call.kwargs):
+            for position, rank in enumerate(call.ranks):
+                host = self._ranks[rank].host
+                self._ranks[rank].tasks.put(
+                    lambda p=position, h=host: handle.finish(p, *_finish(h, method, (), {}, copy_results))
+                )
+            return handle
+        isolate = self._isolate
         for position, rank in enumerate(call.ranks):
-            thread = self._ranks[rank]
+            host = self._ranks[rank].host
+            args, kwargs = call.args[position], call.kwargs[position]
 
-            def task(position: int = position, host: WorkerHost = thread.host) -> None:
+            def task(position: int = position, host: WorkerHost = host, args: Any = args, kwargs: Any = kwargs) -> None:
                 try:
-                    if self._isolate:
-                        needed = set(unique.arg_slots[position]) | set(unique.kwarg_slots[position].values())
-                        resolved = [payloads[i].unpack() if i in needed else None for i in range(len(payloads))]
-                        args, kwargs = unique.rebuild(position, resolved)
-                    else:
-                        args, kwargs = unique.rebuild(position, [p.raw for p in payloads])
+                    if isolate:  # each rank copies on its own thread, in parallel
+                        args = tuple(isolated_copy(a) for a in args)
+                        kwargs = {k: isolated_copy(v) for k, v in kwargs.items()}
                 except BaseException as exc:  # noqa: BLE001
-                    handle.finish(position, False, RemoteFailure.capture(host.rank, call.method, exc))
+                    handle.finish(position, False, RemoteFailure.capture(host.rank, method, exc))
                     return
-                ok, value = host.run(call.method, args, kwargs)
-                if ok and copy_results and not isinstance(value, _ATOMS):
-                    try:
-                        value = loads(dumps(value, share_callables=True), copy=True)
-                    except Exception as exc:  # noqa: BLE001
-                        ok, value = False, RemoteFailure.capture(host.rank, call.method, exc)
-                        value.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
-                handle.finish(position, ok, value)
+                handle.finish(position, *_finish(host, method, args, kwargs, copy_results))
 
-            thread.tasks.put(task)
+            self._ranks[rank].tasks.put(task)
         return handle
 
     def check_alive(self, call: Call, waiting: list[int]) -> None:
@@ -224,6 +213,21 @@ class LocalExecutor(Executor):
         for rank in self._ranks:
             if rank.thread.is_alive() and rank.thread.ident is not None:
                 rank.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _finish(
+    host: WorkerHost, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], copy_result: bool
+) -> tuple[bool, Any]:
+    """Run on the rank thread; isolate the result unless collect copies it anyway."""
+    ok, value = host.run(method, args, kwargs)
+    if ok and copy_result and type(value) not in ATOMS:
+        try:
+            value = isolated_copy(value)
+        except Exception as exc:  # noqa: BLE001
+            failure = RemoteFailure.capture(host.rank, method, exc)
+            failure.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
+            return False, failure
+    return ok, value
 
 
 def _start(host: WorkerHost) -> tuple[bool, Any]:
