@@ -47,6 +47,7 @@ from ._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
 from ._plugins import available_backends
 from ._register import Registration, register
 from ._tensor_batch import TensorBatch
+from ._trace import Tracer, trace
 from ._worker import Worker
 from ._worker_group import WorkerGroup
 from ._worker_host import RemoteFailure, WorkerHost
@@ -78,6 +79,7 @@ __all__ = [
     "RegistrationError",
     "RemoteFailure",
     "TensorBatch",
+    "Tracer",
     "UniqueValues",
     "Worker",
     "WorkerDiedError",
@@ -99,6 +101,7 @@ __all__ = [
     "pad_dataproto_to_divisor",
     "register",
     "register_dispatch_mode",
+    "trace",
     "trim_padding",
     "unfold_batch_dim",
     "union_numpy_dict",

@@ -28,6 +28,7 @@ from ._method_proxy import DEFAULT, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
+from ._trace import TRACE_KWARG, TimedResult, Tracer, active_tracer, now_us
 
 W = TypeVar("W")
 
@@ -38,6 +39,7 @@ DEFAULT_BACKEND = "local"
 
 _live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 _names = itertools.count()
+_labels = itertools.count()
 
 
 def resolve_backend(backend: str | None, config: Mapping[str, Any] | None = None) -> str:
@@ -106,6 +108,7 @@ class WorkerGroup(Generic[W]):
         self._parent: WorkerGroup[Any] | None = None
         self._mesh_cache: dict[str, list[tuple[int, bool]]] = {}
         self._closed = True  # until the executor is up
+        self._label = f"{worker_cls.__name__}#{next(_labels)}"
         self._lock = threading.Lock()
         name = backend_options.pop("name", None) or f"{worker_cls.__name__}-{os.getpid()}-{next(_names)}"
         spec = GroupSpec(
@@ -205,6 +208,8 @@ class WorkerGroup(Generic[W]):
             timeout = self._call_timeout
         unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
         ctx = CallContext(name, self._world_size)
+        tracer = active_tracer()
+        started = now_us() if tracer is not None else 0.0
         token = _enter_call(ctx)
         try:
             if registration.materialize_futures and not spec.returns_dataproto and (args or kwargs):
@@ -221,18 +226,28 @@ class WorkerGroup(Generic[W]):
             timeout,
             copied=spec.returns_dataproto and not unwrap,
         )
+        if tracer is not None:
+            submitted = now_us()
+            tracer.slice("driver", f"{name} dispatch", started, submitted, phase="dispatch", method=name)
+            for kw in call.kwargs:
+                kw[TRACE_KWARG] = True
         handle = self._executor.submit(call)
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def resolve(wait: float | None) -> Any:
             results = handle.result(remaining(deadline) if wait is None else wait)
+            if tracer is not None:
+                results = self._record_ranks(tracer, name, call, results, submitted)
             if unwrap:
                 return results[0]
             token = _enter_call(ctx)
+            collect_start = now_us() if tracer is not None else 0.0
             try:
                 return spec.collect_fn(self, results)
             finally:
                 _leave_call(token)
+                if tracer is not None:
+                    tracer.slice("driver", f"{name} collect", collect_start, now_us(), phase="collect", method=name)
 
         if registration.blocking:
             return resolve(None)
@@ -248,6 +263,28 @@ class WorkerGroup(Generic[W]):
                 padded_len=ctx.padded_len,
             )
         return CallFuture(resolve, handle.done)
+
+    def _record_ranks(self, tracer: Tracer, name: str, call: Call, results: list[Any], submitted: float) -> list[Any]:
+        """Unwrap rank timings into trace slices; return the plain results."""
+        label = (self._parent or self)._label
+        arrived = now_us()
+        tracer.slice("driver", f"{name} execute", submitted, arrived, phase="execute", method=name)
+        plain = []
+        for rank, value in zip(call.ranks, results, strict=True):
+            if isinstance(value, TimedResult):
+                tracer.slice(
+                    f"{label} rank {rank}",
+                    name,
+                    value.start_us,
+                    value.end_us,
+                    phase="compute",
+                    method=name,
+                    rank=rank,
+                    pid=value.pid,
+                )
+                value = value.value
+            plain.append(value)
+        return plain
 
     def _make_call(
         self,

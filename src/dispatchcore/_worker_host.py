@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import WorkerError
+from ._trace import TRACE_KWARG, TimedResult, now_us
 from ._worker import rank_context
 
 #: Result types that are never awaitable (skips the awaitable check).
@@ -71,6 +73,12 @@ class WorkerHost:
 
     def run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, RemoteFailure)``; never raises."""
+        if TRACE_KWARG in kwargs:
+            kwargs = dict(kwargs)
+            del kwargs[TRACE_KWARG]
+            start = now_us()
+            ok, value = self.run(method, args, kwargs)
+            return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
         fn = self._bound.get(method)
         if fn is None:
             try:
