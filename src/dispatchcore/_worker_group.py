@@ -40,6 +40,7 @@ DEFAULT_BACKEND = "local"
 _live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 _names = itertools.count()
 _labels = itertools.count()
+_call_ids = itertools.count()
 
 
 def resolve_backend(backend: str | None, config: Mapping[str, Any] | None = None) -> str:
@@ -228,7 +229,9 @@ class WorkerGroup(Generic[W]):
         )
         if tracer is not None:
             submitted = now_us()
-            tracer.slice("driver", f"{name} dispatch", started, submitted, phase="dispatch", method=name)
+            call_id = next(_call_ids)
+            name = f"{self._prefix[:-1]}.{name}" if self._prefix else name  # role-qualified in the trace
+            tracer.slice("driver", f"{name} dispatch", started, submitted, phase="dispatch", method=name, call=call_id)
             for kw in call.kwargs:
                 kw[TRACE_KWARG] = True
         handle = self._executor.submit(call)
@@ -237,7 +240,7 @@ class WorkerGroup(Generic[W]):
         def resolve(wait: float | None) -> Any:
             results = handle.result(remaining(deadline) if wait is None else wait)
             if tracer is not None:
-                results = self._record_ranks(tracer, name, call, results, submitted)
+                results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if unwrap:
                 return results[0]
             token = _enter_call(ctx)
@@ -247,7 +250,9 @@ class WorkerGroup(Generic[W]):
             finally:
                 _leave_call(token)
                 if tracer is not None:
-                    tracer.slice("driver", f"{name} collect", collect_start, now_us(), phase="collect", method=name)
+                    tracer.slice(
+                        "driver", f"{name} collect", collect_start, now_us(), phase="collect", method=name, call=call_id
+                    )
 
         if registration.blocking:
             return resolve(None)
@@ -264,11 +269,13 @@ class WorkerGroup(Generic[W]):
             )
         return CallFuture(resolve, handle.done)
 
-    def _record_ranks(self, tracer: Tracer, name: str, call: Call, results: list[Any], submitted: float) -> list[Any]:
+    def _record_ranks(
+        self, tracer: Tracer, name: str, call: Call, results: list[Any], submitted: float, call_id: int
+    ) -> list[Any]:
         """Unwrap rank timings into trace slices; return the plain results."""
         label = (self._parent or self)._label
         arrived = now_us()
-        tracer.slice("driver", f"{name} execute", submitted, arrived, phase="execute", method=name)
+        tracer.slice("driver", f"{name} execute", submitted, arrived, phase="execute", method=name, call=call_id)
         plain = []
         for rank, value in zip(call.ranks, results, strict=True):
             if isinstance(value, TimedResult):
@@ -279,6 +286,7 @@ class WorkerGroup(Generic[W]):
                     value.end_us,
                     phase="compute",
                     method=name,
+                    call=call_id,
                     rank=rank,
                     pid=value.pid,
                 )

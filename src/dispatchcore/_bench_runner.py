@@ -1,0 +1,54 @@
+"""``dispatchcore bench``: run each executor's benchmark from the source tree's ``benchmarks/``.
+
+The benchmarks compare against hand-written floors (raw Ray, raw
+torch.distributed, plain threads) and live beside the tests, not in the
+installed package, so this needs a source checkout (an editable install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from ._plugins import available_backends
+
+BENCHMARKS = {"local": "bench_local.py", "ray": "bench_ray.py", "torchrun": "bench_torchrun.py"}
+
+
+def benchmarks_dir() -> Path | None:
+    """``benchmarks/`` of the checkout this package was installed from, if any."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "benchmarks"
+        if (candidate / "bench_local.py").exists():
+            return candidate
+    return None
+
+
+def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
+    folder = benchmarks_dir()
+    if folder is None:
+        print(
+            "dispatchcore bench needs the source tree's benchmarks/ folder: run it from a checkout "
+            "installed with `pip install -e .`",
+            file=sys.stderr,
+        )
+        return 2
+    sys.path.insert(0, str(folder))
+    status = 0
+    for backend in only or list(BENCHMARKS):
+        path = folder / BENCHMARKS[backend]
+        if backend not in available_backends():
+            print(f"\n### {backend}: skipped (backend not available here; see `dispatchcore backends`)")
+            continue
+        if not path.exists():
+            print(f"\n### {backend}: no benchmark at {path}")
+            status = 1
+            continue
+        spec = importlib.util.spec_from_file_location(f"dispatchcore_bench_{backend}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        code = module.main(["--quick"] if quick else [])
+        status = status or int(code or 0)
+    return status

@@ -1,0 +1,166 @@
+"""The driver: a verl-shaped RL post-training loop written once against the public API.
+
+Every step: generate -> reward -> reference log-probs -> group-baseline
+advantages -> update.  The same function runs on ``local``, ``ray`` and
+``torchrun``; only the ``backend`` argument changes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import torch
+
+from .. import DataProto, WorkerGroup, create_colocated_worker_cls
+from .._trace import Tracer, trace
+from .task import make_prompts
+from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
+
+
+@dataclass
+class DemoConfig:
+    backend: str = "local"
+    world_size: int = 2
+    steps: int = 30
+    prompts_per_step: int = 31  # odd on purpose: batches that do not divide get padded
+    samples_per_prompt: int = 4
+    length: int = 6
+    shift: int = 3
+    lr: float = 0.05
+    kl_coef: float = 0.01
+    seed: int = 0
+    checkpoint: str | None = None
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    reward: float
+    loss: float
+    kl: float
+    dispatch_s: float
+    compute_s: float
+    collect_s: float
+    step_s: float
+
+
+def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tensor:
+    """GRPO-style: each sample's reward minus the mean of its prompt's samples."""
+    grouped = scores.view(-1, samples)
+    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+def phase_seconds(tracer: Tracer, since: int) -> tuple[float, float, float]:
+    """(dispatch, compute, collect) seconds of the calls recorded after event ``since``.
+
+    Compute counts each call once, at its slowest rank.
+    """
+    dispatch = collect = 0.0
+    compute: dict[int, float] = {}
+    for event in tracer.events[since:]:
+        phase = event.get("args", {}).get("phase")
+        if event.get("ph") != "X":
+            continue
+        if phase == "dispatch":
+            dispatch += event["dur"]
+        elif phase == "collect":
+            collect += event["dur"]
+        elif phase == "compute":
+            key = event["args"]["call"]
+            compute[key] = max(compute.get(key, 0.0), event["dur"])
+    return dispatch / 1e6, sum(compute.values()) / 1e6, collect / 1e6
+
+
+def run_demo(
+    config: DemoConfig,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    trace_path: str | None = None,
+) -> list[StepMetrics]:
+    """Train for ``config.steps`` steps; returns the per-step metrics."""
+    n = config.world_size
+    replicas = 2 if n % 2 == 0 else 1
+    model = ModelConfig(
+        length=config.length,
+        lr=config.lr,
+        kl_coef=config.kl_coef,
+        seed=config.seed,
+        collective="thread" if config.backend == "local" else "gloo",
+        group_key=uuid.uuid4().hex,
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    history: list[StepMetrics] = []
+    actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
+    options = dict(config.backend_options)
+    with trace(trace_path) as tracer:
+        with (
+            WorkerGroup(actor_ref_cls, n, backend=config.backend, **options) as actor_ref,
+            WorkerGroup(RewardWorker, n, backend=config.backend, **options) as reward_wg,
+        ):
+            roles = actor_ref.spawn({"actor", "ref"})
+            actor, ref = roles["actor"], roles["ref"]
+            actor.init_model(model)
+            ref.init_model(model, replicas)
+            reward_wg.init_task(config.shift)
+            for step in range(1, config.steps + 1):
+                since, started = len(tracer.events), time.perf_counter()
+                prompts = make_prompts(config.prompts_per_step, config.length, generator)
+                prompts = prompts.repeat_interleave(config.samples_per_prompt, dim=0)
+                batch = DataProto.from_dict({"prompts": prompts}, auto_padding=True)
+                batch = batch.union(actor.generate_sequences(batch))
+                batch = batch.union(reward_wg.compute_reward(batch))
+                batch = batch.union(ref.compute_ref_log_prob(batch))
+                scores = batch.batch["rewards"]
+                batch.batch["advantages"] = group_baseline_advantages(scores, config.samples_per_prompt)
+                batch.meta_info["total_rows"] = len(batch)
+                per_rank = actor.update_actor(batch)
+                rows = sum(m["rows"] for m in per_rank)
+                dispatch, compute, collect = phase_seconds(tracer, since)
+                metrics = StepMetrics(
+                    step=step,
+                    reward=float(scores.mean()),
+                    loss=sum(m["loss_sum"] for m in per_rank) / rows,
+                    kl=sum(m["kl_sum"] for m in per_rank) / rows,
+                    dispatch_s=dispatch,
+                    compute_s=compute,
+                    collect_s=collect,
+                    step_s=time.perf_counter() - started,
+                )
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(metrics)
+            if config.checkpoint:
+                actor.save_checkpoint(config.checkpoint)
+            actor.shutdown_collective()
+    return history
+
+
+class ProgressTable:
+    """Live display: a progress bar on a terminal, then one table row per step."""
+
+    def __init__(self, total: int, out: TextIO = sys.stdout) -> None:
+        self.total, self.out = total, out
+        self.tty = out.isatty()
+        header = (
+            f"{'step':>5} {'reward':>7} {'loss':>8} {'kl':>8} {'dispatch':>9} {'compute':>9} {'collect':>9} {'step':>8}"
+        )
+        print(header, file=out)
+        print("-" * len(header), file=out, flush=True)
+
+    def __call__(self, m: StepMetrics) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=self.out)
+        print(
+            f"{m.step:>5} {m.reward:>7.3f} {m.loss:>8.4f} {m.kl:>8.4f} {m.dispatch_s * 1e3:>7.1f}ms "
+            f"{m.compute_s * 1e3:>7.1f}ms {m.collect_s * 1e3:>7.1f}ms {m.step_s * 1e3:>6.0f}ms",
+            file=self.out,
+        )
+        if self.tty and m.step < self.total:
+            done = int(30 * m.step / self.total)
+            print(f"[{'#' * done}{'.' * (30 - done)}] step {m.step}/{self.total}", end="", file=self.out)
+        self.out.flush()

@@ -1,0 +1,137 @@
+"""The demo's roles: actor (rollout + training), frozen reference, reward.
+
+Each is a plain dispatchcore worker; the decorators say how the driver's
+batch is split.  The actor and the reference are colocated on the same ranks
+(verl's hybrid engine layout); the reference is laid out as an nd mesh with
+replicas, like a tensor-parallel model whose replicas share one data shard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .. import (
+    PADDING_ROWS_KEY,
+    DataProto,
+    Dispatch,
+    Worker,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from .collective import GradientReducer
+from .policy import TinyPolicy
+from .task import rewards
+
+REF_MESH = "ref"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What every rank needs to build the same model (sent ONE_TO_ALL)."""
+
+    length: int = 6
+    hidden: int = 32
+    lr: float = 0.05
+    kl_coef: float = 0.01
+    seed: int = 0
+    collective: str = "thread"  # "thread" on local, "gloo" on process backends
+    group_key: str = "demo"
+
+
+def real_rows(data: DataProto) -> int:
+    """Rows of this chunk that are not padding (padding rows sit at the end)."""
+    return len(data) - int(data.meta_info.get(PADDING_ROWS_KEY, 0))
+
+
+def _build_policy(config: ModelConfig) -> TinyPolicy:
+    torch.manual_seed(config.seed)  # identical initial weights on every rank and role
+    return TinyPolicy(config.length, config.hidden)
+
+
+class ActorWorker(Worker):
+    """Generates responses and trains the policy data-parallel."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, config: ModelConfig) -> int:
+        self.config = config
+        self.policy = _build_policy(config)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
+        # Threads share torch's global RNG, so each rank samples from its own generator.
+        self.generator = torch.Generator().manual_seed(config.seed * 1000 + self.rank)
+        self.reducer = GradientReducer(config.collective, self.rank, self.world_size, config.group_key)
+        return sum(p.numel() for p in self.policy.parameters())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        responses = self.policy.generate(prompts.batch["prompts"], self.generator)
+        with torch.no_grad():
+            old_log_prob = self.policy.log_probs(prompts.batch["prompts"], responses)
+        return DataProto.from_dict({"responses": responses, "old_log_prob": old_log_prob})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """One policy-gradient step on the whole batch (gradients summed over ranks)."""
+        real = real_rows(data)
+        total_rows = int(data.meta_info["total_rows"])
+        prompts, responses = data.batch["prompts"][:real], data.batch["responses"][:real]
+        advantages = data.batch["advantages"][:real]
+        ref_log_prob = data.batch["ref_log_prob"][:real]
+        log_prob = self.policy.log_probs(prompts, responses)
+        kl = log_prob - ref_log_prob
+        # Sums divided by the global row count: the summed gradient is the full-batch one.
+        loss = (-(advantages * log_prob) + self.config.kl_coef * kl).sum() / total_rows
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.reducer.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        self.optimizer.step()
+        return {"loss_sum": float(loss.detach()) * total_rows, "kl_sum": float(kl.detach().sum()), "rows": real}
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def save_checkpoint(self, path: str) -> str:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        torch.save({"policy": self.policy.state_dict(), "config": self.config.__dict__}, path)
+        return path
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_collective(self) -> None:
+        self.reducer.close()
+
+
+class ReferenceWorker(Worker):
+    """The frozen initial policy; scores responses for the KL penalty."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, config: ModelConfig, replicas: int) -> None:
+        self.policy = _build_policy(config).requires_grad_(False)
+        # ``replicas`` consecutive ranks hold one data shard (think tensor parallel).
+        self._register_dispatch_collect_info(
+            REF_MESH, dp_rank=self.rank // replicas, is_collect=self.rank % replicas == 0
+        )
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(REF_MESH))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        with torch.no_grad():
+            ref = self.policy.log_probs(data.batch["prompts"], data.batch["responses"])
+        return DataProto.from_dict({"ref_log_prob": ref})
+
+
+class RewardWorker(Worker):
+    """Checks responses against the task's answer."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_task(self, shift: int) -> None:
+        self.shift = shift
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_reward(self, data: DataProto) -> DataProto:
+        scores = rewards(data.batch["prompts"], data.batch["responses"], self.shift)
+        return DataProto.from_dict({"rewards": scores})
