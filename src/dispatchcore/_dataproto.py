@@ -139,9 +139,14 @@ class DataProto(DataProtoExtras):
         self.check_consistency()
 
     @property
-    def batch(self) -> TensorBatch | None:
-        """The tensors (a TensorBatch); assigning a TensorDict or dict converts it."""
-        return self._batch
+    def batch(self) -> TensorBatch:
+        """The tensors (a TensorBatch); assigning a TensorDict or dict converts it.
+
+        ``None`` when the DataProto has no tensor columns; typed as a
+        TensorBatch (as verl types its TensorDict) so ``data.batch["x"]``
+        type-checks in user code.
+        """
+        return self._batch  # type: ignore[return-value]
 
     @batch.setter
     def batch(self, value: Any) -> None:

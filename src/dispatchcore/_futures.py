@@ -93,6 +93,8 @@ class DataProtoFuture(CallFuture["DataProto"]):
         """``chunks`` futures, the i-th resolving to ``self.get().chunk(chunks)[i]``."""
         if chunks <= 0:
             raise ValueError(f"chunk count must be positive, got {chunks}")
-        return [
-            DataProtoFuture(lambda timeout, i=i: self.get(timeout).chunk(chunks)[i], self.done) for i in range(chunks)
-        ]
+
+        def piece(i: int) -> Callable[[float | None], DataProto]:
+            return lambda timeout: self.get(timeout).chunk(chunks)[i]
+
+        return [DataProtoFuture(piece(i), self.done) for i in range(chunks)]

@@ -42,11 +42,12 @@ class Worker:
 
     _rank: int
     _world_size: int
+    _dispatch_collect_info: dict[str, tuple[int, bool]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         self = super().__new__(cls)
         self._rank, self._world_size = current_rank_context()
-        self._dispatch_collect_info: dict[str, tuple[int, bool]] = {}
+        self._dispatch_collect_info = {}
         return self
 
     @property

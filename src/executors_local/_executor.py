@@ -10,6 +10,7 @@ shared), so the copies run in parallel and the driver pays none of them.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -150,7 +151,7 @@ class LocalExecutor(Executor):
         )
         for position, rank in enumerate(self._ranks):
             rank.thread.start()
-            rank.tasks.put(lambda p=position, r=rank: started.finish(p, *_start(r.host)))
+            rank.tasks.put(functools.partial(_run_start, started, position, rank.host))
         try:
             started.result(start_timeout)
         except BaseException:
@@ -166,9 +167,7 @@ class LocalExecutor(Executor):
         if not any(call.args) and not any(call.kwargs):
             for position, rank in enumerate(call.ranks):
                 host = self._ranks[rank].host
-                self._ranks[rank].tasks.put(
-                    lambda p=position, h=host: handle.finish(p, *_finish(h, method, (), {}, copy_results))
-                )
+                self._ranks[rank].tasks.put(functools.partial(_run_plain, handle, position, host, method, copy_results))
             return handle
         isolate = self._isolate
         for position, rank in enumerate(call.ranks):
@@ -228,6 +227,14 @@ def _finish(
             failure.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
             return False, failure
     return ok, value
+
+
+def _run_plain(handle: _LocalCallHandle, position: int, host: WorkerHost, method: str, copy: bool) -> None:
+    handle.finish(position, *_finish(host, method, (), {}, copy))
+
+
+def _run_start(handle: _LocalCallHandle, position: int, host: WorkerHost) -> None:
+    handle.finish(position, *_start(host))
 
 
 def _start(host: WorkerHost) -> tuple[bool, Any]:

@@ -33,7 +33,7 @@ def make_group(request: pytest.FixtureRequest) -> Iterator[Any]:
     def make(worker_cls: type, world_size: int | None = None, **kwargs: Any) -> Any:
         if default_backend and "backend" not in kwargs:
             kwargs["backend"] = default_backend
-        group = WorkerGroup(worker_cls, world_size, **kwargs)
+        group: Any = WorkerGroup(worker_cls, world_size, **kwargs)
         groups.append(group)
         return group
 
