@@ -9,6 +9,7 @@ replicas, like a tensor-parallel model whose replicas share one data shard.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -46,9 +47,18 @@ def real_rows(data: DataProto) -> int:
     return len(data) - int(data.meta_info.get(PADDING_ROWS_KEY, 0))
 
 
+_init_lock = threading.Lock()
+
+
 def _build_policy(config: ModelConfig) -> TinyPolicy:
-    torch.manual_seed(config.seed)  # identical initial weights on every rank and role
-    return TinyPolicy(config.length, config.hidden)
+    """Identical initial weights on every rank and role.
+
+    Module init draws from torch's global RNG, which the local backend's rank
+    threads share: seeding and building under one lock keeps them in step.
+    """
+    with _init_lock:
+        torch.manual_seed(config.seed)
+        return TinyPolicy(config.length, config.hidden)
 
 
 class ActorWorker(Worker):
