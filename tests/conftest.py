@@ -12,4 +12,7 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # ``ray_session`` (session scope) starts one local Ray for every test that asks for it.
-from executors_ray.testing import ray_session  # noqa: E402, F401
+try:
+    from executors_ray.testing import ray_session  # noqa: F401
+except ImportError:  # the ray executor package is absent: its tests skip
+    pass
