@@ -24,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=None, metavar="FILE", help="save the trained policy (rank 0)")
 
 
+def is_driver() -> bool:
+    """Under torchrun every rank runs this script; only rank 0 drives (and prints)."""
+    return not os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("RANK", "0") == "0"
+
+
 def run(args: argparse.Namespace) -> int:
     backend = args.backend or os.environ.get("DISPATCHCORE_BACKEND") or "local"
     world_size = args.world_size
@@ -33,13 +38,15 @@ def run(args: argparse.Namespace) -> int:
     config = DemoConfig(
         backend=backend, world_size=world_size, steps=args.steps, seed=args.seed, checkpoint=args.checkpoint
     )
-    print(
-        f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
-        f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
-        flush=True,
-    )
+    driver = is_driver()
+    if driver:
+        print(
+            f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
+            f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
+            flush=True,
+        )
     started = time.perf_counter()
-    history = run_demo(config, on_step=ProgressTable(config.steps), trace_path=args.trace)
+    history = run_demo(config, on_step=ProgressTable(config.steps) if driver else None, trace_path=args.trace)
     first, last = history[0].reward, history[-1].reward
     print(f"\nreward {first:.3f} -> {last:.3f} in {time.perf_counter() - started:.1f}s", flush=True)
     if args.trace:
