@@ -360,7 +360,7 @@ class TensorBatch:
         size = torch.Size([sum(len(b) for b in items), *items[0].batch_size[1:]])
         out = cls.__new__(cls)
         out._batch_size = size
-        out._tensors = {k: torch.cat([b._tensors[k] for b in items], dim=0) for k in keys}
+        out._tensors = {k: _cat_rows([b._tensors[k] for b in items]) for k in keys}
         return out
 
     @classmethod
@@ -400,6 +400,29 @@ class TensorBatch:
             f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in self._tensors.items()
         )
         return f"TensorBatch({{{fields}}}, batch_size={list(self._batch_size)})"
+
+
+#: Outputs at least this large are allocated through numpy (see :func:`_cat_rows`).
+_NUMPY_ALLOC_BYTES = 1 << 20
+
+
+def _cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` along rows into memory numpy allocated.
+
+    numpy advises huge pages for large allocations; torch's CPU allocator
+    does not, and page faults made a fresh 64 MB ``torch.cat`` ~1.7x slower
+    than the same concatenation into numpy-allocated memory (MEASURED.md).
+    """
+    first = tensors[0]
+    if first.device.type != "cpu" or any(t.requires_grad for t in tensors) or first.dim() == 0:
+        return torch.cat(tensors, dim=0)
+    shape = (sum(int(t.shape[0]) for t in tensors), *first.shape[1:])
+    nbytes = first.element_size() * int(torch.Size(shape).numel())
+    if nbytes < _NUMPY_ALLOC_BYTES or any(t.dtype != first.dtype or t.shape[1:] != first.shape[1:] for t in tensors):
+        return torch.cat(tensors, dim=0)
+    raw = torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
+    out = raw.view(first.dtype).reshape(shape)
+    return torch.cat(tensors, dim=0, out=out)
 
 
 def batch_state(batch: TensorBatch) -> dict[str, Any]:

@@ -1,0 +1,192 @@
+"""Benchmark of the torchrun executor against the floor measured in the same run.
+
+    python benchmarks/bench_torchrun.py --quick                  # self-started ranks, N=2 and N=4
+    torchrun --standalone --nproc-per-node=4 benchmarks/bench_torchrun.py --quick
+
+Cases (payload: int64 ``input_ids`` of shape [1024, L]): an empty call to
+every rank; DP echo (``DP_COMPUTE_PROTO`` returning its chunk) of 8 KB, 1 MB,
+64 MB, 256 MB; large-in/tiny-out (each rank returns one number per row).
+Floors, measured by helper processes on a gloo group and store of their own:
+a store round trip to every rank (push a message on each rank's queue, each
+rank pops it and pushes a reply, the driver pops every reply) for the empty
+call, and raw ``send``/``recv`` of the same ``tensor_split`` slices into
+preallocated buffers (both ways, or in plus one number per row) for the rest.
+Prints medians and ratios as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register
+
+ROWS = 1024
+SIZES = {"8 KB": 1, "1 MB": 128, "64 MB": 8192, "256 MB": 32768}
+
+
+class BenchWorker(Worker):
+    @register(Dispatch.ONE_TO_ALL)
+    def empty(self) -> None:
+        return None
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def echo(self, data: DataProto) -> DataProto:
+        return data
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def count(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"n": data.batch["input_ids"][:, 0].clone()})
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+# -- floor: helper processes on a raw gloo group ------------------------------------------
+def _helper(port: int, rank: int, size: int) -> None:
+    """A floor rank: answer store pings and echo / count tensors until told to stop."""
+    store = dist.PrefixStore("floor/", dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=600)))
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timedelta(seconds=600))
+    buffers: dict[tuple[int, ...], torch.Tensor] = {}
+    while True:
+        command = store.queue_pop(f"cmd/{rank}", True).decode()
+        if command == "stop":
+            break
+        kind, *dims = command.split()
+        if kind == "ping":
+            store.queue_push(f"st/{rank}", b"pong")
+            continue
+        shape = tuple(int(d) for d in dims)
+        buf = buffers.get(shape)
+        if buf is None:
+            buf = buffers[shape] = torch.empty(shape, dtype=torch.int64)
+        pg.recv([buf], 0, 1).wait()
+        out = buf if kind == "echo" else buf[:, 0].clone()
+        pg.send([out], 0, 2).wait()
+
+
+class Floor:
+    """The driver side of the floor: ``n`` helper ranks get the last ``n`` of ``slices`` slices.
+
+    Under torchrun worker 0 is the driver's own thread, so its slice never
+    travels: there ``slices = N`` and ``n = N - 1``.
+    """
+
+    def __init__(self, n: int, slices: int) -> None:
+        self.n = n
+        self.slices = slices
+        self._master = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
+        self.store = dist.PrefixStore("floor/", self._master)
+        script = os.path.abspath(__file__)
+        self.procs = [
+            subprocess.Popen([sys.executable, script, "--floor-helper", str(self._master.port), str(r), str(n + 1)])
+            for r in range(1, n + 1)
+        ]
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", self.store), 0, n + 1, timedelta(seconds=600))
+        self._out: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def ping(self) -> None:
+        for r in range(1, self.n + 1):
+            self.store.queue_push(f"cmd/{r}", b"ping")
+        for r in range(1, self.n + 1):
+            self.store.queue_pop(f"st/{r}", True)
+
+    def transfer(self, x: torch.Tensor, kind: str) -> None:
+        skip = self.slices - self.n
+        parts = torch.tensor_split(x, self.slices)[skip:]
+        key = (kind, *x.shape)
+        out = self._out.get(key)
+        if out is None:
+            out = self._out[key] = torch.empty_like(x) if kind == "echo" else torch.empty(len(x), dtype=x.dtype)
+        outs = torch.tensor_split(out, self.slices)[skip:]
+        works = []
+        for r, part in enumerate(parts, start=1):
+            self.store.queue_push(f"cmd/{r}", f"{kind} {' '.join(map(str, part.shape))}".encode())
+            works.append(self.pg.send([part], r, 1))
+        for r, dst in enumerate(outs, start=1):
+            works.append(self.pg.recv([dst], r, 2))
+        for work in works:
+            work.wait()
+
+    def close(self) -> None:
+        for r in range(1, self.n + 1):
+            self.store.queue_push(f"cmd/{r}", b"stop")
+        for proc in self.procs:
+            proc.wait(30)
+
+
+# -- the run -------------------------------------------------------------------------------
+def measure(n: int, quick: bool, under_torchrun: bool) -> list[tuple[str, float, float]]:
+    """Rows of (case, executor ms, floor ms) for ``n`` ranks."""
+    repeats_small, repeats_big = (20, 3) if quick else (100, 7)
+    rows = []
+    floor = Floor(n - 1 if under_torchrun else n, n)
+    wg = WorkerGroup(BenchWorker, n, backend="torchrun")
+    try:
+        rows.append(("empty call", median_ms(wg.empty, repeats_small * 5), median_ms(floor.ping, repeats_small * 5)))
+        for label, width in SIZES.items():
+            x = torch.randint(0, 50_000, (ROWS, width), dtype=torch.int64)
+            data = DataProto.from_dict({"input_ids": x})
+            repeats = repeats_small if width <= 128 else repeats_big
+            ours = median_ms(lambda data=data: wg.echo(data), repeats)
+            raw = median_ms(lambda x=x: floor.transfer(x, "echo"), repeats)
+            rows.append((f"DP echo {label}", ours, raw))
+            if label in ("64 MB", "256 MB"):
+                ours = median_ms(lambda data=data: wg.count(data), repeats)
+                raw = median_ms(lambda x=x: floor.transfer(x, "count"), repeats)
+                rows.append((f"large-in/tiny-out {label}", ours, raw))
+    finally:
+        wg.shutdown()
+        floor.close()
+    return rows
+
+
+def table(results: dict[int, list[tuple[str, float, float]]]) -> str:
+    lines = ["| case | N | torchrun executor (ms) | floor (ms) | ratio |", "| --- | --- | --- | --- | --- |"]
+    for n, rows in results.items():
+        for case, ours, raw in rows:
+            lines.append(f"| {case} | {n} | {ours:.2f} | {raw:.2f} | {ours / raw:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="torchrun executor benchmark")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (under ~2 minutes)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="group sizes (self-started only)")
+    parser.add_argument("--floor-helper", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.floor_helper:
+        _helper(*args.floor_helper)
+        return 0
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    sizes = [int(os.environ["WORLD_SIZE"])] if under_torchrun else args.ranks
+    results = {}
+    if under_torchrun and sizes[0] < 2:
+        raise SystemExit("run under torchrun with --nproc-per-node >= 2")
+    for n in sizes:
+        results[n] = measure(n, args.quick, under_torchrun)
+    mode = "under torchrun (worker 0 in the driver)" if under_torchrun else "self-started ranks"
+    print(f"torchrun executor, {mode}; medians; floor measured in the same run\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The driver's side of a world: commands out, statuses and results in.
+
+One :class:`Hub` per world (the whole torchrun launch, or one set of
+self-started ranks).  Each other rank gets a reader thread that pops its
+statuses from the store in order and drains the results' payloads at once,
+so a rank is never left blocked sending a result nobody asked for yet, and
+a monitor thread that turns a dead process (or, under torchrun, a silent
+heartbeat) into a ``dead`` status on that rank's queue, which fails every
+call waiting on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch.distributed as dist
+
+from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
+from ._transport import TagCounter, Transport
+from ._wire import Packed, unpack
+
+#: How often the monitor polls self-started processes (seconds).
+PROCESS_POLL_S = 0.1
+#: How often it reads heartbeats under torchrun.
+HEARTBEAT_POLL_S = 1.0
+
+
+class Sink(Protocol):
+    """Where one rank's answer to one command goes."""
+
+    def deliver(self, ok: bool, value: Any) -> None: ...
+
+    def died(self, detail: str) -> None: ...
+
+
+class Hub:
+    """Sends commands to ranks 1.. and routes their statuses to waiting calls."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        transport: Transport,
+        *,
+        processes: dict[int, subprocess.Popen[bytes]] | None = None,
+        death_timeout: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.transport = transport
+        self.size = transport.size
+        self.remote = list(range(1, self.size))
+        self._processes = processes
+        self.death_timeout = death_timeout
+        self._lock = threading.Lock()
+        self._pending: dict[int, dict[int, Sink]] = {d: {} for d in self.remote}
+        self._dead: dict[int, str] = {}
+        self._stopped = {d: threading.Event() for d in self.remote}
+        self._closing = threading.Event()
+        self._cids = itertools.count()
+        self._rank_tags = TagCounter(1)
+        self._stop_requested = False
+        self._gone: dict[int, str] = {}
+        self._canary_threads = [
+            threading.Thread(
+                target=self._canary, args=(rank, work), name=f"dispatchcore-torchrun-canary{rank}", daemon=True
+            )
+            for rank, work in transport.post_canaries().items()
+        ]
+        for thread in self._canary_threads:
+            thread.start()
+        self._readers = [
+            threading.Thread(target=self._read, args=(d,), name=f"dispatchcore-torchrun-reader{d}", daemon=True)
+            for d in self.remote
+        ]
+        for reader in self._readers:
+            reader.start()
+        self._monitor = threading.Thread(target=self._watch, name="dispatchcore-torchrun-monitor", daemon=True)
+        self._monitor.start()
+
+    # -- sending ------------------------------------------------------------------
+    def next_cid(self) -> int:
+        return next(self._cids)
+
+    def dead_reason(self, rank: int) -> str | None:
+        return self._dead.get(rank)
+
+    def command(self, rank: int, message: tuple[Any, ...], sink: Sink | None = None, cid: int | None = None) -> None:
+        """Queue ``message`` for ``rank``; ``sink`` hears the answer to ``cid``."""
+        with self._lock:
+            reason = self._dead.get(rank)
+            if reason is not None:
+                if sink is not None:
+                    sink.died(reason)
+                return
+            if self._stop_requested:
+                if sink is not None:
+                    sink.died("the world was stopped (driver exiting)")
+                return
+            if sink is not None and cid is not None:
+                self._pending[rank][cid] = sink
+            self.store.queue_push(cmd_key(rank), encode(message))
+
+    def send_value(self, packed: Packed, rank: int) -> int:
+        """Post a value's payload to ``rank``; returns the first tag to name in the command."""
+        first = self.transport.sent.take(packed.header.tags)
+        if rank not in self._dead:
+            self.transport.send(packed, rank, first)
+        return first
+
+    # -- receiving ------------------------------------------------------------------
+    def _read(self, rank: int) -> None:
+        store = self.store.clone()
+        key = status_key(rank)
+        while True:
+            try:
+                message = decode(store.queue_pop(key, True))
+            except Exception as exc:  # noqa: BLE001 - the store went away: the world is over
+                self._fail_rank(rank, f"lost the store connection ({exc})")
+                return
+            kind = message[0]
+            if kind == "quit":
+                return
+            if kind == "stopped":
+                self._stopped[rank].set()
+            elif kind == "dead":
+                self._fail_rank(rank, message[1])
+            elif kind == "done":
+                self._done(rank, *message[1:])
+
+    def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int) -> None:
+        with self._lock:
+            sink = self._pending[rank].pop(cid, None)
+        value = payload
+        if ok:
+            try:
+                buffers, device = self.transport.recv(payload, rank, first, self._rank_tags)
+                value = unpack(payload, buffers, device)
+            except Exception as exc:  # noqa: BLE001 - a torn connection: the rank is dying
+                self._fail_rank(rank, f"its result could not be received ({exc})")
+                if sink is not None:
+                    sink.died(f"its result could not be received ({exc})")
+                return
+        if sink is not None:
+            sink.deliver(ok, value)
+
+    def _fail_rank(self, rank: int, detail: str) -> None:
+        with self._lock:
+            self._dead.setdefault(rank, detail)
+            sinks = list(self._pending[rank].values())
+            self._pending[rank].clear()
+        self._stopped[rank].set()
+        for sink in sinks:
+            sink.died(detail)
+
+    def _watch(self) -> None:
+        """Turn a dead process or a silent heartbeat into a ``dead`` status."""
+        store = self.store.clone()
+        beats: dict[int, tuple[int, float, float]] = {}
+        while not self._closing.wait(PROCESS_POLL_S):
+            for rank in self.remote:
+                if rank in self._dead:
+                    continue
+                detail = self._check(store, rank, beats)
+                if detail is not None:
+                    self._dead.setdefault(rank, detail)
+                    try:
+                        store.queue_push(status_key(rank), encode(("dead", detail)))
+                    except Exception:  # noqa: BLE001
+                        self._fail_rank(rank, detail)
+
+    def _canary(self, rank: int, work: Any) -> None:
+        """Wait on the rank's canary receive: it ends only when the rank leaves or dies."""
+        try:
+            work.wait()
+        except Exception as exc:  # noqa: BLE001 - the torn connection is the news
+            text = str(exc).strip().splitlines()
+            self._gone[rank] = f"its process is gone ({text[-1] if text else type(exc).__name__})"
+        else:
+            self._gone[rank] = "it left without being told to stop"
+
+    def _check(self, store: dist.Store, rank: int, beats: dict[int, tuple[int, float, float]]) -> str | None:
+        if self._stop_requested:
+            return None
+        gone = self._gone.get(rank)
+        if gone is not None:
+            return gone
+        if self._processes is not None:
+            code = self._processes[rank].poll()
+            if code is not None and not self._stopped[rank].is_set():
+                return f"its process exited with code {code}"
+            return None
+        now = time.monotonic()
+        count, changed_at, read_at = beats.get(rank, (-1, now, 0.0))
+        if now - read_at < HEARTBEAT_POLL_S:
+            return None
+        try:
+            latest = int(store.add(heartbeat_key(rank), 0))
+        except Exception as exc:  # noqa: BLE001
+            return f"the store is unreachable ({exc})"
+        if latest != count:
+            changed_at = now
+        beats[rank] = (latest, changed_at, now)
+        if now - changed_at > self.death_timeout:
+            return f"no heartbeat for {now - changed_at:.0f} s"
+        return None
+
+    @property
+    def closed(self) -> bool:
+        return self._stop_requested
+
+    def wait_for_dead(self, wait: float) -> tuple[int, str] | None:
+        """The first rank known dead, waiting up to ``wait`` s for the monitor to notice one."""
+        deadline = time.monotonic() + wait
+        while True:
+            if self._dead:
+                rank = min(self._dead)
+                return rank, self._dead[rank]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    # -- stopping -------------------------------------------------------------------
+    def stop(self, wait: float, on_stopped: Callable[[], None] | None = None) -> None:
+        """Tell every rank to stop, wait up to ``wait`` s for them, then end the readers."""
+        if self._closing.is_set():
+            return
+        self._stop_requested = True
+        try:
+            self.store.set(STOPPING_KEY, b"1")
+            for rank in self.remote:
+                if rank not in self._dead:
+                    self.store.queue_push(cmd_key(rank), encode(("stop",)))
+        except Exception:  # noqa: BLE001, S110 - the store is gone; nothing to tell
+            pass
+        deadline = time.monotonic() + wait
+        for rank in self.remote:
+            self._stopped[rank].wait(max(0.0, deadline - time.monotonic()))
+        self._closing.set()
+        if on_stopped is not None:
+            on_stopped()
+        for rank in self.remote:
+            try:
+                self.store.queue_push(status_key(rank), encode(("quit",)))
+            except Exception:  # noqa: BLE001, S110
+                pass
+        for reader in self._readers:
+            reader.join(1.0)
+        self._monitor.join(1.0)
+        for thread in self._canary_threads:
+            thread.join(1.0)
+        self.transport.reaper.drain(1.0)
+        self.transport.close()

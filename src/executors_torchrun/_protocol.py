@@ -1,0 +1,57 @@
+"""Control messages between the hub (rank 0, the driver) and the other ranks.
+
+Every message is a small pickled tuple on a c10d store queue: commands on
+``cmd/<rank>``, statuses on ``st/<rank>``.  A queue pop blocks in the store,
+never in gloo, so idle ranks can wait forever, and exactly one round trip
+carries each message.  Tensor payloads follow separately, point to point,
+their first tag named in the message.
+
+Commands (hub to rank)::
+
+    ("start", cid, gid, group_rank, group_size, header, first_tag)
+    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots)
+    ("close", gid)
+    ("stop",)
+
+Statuses (rank to hub)::
+
+    ("done", cid, True, header, first_tag)     a value follows on the data path
+    ("done", cid, False, RemoteFailure, 0)     the worker (or unpickling) raised
+    ("stopped",)                               acknowledged "stop", exiting
+    ("dead", detail)                           pushed by the hub's own monitor
+    ("quit",)                                  pushed by the hub to end a reader
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+#: Blocking pops wait this long; nothing times out on purpose (a store-side
+#: timeout leaves the client socket out of step, so waiters are woken by a
+#: message instead).
+FOREVER_S = 365 * 24 * 3600
+
+
+def cmd_key(rank: int) -> str:
+    return f"cmd/{rank}"
+
+
+def status_key(rank: int) -> str:
+    return f"st/{rank}"
+
+
+def heartbeat_key(rank: int) -> str:
+    return f"hb/{rank}"
+
+
+STOPPING_KEY = "stopping"
+READY_KEY = "ready"
+
+
+def encode(message: tuple[Any, ...]) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(raw: bytes) -> tuple[Any, ...]:
+    return pickle.loads(raw)  # noqa: S301 - peers of one job, through its own store

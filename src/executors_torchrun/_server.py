@@ -1,0 +1,159 @@
+"""The loop every rank but the hub runs: serve the hub's commands for every group.
+
+One process hosts one worker per group placed on it (actor, critic, ...),
+each built by :class:`~dispatchcore.WorkerHost` so a raising worker becomes a
+status, never a crash: every command that expects an answer gets one, and
+the group stays in step.  The loop returns on ``stop``; the caller exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dispatchcore import RemoteFailure, WorkerHost
+
+from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
+from ._transport import TagCounter, Transport
+from ._wire import pack, unpack
+
+HUB = 0
+#: Seconds between heartbeats (the hub's monitor reads them under torchrun).
+HEARTBEAT_S = 1.0
+#: After the hub said it is stopping, a rank stuck in a call exits this much later.
+STOP_GRACE_S = 5.0
+
+
+class Server:
+    """One non-hub rank: a store queue in, statuses and tensors out."""
+
+    def __init__(self, store: dist.Store, transport: Transport) -> None:
+        self._store = store
+        self._transport = transport
+        self._rank = transport.rank
+        self._hosts: dict[str, WorkerHost] = {}
+        self._hub_tags = TagCounter(0)
+        self._done = threading.Event()
+
+    def serve(self) -> None:
+        """Run commands until ``stop``; then release the workers and the transport."""
+        _set_local_device()
+        threading.Thread(target=self._heartbeat, name="dispatchcore-heartbeat", daemon=True).start()
+        key = cmd_key(self._rank)
+        try:
+            while True:
+                message = decode(self._store.queue_pop(key, True))
+                kind = message[0]
+                if kind == "stop":
+                    break
+                if kind == "call":
+                    self._call(*message[1:])
+                elif kind == "start":
+                    self._start(*message[1:])
+                elif kind == "close":
+                    host = self._hosts.pop(message[1], None)
+                    if host is not None:
+                        host.close()
+        finally:
+            self._done.set()
+            self._finish()
+
+    # -- commands ---------------------------------------------------------------
+    def _start(self, cid: int, gid: str, rank: int, size: int, header: Any, first: int) -> None:
+        try:
+            worker_cls, args, kwargs = self._receive(header, first)
+        except BaseException as exc:  # noqa: BLE001 - reported as the group's failure
+            self._reply(cid, False, RemoteFailure.capture(rank, "__init__", exc))
+            return
+        host = WorkerHost(worker_cls, rank, size, args, kwargs)
+        failure = host.start()
+        if failure is None:
+            self._hosts[gid] = host
+        self._reply(cid, failure is None, failure)
+
+    def _call(
+        self,
+        cid: int,
+        gid: str,
+        method: str,
+        values: list[tuple[int, Any, int]],
+        arg_slots: tuple[int, ...],
+        kwarg_slots: dict[str, int],
+    ) -> None:
+        host = self._hosts.get(gid)
+        rank = -1 if host is None else host.rank
+        try:
+            if host is None:
+                raise RuntimeError(f"no worker of group {gid!r} lives on process rank {self._rank}")
+            resolved = {slot: self._receive(header, first) for slot, header, first in values}
+        except BaseException as exc:  # noqa: BLE001
+            self._reply(cid, False, RemoteFailure.capture(rank, method, exc))
+            return
+        args = tuple(resolved[s] for s in arg_slots)
+        kwargs = {k: resolved[s] for k, s in kwarg_slots.items()}
+        del resolved
+        ok, value = host.run(method, args, kwargs)
+        del args, kwargs
+        self._reply(cid, ok, value, method=method, rank=rank)
+
+    def _receive(self, header: Any, first: int) -> Any:
+        buffers, device = self._transport.recv(header, HUB, first, self._hub_tags)
+        return unpack(header, buffers, device)
+
+    def _reply(self, cid: int, ok: bool, value: Any, *, method: str = "", rank: int = -1) -> None:
+        """Push the status; a value's payload is posted first, for the hub to drain."""
+        if not ok:
+            self._store.queue_push(status_key(self._rank), encode(("done", cid, False, value, 0)))
+            return
+        try:
+            packed = pack(value)
+        except BaseException as exc:  # noqa: BLE001
+            failure = RemoteFailure.capture(rank, method, exc)
+            failure.message = f"its result cannot be pickled ({exc}); return picklable values"
+            self._store.queue_push(status_key(self._rank), encode(("done", cid, False, failure, 0)))
+            return
+        first = self._transport.sent.take(packed.header.tags)
+        self._transport.send(packed, HUB, first)
+        self._store.queue_push(status_key(self._rank), encode(("done", cid, True, packed.header, first)))
+
+    # -- housekeeping -------------------------------------------------------------
+    def _finish(self) -> None:
+        self._transport.reaper.drain(10.0)
+        for host in self._hosts.values():
+            host.close()
+        self._hosts.clear()
+        try:
+            self._transport.send_canary().wait()
+        except Exception:  # noqa: BLE001, S110 - the hub is gone already
+            pass
+        try:
+            self._store.queue_push(status_key(self._rank), encode(("stopped",)))
+        except Exception:  # noqa: BLE001, S110 - the hub may be gone already
+            pass
+        self._transport.close()
+
+    def _heartbeat(self) -> None:
+        """Tell the hub this process is alive; leave if the hub stopped long ago."""
+        store = self._store.clone()
+        stopping_since: float | None = None
+        while not self._done.wait(HEARTBEAT_S):
+            try:
+                store.add(heartbeat_key(self._rank), 1)
+                if stopping_since is None and store.check([STOPPING_KEY]):
+                    stopping_since = time.monotonic()
+            except Exception:  # noqa: BLE001 - the store (the hub, or torchrun's agent) is gone
+                os._exit(0)
+            if stopping_since is not None and time.monotonic() - stopping_since > STOP_GRACE_S:
+                # The driver is done and this rank is stuck in a call: leave.
+                os._exit(0)
+
+
+def _set_local_device() -> None:
+    """On GPU machines the rank's ``LOCAL_RANK`` device is current before any worker exists."""
+    if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())

@@ -1,0 +1,121 @@
+"""Self-started ranks, for running outside torchrun (tests, notebooks).
+
+The driver hosts a ``TCPStore`` and starts one fresh interpreter per rank
+(``fork`` is never used: pytest, Ray and torch hold threads).  A child needs
+no driver script: it imports only this package and receives the worker
+class by cloudpickle.  It gets the torchrun-style variables in its own
+environment (the driver's ``os.environ`` is left alone) and the driver's
+``sys.path``, and it watches a pipe from the driver so it exits when the
+driver dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ._env import child_env, free_port
+from ._protocol import READY_KEY
+
+BOOT_ENV = "DISPATCHCORE_TORCHRUN_BOOT"
+_CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
+LOCALHOST = "127.0.0.1"
+
+
+def start_store() -> dist.TCPStore:
+    """The store of a self-started world, hosted by the driver on a free port."""
+    return dist.TCPStore(LOCALHOST, 0, None, True, timedelta(seconds=300), wait_for_workers=False)
+
+
+def spawn_ranks(
+    world_size: int, store_port: int, prefix: str, transport_timeout: float
+) -> dict[int, subprocess.Popen[bytes]]:
+    """Start ``world_size`` ranks; the child of group rank ``g`` is data rank ``g + 1``."""
+    master_port = free_port(LOCALHOST)
+    processes: dict[int, subprocess.Popen[bytes]] = {}
+    for rank in range(world_size):
+        boot = {
+            "host": LOCALHOST,
+            "port": store_port,
+            "prefix": prefix,
+            "data_rank": rank + 1,
+            "data_size": world_size + 1,
+            "timeout": transport_timeout,
+            "path": [p for p in sys.path if p],
+        }
+        env = {**os.environ, **child_env(rank, world_size, LOCALHOST, master_port), BOOT_ENV: json.dumps(boot)}
+        processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-c", _CHILD_CODE], env=env, stdin=subprocess.PIPE, close_fds=True
+        )
+    return processes
+
+
+def wait_ready(store: dist.Store, processes: dict[int, subprocess.Popen[bytes]], timeout: float) -> None:
+    """Wait until every child connected, failing fast if one exits first."""
+    deadline = time.monotonic() + timeout
+    while int(store.add(READY_KEY, 0)) < len(processes):
+        for rank, proc in processes.items():
+            code = proc.poll()
+            if code is not None:
+                raise RuntimeError(f"rank {rank - 1} exited with code {code} while starting")
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{len(processes)} self-started ranks were not all up after {timeout:g} s; "
+                "raise WorkerGroup(..., start_timeout=...)"
+            )
+        time.sleep(0.02)
+
+
+def reap(processes: dict[int, subprocess.Popen[bytes]], wait: float) -> None:
+    """Close the pipes (children leave), wait up to ``wait`` s, then kill what is left."""
+    for proc in processes.values():
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    deadline = time.monotonic() + wait
+    for proc in processes.values():
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for proc in processes.values():
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+            pass
+
+
+def _watch_driver() -> None:
+    """Exit when the pipe from the driver closes (the driver stopped us or died)."""
+    try:
+        sys.stdin.buffer.read()
+    finally:
+        os._exit(0)
+
+
+def child_main() -> None:
+    """Entry point of a self-started rank."""
+    boot = json.loads(os.environ.pop(BOOT_ENV))
+    sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
+    threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
+    from ._protocol import FOREVER_S
+    from ._server import Server
+    from ._transport import Transport
+
+    client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
+    store = dist.PrefixStore(boot["prefix"], client)
+    store.add(READY_KEY, 1)
+    transport = Transport(store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]))
+    Server(store, transport).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

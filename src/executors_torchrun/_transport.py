@@ -1,0 +1,168 @@
+"""The executor's own process groups, built directly on its prefixed store.
+
+The default process group belongs to the user, so the executor never calls
+``init_process_group`` or ``new_group``: it constructs ``ProcessGroupGloo``
+(CPU payloads) and, on first use, ``ProcessGroupNCCL`` (CUDA payloads) on a
+``PrefixStore`` of its own.  Only point-to-point ops are used, each posted
+after the control message saying it is coming, so no rank ever sits in a
+gloo op while idle (a gloo op that waits past its timeout kills the group).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._wire import Header, Packed, empty_buffers, empty_device_tensors
+
+#: gloo tags are int32; senders on the hub use even tags, the other ranks odd.
+_TAG_SPACE = 1 << 29
+#: A one-byte message each rank sends the hub when it leaves; the hub keeps a
+#: receive for it posted, so a rank that dies is seen within ~0.1 s (torn socket).
+CANARY_TAG = (1 << 31) - 1
+
+
+class TagCounter:
+    """Tags for one sender: unique per message, so concurrent calls never match wrongly."""
+
+    def __init__(self, parity: int) -> None:
+        self._parity = parity
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> int:
+        """The first of ``count`` consecutive message numbers reserved for one value."""
+        with self._lock:
+            first = next(self._next)
+            for _ in range(count - 1):
+                next(self._next)
+        return first
+
+    def tag(self, number: int) -> int:
+        return (number % _TAG_SPACE) * 2 + self._parity
+
+
+class SendReaper:
+    """Waits on posted sends in the background and then lets their buffers go.
+
+    A gloo send only reports completion through ``wait()`` (``is_completed()``
+    stays false until someone waits), so one daemon thread per process waits
+    on them in order; the sender never blocks on its peer.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[list[Any], Any]] = queue.SimpleQueue()
+        self._outstanding = 0
+        self._cond = threading.Condition()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def add(self, works: list[Any], keep: Any) -> None:
+        """Hold ``keep`` (the tensors being sent) until every work in ``works`` is done."""
+        if not works:
+            return
+        with self._cond:
+            self._outstanding += 1
+        self._queue.put((works, keep))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every send so far has completed (or failed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            works, keep = self._queue.get()
+            for work in works:
+                try:
+                    work.wait()
+                except Exception:  # noqa: BLE001, S112 - the peer is gone; its death is reported elsewhere
+                    continue
+            del works, keep
+            with self._cond:
+                self._outstanding -= 1
+                self._cond.notify_all()
+
+
+class Transport:
+    """Point-to-point tensor payloads between this process and its peers."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        self.rank = rank
+        self.size = size
+        self._store = store
+        self._timeout = timeout
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._nccl: Any = None
+        self._nccl_lock = threading.Lock()
+        self.sent = TagCounter(0 if rank == 0 else 1)
+        self.reaper = SendReaper(f"dispatchcore-send-reaper{rank}")
+
+    def _device_group(self) -> Any:
+        """The NCCL group for CUDA payloads, built on first use (no GPU, no NCCL)."""
+        with self._nccl_lock:
+            if self._nccl is None:
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = self._timeout
+                self._nccl = dist.ProcessGroupNCCL(
+                    dist.PrefixStore("nccl/", self._store), self.rank, self.size, options
+                )
+            return self._nccl
+
+    def send(self, packed: Packed, peer: int, first: int) -> None:
+        """Post the sends of ``packed``'s payload; the reaper keeps its tensors alive until sent."""
+        works = []
+        number = first
+        for buf in packed.buffers:
+            if buf.numel():
+                works.append(self.gloo.send([buf], peer, self.sent.tag(number)))
+                number += 1
+        if packed.device_tensors:
+            group = self._device_group()
+            for t in packed.device_tensors:
+                works.append(group.send([t.contiguous()], peer, 0))
+        self.reaper.add(works, packed)
+
+    def recv(
+        self, header: Header, peer: int, first: int, counter: TagCounter
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Receive a value's payload into fresh buffers; waits until it has arrived."""
+        buffers = empty_buffers(header)
+        device = empty_device_tensors(header)
+        works = []
+        number = first
+        for buf in buffers:
+            if buf.numel():
+                works.append(self.gloo.recv([buf], peer, counter.tag(number)))
+                number += 1
+        if device:
+            group = self._device_group()
+            works.extend(group.recv([t], peer, 0) for t in device)
+        for work in works:
+            work.wait()
+        return buffers, device
+
+    def post_canaries(self) -> dict[int, Any]:
+        """On the hub: one pending one-byte receive per other rank (see :data:`CANARY_TAG`)."""
+        return {
+            peer: self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG) for peer in range(1, self.size)
+        }
+
+    def send_canary(self) -> Any:
+        """On a leaving rank: complete the hub's canary receive."""
+        return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)
+
+    def close(self) -> None:
+        """Drop the process groups this transport built (never the user's).
+
+        Their destructors join gloo's threads; ``ProcessGroup.shutdown()``
+        followed by interpreter exit was seen to abort ("terminate called
+        without an active exception"), so the groups are released, not shut.
+        """
+        self._nccl = None
+        self.gloo = None  # type: ignore[assignment]

@@ -1,0 +1,140 @@
+"""Values on the wire: a small pickle stream plus tensors moved by torch.distributed.
+
+A value is pickled once (protocol 5, cloudpickle so classes and lambdas from
+the driver script travel by value).  CPU tensors become out-of-band buffers
+that are *views* of the caller's memory (a ``chunk()`` view ships only its
+rows); they go over a gloo process group with ``send``/``recv`` into
+preallocated ``uint8`` tensors, never through the store or pickle.  CUDA
+tensors are kept aside (``persistent_id``) and go over an NCCL process group,
+arriving on the receiving rank's current device.
+
+The small pickle stream (a :class:`Header`) travels inside the command or
+status message through the c10d store.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import torch
+
+from dispatchcore import DataProto
+from dispatchcore._serialization import reduce_tensor
+
+PROTOCOL = 5
+
+
+@dataclass
+class Header:
+    """What a receiver needs to post its receives and rebuild the value."""
+
+    data: bytes
+    #: Byte length of each CPU buffer, in send order.
+    sizes: list[int] = field(default_factory=list)
+    #: (shape, dtype) of each CUDA tensor, in send order.
+    device_specs: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
+
+    @property
+    def tags(self) -> int:
+        """How many point-to-point messages carry this value's payload."""
+        return sum(1 for s in self.sizes if s) + len(self.device_specs)
+
+
+@dataclass
+class Packed:
+    """A value ready to send: its header and the tensors that carry its bytes."""
+
+    header: Header
+    buffers: list[torch.Tensor]
+    device_tensors: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.header.sizes) + sum(t.numel() * t.element_size() for t in self.device_tensors)
+
+
+def _rebuild_dataproto(
+    tensors: dict[str, torch.Tensor] | None, non_tensors: dict[str, Any], meta: dict[str, Any]
+) -> DataProto:
+    return DataProto(batch=tensors, non_tensor_batch=non_tensors, meta_info=meta)
+
+
+def _has_cuda(data: DataProto) -> bool:
+    return data.batch is not None and any(t.is_cuda for _, t in data.batch.items())
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    """cloudpickle with tensors reduced to their own bytes and CUDA tensors set aside."""
+
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], device: list[torch.Tensor]) -> None:
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
+        self._device = device
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor and obj.is_cuda:
+            self._device.append(obj.detach())
+            return len(self._device) - 1
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
+            return reduce_tensor(obj)
+        if type(obj) is DataProto and _has_cuda(obj):
+            # DataProto's own state turns tensors into host bytes; keep them
+            # as tensors so the CUDA ones reach persistent_id.
+            batch = None if obj.batch is None else dict(obj.batch.items())
+            return _rebuild_dataproto, (batch, obj.non_tensor_batch, obj.meta_info)
+        return super().reducer_override(obj)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, buffers: list[Any], device: list[torch.Tensor]) -> None:
+        super().__init__(file, buffers=buffers)
+        self._device = device
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._device[pid]
+
+
+def _as_bytes_tensor(buf: pickle.PickleBuffer) -> torch.Tensor:
+    """A flat uint8 tensor over ``buf``'s memory (a copy only for read-only memory)."""
+    raw = buf.raw()
+    if raw.readonly:
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if raw.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(raw, dtype=torch.uint8)
+
+
+def pack(value: Any) -> Packed:
+    """Pickle ``value`` once; tensors stay views of the caller's memory."""
+    file = io.BytesIO()
+    raw: list[pickle.PickleBuffer] = []
+    device: list[torch.Tensor] = []
+    _Pickler(file, raw, device).dump(value)
+    buffers = [_as_bytes_tensor(b) for b in raw]
+    specs = [(tuple(t.shape), t.dtype) for t in device]
+    return Packed(Header(file.getvalue(), [b.numel() for b in buffers], specs), buffers, device)
+
+
+def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tensor]) -> Any:
+    """Rebuild a value over received buffers (they become the value's memory)."""
+    arrays = [b.numpy() for b in buffers]
+    return _Unpickler(io.BytesIO(header.data), arrays, device).load()
+
+
+def empty_buffers(header: Header) -> list[torch.Tensor]:
+    """Freshly allocated receive buffers for ``header``'s CPU payload."""
+    return [torch.empty(size, dtype=torch.uint8) for size in header.sizes]
+
+
+def empty_device_tensors(header: Header) -> list[torch.Tensor]:
+    """Receive tensors on this rank's current CUDA device."""
+    if not header.device_specs:
+        return []
+    device = torch.device("cuda", torch.cuda.current_device())
+    return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in header.device_specs]

@@ -1,0 +1,155 @@
+"""Worlds: the processes a group runs on, under torchrun or self-started.
+
+Under torchrun the world is the launch: one per process, shared by every
+group the driver creates, stopped when the driver exits (atexit, which also
+runs when an exception escapes the driver).  Ranks other than 0 never
+return from their first ``WorkerGroup(...)``: they serve until told to stop
+and exit 0.  Outside torchrun each group starts its own world and stops it
+at ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any, NoReturn
+
+import torch.distributed as dist
+
+from dispatchcore import WorkerDiedError
+
+from . import _env
+from ._hub import Hub
+from ._protocol import FOREVER_S, READY_KEY
+from ._server import Server
+from ._spawn import reap, spawn_ranks, start_store, wait_ready
+from ._transport import Transport
+
+#: Seconds ``stop`` waits for ranks to acknowledge before leaving them to their fate.
+STOP_WAIT_S = 10.0
+
+
+class SpawnedWorld:
+    """Self-started ranks owned by one group: store, children, hub."""
+
+    def __init__(
+        self, world_size: int, *, start_timeout: float, transport_timeout: float, death_timeout: float
+    ) -> None:
+        self.torchrun = False
+        self._master = start_store()
+        prefix = f"dispatchcore/{uuid.uuid4().hex}/"
+        self.store = dist.PrefixStore(prefix, self._master)
+        self.processes = spawn_ranks(world_size, self._master.port, prefix, transport_timeout)
+        try:
+            wait_ready(self.store, self.processes, start_timeout)
+            transport = _connect(self.store, 0, world_size + 1, start_timeout, transport_timeout)
+        except BaseException:
+            reap(self.processes, 0.0)
+            raise
+        self.hub = Hub(self.store, transport, processes=self.processes, death_timeout=death_timeout)
+        self._stopped = False
+
+    def data_rank(self, group_rank: int) -> int:
+        return group_rank + 1
+
+    def stop(self, wait: float = STOP_WAIT_S) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.hub.stop(wait)
+        reap(self.processes, min(wait, 2.0))
+
+
+def _connect(store: dist.Store, rank: int, size: int, start_timeout: float, transport_timeout: float) -> Transport:
+    transport = Transport(store, rank, size, timedelta(seconds=max(start_timeout, transport_timeout)))
+    return transport
+
+
+# -- torchrun ----------------------------------------------------------------------
+_torchrun_hub: Hub | None = None
+_torchrun_lock = threading.Lock()
+
+
+def _torchrun_store(start_timeout: float) -> dist.Store:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+        raise RuntimeError(
+            "the torchrun backend talks through torchrun's agent store, but TORCHELASTIC_USE_AGENT_STORE "
+            "is not 'True' in this launch; start the driver with a plain `torchrun ...`"
+        )
+    host, port = _env.store_address()
+    client = dist.TCPStore(host, port, None, False, timedelta(seconds=start_timeout), wait_for_workers=False)
+    client.set_timeout(timedelta(seconds=FOREVER_S))
+    return dist.PrefixStore(f"dispatchcore/{_env.run_id()}/", client)
+
+
+def torchrun_hub(*, start_timeout: float, transport_timeout: float, death_timeout: float) -> Hub:
+    """Rank 0: the launch's hub, made on first use.  Other ranks serve and exit 0 here."""
+    global _torchrun_hub
+    rank, size = _env.torchrun_rank(), int(os.environ["WORLD_SIZE"])
+    if rank != 0:
+        serve_and_exit(start_timeout, transport_timeout)
+    with _torchrun_lock:
+        if _torchrun_hub is None:
+            store = _torchrun_store(start_timeout)
+            _wait_count(store, size - 1, start_timeout)
+            transport = _connect(store, 0, size, start_timeout, transport_timeout)
+            _torchrun_hub = Hub(store, transport, processes=None, death_timeout=death_timeout)
+            atexit.register(_stop_torchrun_world)
+            _install_sigterm_report()
+        _torchrun_hub.death_timeout = min(_torchrun_hub.death_timeout, death_timeout)
+        return _torchrun_hub
+
+
+def serve_and_exit(start_timeout: float, transport_timeout: float) -> NoReturn:
+    """A rank other than 0: serve every group the driver makes, then exit 0."""
+    store = _torchrun_store(start_timeout)
+    store.add(READY_KEY, 1)
+    transport = _connect(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), start_timeout, transport_timeout)
+    Server(store, transport).serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(0)
+
+
+def _wait_count(store: dist.Store, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while int(store.add(READY_KEY, 0)) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"not every torchrun rank reached its first WorkerGroup(...) within {timeout:g} s; every "
+                "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
+            )
+        time.sleep(0.02)
+
+
+def _stop_torchrun_world() -> None:
+    hub = _torchrun_hub
+    if hub is not None:
+        hub.stop(STOP_WAIT_S)
+
+
+def _install_sigterm_report() -> None:
+    """Under torchrun a dead rank makes the agent SIGTERM the driver: say which rank died."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        hub = _torchrun_hub
+        dead = hub.wait_for_dead(1.0) if hub is not None else None
+        if dead is None:
+            raise WorkerDiedError(
+                -1, "torchrun's agent stopped the driver (SIGTERM): a rank exited or torchrun was interrupted"
+            )
+        rank, detail = dead
+        raise WorkerDiedError(rank, f"{detail}; torchrun's agent is stopping every rank")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
