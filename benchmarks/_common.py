@@ -33,6 +33,8 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[objec
     print("| " + " | ".join(header) + " |")
     print("| " + " | ".join("---" for _ in header) + " |")
     for row in rows:
-        cells = [f"{c:.3f}" if isinstance(c, float) and c < 1 else f"{c:.2f}" if isinstance(c, float) else str(c)
-                 for c in row]
+        cells = [
+            f"{c:.3f}" if isinstance(c, float) and c < 1 else f"{c:.2f}" if isinstance(c, float) else str(c)
+            for c in row
+        ]
         print("| " + " | ".join(cells) + " |")

@@ -98,8 +98,18 @@ def measure(sizes: Sequence[int], labels: Sequence[str], quick: bool) -> list[li
             f1 = median_ms(lambda: floor_echo(True), reps)
             iso = median_ms(lambda: wg.echo(data), reps)
             raw = median_ms(lambda: shared.echo(data), reps)
-            rows.append([n, f"DP echo {label}", f"{f0:.2f}", f"{f1:.2f}", f"{iso:.2f}", f"{iso / f1:.2f}",
-                         f"{raw:.2f}", f"{raw / f0:.2f}"])
+            rows.append(
+                [
+                    n,
+                    f"DP echo {label}",
+                    f"{f0:.2f}",
+                    f"{f1:.2f}",
+                    f"{iso:.2f}",
+                    f"{iso / f1:.2f}",
+                    f"{raw:.2f}",
+                    f"{raw / f0:.2f}",
+                ]
+            )
         wg.shutdown()
         shared.shutdown()
         floor.close()
@@ -114,8 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = measure([2, 4], labels, args.quick)
     print_table(
         f"local executor vs floor (median ms{', quick' if args.quick else ''}; ratio = ours / floor)",
-        ["N", "case", "floor", "floor+copy", "isolated", "ratio vs floor+copy (≤1.3)", "isolate=False",
-         "ratio vs floor (≤1.3; empty ≤1.5)"],
+        [
+            "N",
+            "case",
+            "floor",
+            "floor+copy",
+            "isolated",
+            "ratio vs floor+copy (≤1.3)",
+            "isolate=False",
+            "ratio vs floor (≤1.3; empty ≤1.5)",
+        ],
         rows,
     )
     return 0
