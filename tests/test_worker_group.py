@@ -104,3 +104,8 @@ def test_repr_and_worker_cls() -> None:
         assert "EchoWorker x2 on 'local'" in repr(wg)
         assert wg.worker_cls is EchoWorker
     assert "closed" in repr(wg)
+
+
+def test_pytest_plugin_make_group_fixture(make_group) -> None:  # type: ignore[no-untyped-def]
+    wg = make_group(EchoWorker, 2)
+    assert [i["rank"] for i in wg.info()] == [0, 1]
