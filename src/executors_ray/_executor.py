@@ -1,0 +1,317 @@
+"""``RayExecutor``: backend ``"ray"``, one named Ray actor per rank.
+
+Start-up: connect (or start a local Ray), create the actors (placed on a
+:class:`RayResourcePool` when one is given, else reserving no CPU so several
+groups fit on a small machine), ask where they landed, then build every
+worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
+``MASTER_ADDR``/``MASTER_PORT`` already in its environment.  Each phase is
+bounded by ``start_timeout``.
+
+Calls: each distinct argument is packed once (``_payload``) and every rank's
+task carries the packed values it needs; results come back through
+:class:`RayCallHandle`, which never waits without a bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from dispatchcore import Call, CallHandle, DataProtoFuture, DispatchError, Executor, GroupSpec, WorkerDiedError
+
+from . import _payload
+from ._actor import actor_class
+from ._handle import RayCallHandle
+from ._pool import PlacementError, RayResourcePool
+from ._runtime import DETACHED_NAMESPACE, ensure_ray
+
+PROTECTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+#: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
+OPTIONS: dict[str, Any] = {
+    "address": None,  # Ray address to connect to when Ray is not initialised (else RAY_ADDRESS)
+    "num_cpus": None,  # CPUs of a local Ray this group starts (ray.init(num_cpus=...))
+    "resource_pool": None,  # a RayResourcePool to place the ranks on
+    "num_gpus": None,  # GPUs per worker (fractions allowed); default: pool share or 0
+    "cpus_per_worker": None,  # CPUs each actor reserves without a pool (default 0)
+    "env": None,  # extra environment variables for every worker
+    "runtime_env": None,  # per-actor Ray runtime_env (slows actor start-up; only if asked)
+    "ray_actor_options": None,  # anything else for ActorClass.options(...)
+    "detached": False,  # actors outlive this driver; attach with attach_detached(name, ...)
+    "namespace": None,  # Ray namespace of the actors (detached groups: "dispatchcore")
+    "attach": False,  # attach to the running detached group called `name`
+    "start_timeout": 300.0,  # bound on placing the actors and on building the workers
+    "poll_interval": 1.0,  # seconds between liveness checks while a call runs
+}
+
+
+class RayExecutor(Executor):
+    """Backend ``"ray"``: each rank is a named Ray actor (see the module docstring)."""
+
+    name: ClassVar[str] = "ray"
+    extra: ClassVar[str | None] = "ray"
+    requires: ClassVar[tuple[str, ...]] = ("ray",)
+
+    def __init__(self, spec: GroupSpec) -> None:
+        super().__init__(spec)
+        unknown = sorted(set(spec.options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown option(s) for the ray backend: {unknown}; it takes {sorted(OPTIONS)}")
+        opts = {**OPTIONS, **spec.options}
+        self.options = opts
+        self._env = _user_env(opts["env"])
+        self._pool: RayResourcePool | None = opts["resource_pool"]
+        if self._pool is not None and not isinstance(self._pool, RayResourcePool):
+            raise TypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
+        self.poll_interval = min(float(opts["poll_interval"]), spec.death_timeout / 4)
+        self._start_timeout = float(opts["start_timeout"])
+        self._detached = bool(opts["detached"]) or bool(opts["attach"])
+        self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
+        self._actors: list[Any] = []
+        self._names = [f"{spec.name}-rank{rank}" for rank in range(spec.world_size)]
+        self._broken: str | None = None
+        self._closed = False
+        self._pool_acquired = False
+        self.ray = ensure_ray(opts)
+        try:
+            if opts["attach"]:
+                self._attach()
+            else:
+                self._launch()
+        except BaseException:
+            self._release(kill=True)
+            raise
+
+    # -- start-up ----------------------------------------------------------------
+    def _launch(self) -> None:
+        ray, spec = self.ray, self.spec
+        deadline = time.monotonic() + self._start_timeout
+        actor_opts = self._actor_options()
+        for options in actor_opts:
+            self._actors.append(actor_class().options(**options).remote())
+        infos = self._wait(
+            [a.describe.remote(rank == 0) for rank, a in enumerate(self._actors)], deadline, "place and start"
+        )
+        env = self._rank_env(infos)
+        packed_spec = ray.put(_payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs))))
+        refs = [
+            a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name)
+            for rank, a in enumerate(self._actors)
+        ]
+        failures = self._wait(refs, deadline, "build the workers (__init__)")
+        errors = [f for f in failures if f is not None]
+        if errors:
+            error = errors[0].to_error()
+            if len(errors) > 1:
+                error.add_note(f"rank(s) {[f.rank for f in errors[1:]]} failed to start too")
+            raise error
+
+    def _actor_options(self) -> list[dict[str, Any]]:
+        spec, opts = self.spec, self.options
+        base: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
+        base.update(opts["ray_actor_options"] or {})
+        if opts["runtime_env"] is not None:
+            base["runtime_env"] = opts["runtime_env"]
+        if self._namespace is not None:
+            base["namespace"] = self._namespace
+        if opts["detached"]:
+            base["lifetime"] = "detached"
+        per_rank = []
+        if self._pool is not None:
+            if self._pool.world_size != spec.world_size:
+                raise ValueError(
+                    f"world_size={spec.world_size} but the resource pool has {self._pool.world_size} ranks; "
+                    "use a pool of that size or pool.split([...])"
+                )
+            if opts["detached"] and not self._pool.detached:
+                raise ValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            num_cpus, num_gpus = self._pool.actor_resources(opts["num_gpus"])
+            self._pool.acquire()
+            self._pool_acquired = True
+            for slot in self._pool.slots(self._start_timeout):
+                strategy = PlacementGroupSchedulingStrategy(
+                    placement_group=slot.placement_group,
+                    placement_group_bundle_index=slot.bundle_index,
+                    placement_group_capture_child_tasks=True,
+                )
+                per_rank.append({**base, "num_cpus": num_cpus, "num_gpus": num_gpus, "scheduling_strategy": strategy})
+        else:
+            num_cpus = float(opts["cpus_per_worker"] or 0)
+            num_gpus = float(opts["num_gpus"] or 0)
+            per_rank = [{**base, "num_cpus": num_cpus, "num_gpus": num_gpus} for _ in range(spec.world_size)]
+        for rank, options in enumerate(per_rank):
+            options["name"] = self._names[rank]
+        return per_rank
+
+    def _rank_env(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
+        """torch.distributed's variables per rank; LOCAL_* count ranks on the same node."""
+        n = self.spec.world_size
+        by_node: dict[str, list[int]] = {}
+        for rank, info in enumerate(infos):
+            by_node.setdefault(info["node_id"], []).append(rank)
+        out = []
+        for rank, info in enumerate(infos):
+            peers = by_node[info["node_id"]]
+            env = {
+                **self._env,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(peers.index(rank)),
+                "LOCAL_WORLD_SIZE": str(len(peers)),
+                "MASTER_ADDR": str(infos[0]["ip"]),
+                "MASTER_PORT": str(infos[0]["port"]),
+            }
+            out.append(env)
+        return out
+
+    def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
+        """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
+        ray = self.ray
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+        if len(ready) < len(refs):
+            got = set(ready)
+            late = [rank for rank, ref in enumerate(refs) if ref not in got]
+            raise PlacementError(
+                f"ray group {self.spec.name!r}: could not {what} for rank(s) {late} within "
+                f"{self._start_timeout:g} s (start_timeout). Each actor asks for {self._resources_text()}; "
+                f"the cluster has {ray.available_resources()} available of {ray.cluster_resources()}"
+            )
+        values = []
+        for rank, ref in enumerate(refs):
+            try:
+                values.append(ray.get(ref))
+            except Exception as exc:  # noqa: BLE001 - actor died while starting
+                raise WorkerDiedError(
+                    rank, f"its Ray actor {self._names[rank]!r} died while starting: {exc}", "__init__"
+                ) from exc
+        return values
+
+    def _resources_text(self) -> str:
+        if self._pool is not None:
+            cpus, gpus = self._pool.actor_resources(self.options["num_gpus"])
+            return f"a bundle of {self._pool.bundle()} ({cpus:g} CPU, {gpus:g} GPU of it)"
+        cpus = float(self.options["cpus_per_worker"] or 0)
+        gpus = float(self.options["num_gpus"] or 0)
+        extra = self.options["ray_actor_options"] or {}
+        return f"{cpus:g} CPU, {gpus:g} GPU" + (f", {extra}" if extra else "")
+
+    def _attach(self) -> None:
+        """Look up the running actors of the detached group ``spec.name``."""
+        ray = self.ray
+        for rank, name in enumerate(self._names):
+            try:
+                self._actors.append(ray.get_actor(name, namespace=self._namespace))
+            except ValueError as exc:
+                raise DispatchError(
+                    f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
+                    f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
+                    f"name={self.spec.name!r})"
+                ) from exc
+        deadline = time.monotonic() + self._start_timeout
+        refs = [a.identity.options(concurrency_group="control").remote() for a in self._actors]
+        for rank, ident in enumerate(self._wait(refs, deadline, "reach the detached actors")):
+            if ident["world_size"] != self.spec.world_size or not ident["started"]:
+                raise DispatchError(
+                    f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, "
+                    f"not {self.spec.world_size}"
+                )
+
+    # -- calls -------------------------------------------------------------------
+    def submit(self, call: Call) -> CallHandle:
+        if self._closed:
+            raise DispatchError(f"ray group {self.spec.name!r} is shut down")
+        unique = call.unique_values()
+        put = self.ray.put
+        encoded = []
+        for value in unique.values:
+            try:
+                encoded.append(self._encode(value, put))
+            except Exception as exc:
+                raise DispatchError(
+                    f"an argument of {call.method!r} ({type(value).__name__}) cannot be sent to Ray actors: {exc}"
+                ) from exc
+        refs = []
+        for position, rank in enumerate(call.ranks):
+            arg_slots = unique.arg_slots[position]
+            kwarg_slots = unique.kwarg_slots[position]
+            needed = sorted({*arg_slots, *kwarg_slots.values()})
+            local = {slot: i for i, slot in enumerate(needed)}
+            layout = (
+                tuple(local[s] for s in arg_slots),
+                {k: local[s] for k, s in kwarg_slots.items()},
+                tuple(encoded[s][0] for s in needed),
+            )
+            actor = self._actors[rank]
+            if needed:
+                refs.append(actor.call.remote(call.method, layout, *(encoded[s][1] for s in needed)))
+            else:
+                refs.append(actor.call.remote(call.method))
+        return RayCallHandle(self, call, refs)
+
+    def _encode(self, value: Any, put: Any) -> tuple[int, Any]:
+        from ._forward import Forwarded
+
+        if isinstance(value, Forwarded):
+            return _payload.FORWARD, value
+        return _payload.encode(value, put)
+
+    def forward_future(self, future: DataProtoFuture, chunks: int) -> tuple[list[Any], int, int] | None:
+        from ._forward import forward_future
+
+        return forward_future(self, future, chunks)
+
+    # -- state -------------------------------------------------------------------
+    def actor(self, rank: int) -> Any:
+        return self._actors[rank]
+
+    def actor_name(self, rank: int) -> str:
+        return self._names[rank]
+
+    @property
+    def actors(self) -> list[Any]:
+        """The actor handles, in rank order."""
+        return list(self._actors)
+
+    def mark_broken(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = reason
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    def shutdown(self) -> None:
+        """Kill the actors (detached groups: only let go of them) and release the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release(kill=not self._detached)
+
+    def _release(self, kill: bool) -> None:
+        actors, self._actors = self._actors, []
+        if kill and self.ray.is_initialized():
+            for actor in actors:
+                try:
+                    self.ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001, S110 - already gone
+                    pass
+        if self._pool_acquired and self._pool is not None:
+            self._pool_acquired = False
+            self._pool.release()
+
+
+def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
+    clash = sorted(set(env) & set(PROTECTED_ENV))
+    if clash:
+        raise ValueError(
+            f"env sets {clash}, which the ray backend sets for torch.distributed on every rank "
+            f"({', '.join(PROTECTED_ENV)}); remove them from env"
+        )
+    return {str(k): str(v) for k, v in env.items()}

@@ -1,0 +1,84 @@
+"""Connecting to Ray, lazily: nothing here imports ray until a group needs it.
+
+The entry-point module and the executor class must be importable without
+ray (DESIGN §6), so every function that touches Ray imports it inside.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+#: Namespace of detached groups (named actors are visible only inside one).
+DETACHED_NAMESPACE = "dispatchcore"
+
+
+def ensure_ray(options: Mapping[str, Any]) -> Any:
+    """The ``ray`` module, connected: reuse, connect to an address, or start locally.
+
+    Order: a Ray already initialised in this process; ``options["address"]``
+    or ``RAY_ADDRESS``; otherwise a local Ray with ``options["num_cpus"]``
+    and no dashboard (it costs seconds and ~900 MB here).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = options.get("address") or os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["include_dashboard"] = False
+        if options.get("num_cpus") is not None:
+            kwargs["num_cpus"] = options["num_cpus"]
+        if options.get("num_gpus_total") is not None:
+            kwargs["num_gpus"] = options["num_gpus_total"]
+    ray.init(**kwargs)
+    return ray
+
+
+def node_ip() -> str:
+    """This process's node IP as Ray sees it (MASTER_ADDR of rank 0)."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
+def free_port() -> int:
+    """A TCP port free on this node right now (MASTER_PORT of rank 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def ip_sort_key(ip: str) -> tuple[int, int, str]:
+    """Order node IPs as numbers (10.0.0.9 before 10.0.0.10), names last."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return (2, 0, ip)
+    return (addr.version, int(addr), ip)
+
+
+def cuda_device_index(gpu_ids: list[Any], visible: str | None) -> int | None:
+    """Index, in this process's CUDA numbering, of the first GPU Ray assigned.
+
+    Ray usually narrows ``CUDA_VISIBLE_DEVICES`` to the actor's GPU(s), so the
+    assigned id is found in that list; with every GPU visible the physical
+    id is the index.  ``None`` when the actor holds no GPU.
+    """
+    if not gpu_ids:
+        return None
+    first = str(gpu_ids[0])
+    if visible:
+        listed = [v.strip() for v in visible.split(",") if v.strip()]
+        if first in listed:
+            return listed.index(first)
+    try:
+        return int(first)
+    except ValueError:
+        return 0
