@@ -56,3 +56,23 @@ def test_cli_writes_a_trace_with_rank_tracks(tmp_path: Path) -> None:
 def test_module_entry_point(argv: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "dispatchcore.demo", *argv], capture_output=True, text=True)
     assert done.returncode == 0 and "--backend" in done.stdout
+
+
+def test_checkpoint_is_written_by_rank_zero(tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "ckpt" / "policy.pt"
+    run_demo(DemoConfig(backend="local", world_size=2, steps=1, checkpoint=str(path)))
+    state = torch.load(path, weights_only=False)
+    assert "policy" in state and state["config"]["seed"] == 0
+
+
+def test_bench_command_prints_the_local_ratio_table() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "dispatchcore._cli", "bench", "--quick", "--only", "local"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    ).stdout
+    assert "local executor vs floor" in out and "| 4 | DP echo 1MB |" in out
