@@ -4,7 +4,8 @@ Rank 0 (the driver) is the hub: each call's per-rank arguments are pickled
 once per distinct object (``Call.unique_values``), their tensors posted as
 gloo sends straight from the caller's memory, and a command pushed on each
 rank's store queue.  Ranks answer on their status queues; the hub's reader
-threads drain results into fresh buffers as they come.  Under torchrun,
+threads drain results as they come: into one buffer per tensor key when the
+collect step concatenates (see ``_rows``), else into fresh buffers.  Under torchrun,
 worker 0 lives in the driver on its own thread; self-started worlds (no
 torchrun) put every worker in a child process.
 """
@@ -32,6 +33,7 @@ from dispatchcore._serialization import Serialized, dumps, loads
 from . import _env
 from ._hub import Hub
 from ._local_rank import LocalRank
+from ._rows import RowPlan
 from ._wire import Packed, pack
 from ._worlds import SpawnedWorld, torchrun_hub
 
@@ -44,8 +46,12 @@ _POLL_S = 0.5
 class _Handle(CallHandle):
     """One call's per-rank answers; filled by reader threads and worker 0's thread."""
 
-    def __init__(self, executor: TorchrunExecutor, method: str, ranks: tuple[int, ...]) -> None:
+    def __init__(
+        self, executor: TorchrunExecutor, method: str, ranks: tuple[int, ...], place_rows: bool = False
+    ) -> None:
         self._executor = executor
+        #: Set when the collect step concatenates: results land in shared row buffers.
+        self.rows = RowPlan(len(ranks)) if place_rows else None
         self._method = method
         self._ranks = ranks
         self._results: list[Any] = [None] * len(ranks)
@@ -128,6 +134,10 @@ class _Sink:
 
     def died(self, detail: str) -> None:
         self.handle.finish(self.position, False, None, died=detail)
+
+    def targets(self, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
+        rows = self.handle.rows
+        return None if rows is None else rows.targets(self.position, layout)
 
 
 class TorchrunExecutor(Executor):
@@ -213,7 +223,7 @@ class TorchrunExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
-        handle = _Handle(self, call.method, call.ranks)
+        handle = _Handle(self, call.method, call.ranks, place_rows=call.results_are_copied)
         unique = call.unique_values()
         remote = [(p, self._data_ranks[g]) for p, g in enumerate(call.ranks) if self._data_ranks[g] != 0]
         local = [p for p, g in enumerate(call.ranks) if self._data_ranks[g] == 0]

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
 from ._transport import TagCounter, Transport
-from ._wire import Packed, unpack
+from ._wire import Packed, adopt_views, unpack
 
 #: How often the monitor polls self-started processes (seconds).
 PROCESS_POLL_S = 0.1
@@ -36,6 +36,10 @@ class Sink(Protocol):
     def deliver(self, ok: bool, value: Any) -> None: ...
 
     def died(self, detail: str) -> None: ...
+
+    def targets(self, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
+        """Where to receive a DataProto result's tensor buffers, and the views they become."""
+        ...
 
 
 class Hub:
@@ -131,14 +135,21 @@ class Hub:
             elif kind == "done":
                 self._done(rank, *message[1:])
 
-    def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int) -> None:
+    def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int, layout: Any = None) -> None:
         with self._lock:
             sink = self._pending[rank].pop(cid, None)
         value = payload
         if ok:
+            placed = sink.targets(layout) if sink is not None and layout else None
+            targets, views = placed if placed is not None else (None, None)
             try:
-                buffers, device = self.transport.recv(payload, rank, first, self._rank_tags)
+                if payload.sizes or payload.device_specs:
+                    buffers, device = self.transport.recv(payload, rank, first, self._rank_tags, targets)
+                else:
+                    buffers, device = [], []
                 value = unpack(payload, buffers, device)
+                if views:
+                    adopt_views(value, views)
             except Exception as exc:  # noqa: BLE001 - a torn connection: the rank is dying
                 self._fail_rank(rank, f"its result could not be received ({exc})")
                 if sink is not None:

@@ -15,7 +15,10 @@ Commands (hub to rank)::
 
 Statuses (rank to hub)::
 
-    ("done", cid, True, header, first_tag)     a value follows on the data path
+    ("done", cid, True, header, first_tag, layout)
+                                               a value follows on the data path; layout
+                                               (or None) names a DataProto result's tensor
+                                               buffers, so the hub can place their rows
     ("done", cid, False, RemoteFailure, 0)     the worker (or unpickling) raised
     ("stopped",)                               acknowledged "stop", exiting
     ("dead", detail)                           pushed by the hub's own monitor

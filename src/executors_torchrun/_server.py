@@ -20,7 +20,7 @@ from dispatchcore import RemoteFailure, WorkerHost
 
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
 from ._transport import TagCounter, Transport
-from ._wire import pack, unpack
+from ._wire import NONE, batch_layout, pack, unpack
 
 HUB = 0
 #: Seconds between heartbeats (the hub's monitor reads them under torchrun).
@@ -110,6 +110,9 @@ class Server:
         if not ok:
             self._store.queue_push(status_key(self._rank), encode(("done", cid, False, value, 0)))
             return
+        if value is None:  # most calls without data: no pickler, no payload
+            self._store.queue_push(status_key(self._rank), encode(("done", cid, True, NONE, 0, None)))
+            return
         try:
             packed = pack(value)
         except BaseException as exc:  # noqa: BLE001
@@ -119,7 +122,8 @@ class Server:
             return
         first = self._transport.sent.take(packed.header.tags)
         self._transport.send(packed, HUB, first)
-        self._store.queue_push(status_key(self._rank), encode(("done", cid, True, packed.header, first)))
+        layout = batch_layout(value, packed)
+        self._store.queue_push(status_key(self._rank), encode(("done", cid, True, packed.header, first, layout)))
 
     # -- housekeeping -------------------------------------------------------------
     def _finish(self) -> None:

@@ -129,10 +129,15 @@ class Transport:
         self.reaper.add(works, packed)
 
     def recv(
-        self, header: Header, peer: int, first: int, counter: TagCounter
+        self,
+        header: Header,
+        peer: int,
+        first: int,
+        counter: TagCounter,
+        targets: dict[int, torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Receive a value's payload into fresh buffers; waits until it has arrived."""
-        buffers = empty_buffers(header)
+        """Receive a value's payload (into ``targets[i]`` where given); waits until it has arrived."""
+        buffers = empty_buffers(header, targets)
         device = empty_device_tensors(header)
         works = []
         number = first

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
 
 from dispatchcore import DataProto
@@ -121,15 +122,68 @@ def pack(value: Any) -> Packed:
     return Packed(Header(file.getvalue(), [b.numel() for b in buffers], specs), buffers, device)
 
 
+#: The header of ``None`` (the answer of most calls without data), built once.
+NONE = Header(pickle.dumps(None, protocol=PROTOCOL))
+
+
 def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tensor]) -> Any:
     """Rebuild a value over received buffers (they become the value's memory)."""
+    if header.data == NONE.data:
+        return None
     arrays = [b.numpy() for b in buffers]
     return _Unpickler(io.BytesIO(header.data), arrays, device).load()
 
 
-def empty_buffers(header: Header) -> list[torch.Tensor]:
-    """Freshly allocated receive buffers for ``header``'s CPU payload."""
-    return [torch.empty(size, dtype=torch.uint8) for size in header.sizes]
+#: One DataProto tensor of a result: (buffer index, key, dtype, shape).
+Slot = tuple[int, str, torch.dtype, tuple[int, ...]]
+
+
+def batch_layout(value: Any, packed: Packed) -> tuple[Slot, ...] | None:
+    """Which of ``packed``'s buffers hold which tensors of a DataProto result.
+
+    The hub uses it to receive those tensors straight into the rows of the
+    call's output (one buffer per key) instead of into fresh memory that the
+    collect step would copy again.  Only tensors that went out as their own
+    memory (contiguous CPU tensors) are listed; anything else is ``None``.
+    """
+    if not isinstance(value, DataProto) or value.batch is None:
+        return None
+    where = {(int(b.data_ptr()), b.numel()): i for i, b in enumerate(packed.buffers) if b.numel()}
+    slots = []
+    for key, t in value.batch.items():
+        if t.device.type != "cpu" or t.numel() == 0 or t.dim() == 0 or not t.is_contiguous():
+            continue
+        index = where.get((int(t.data_ptr()), t.numel() * t.element_size()))
+        if index is not None:
+            slots.append((index, key, t.dtype, tuple(t.shape)))
+    return tuple(slots) or None
+
+
+def adopt_views(value: Any, views: dict[str, torch.Tensor]) -> None:
+    """Swap the tensors unpickled over placed rows for the output buffer's own views.
+
+    They hold the same bytes, but only views of the buffer itself (one
+    storage) let the collect step join them without copying.
+    """
+    if not isinstance(value, DataProto) or value.batch is None:
+        return
+    for key, view in views.items():
+        if key in value.batch.keys():
+            t = value.batch[key]
+            if t.data_ptr() == view.data_ptr() and t.dtype == view.dtype and t.shape == view.shape:
+                value.batch[key] = view
+
+
+def fresh_bytes(size: int) -> torch.Tensor:
+    """A receive buffer allocated by numpy (huge pages: fewer faults than torch's allocator)."""
+    return torch.from_numpy(np.empty(size, dtype=np.uint8))
+
+
+def empty_buffers(header: Header, targets: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Receive buffers for ``header``'s CPU payload: ``targets[i]`` where given, else fresh."""
+    if targets:
+        return [targets[i] if i in targets else fresh_bytes(size) for i, size in enumerate(header.sizes)]
+    return [fresh_bytes(size) for size in header.sizes]
 
 
 def empty_device_tensors(header: Header) -> list[torch.Tensor]:
