@@ -42,6 +42,10 @@ class Sink(Protocol):
         ...
 
 
+#: At stop, how long to wait for a stopped rank's process to be gone.
+EXIT_WAIT_S = 3.0
+
+
 class Hub:
     """Sends commands to ranks 1.. and routes their statuses to waiting calls."""
 
@@ -68,6 +72,8 @@ class Hub:
         self._rank_tags = TagCounter(1)
         self._stop_requested = False
         self._gone: dict[int, str] = {}
+        #: Set once a rank's process is gone (its gloo connection closed).
+        self._exited = {d: threading.Event() for d in self.remote}
         self._canary_threads = [
             threading.Thread(
                 target=self._canary, args=(rank, work), name=f"dispatchcore-torchrun-canary{rank}", daemon=True
@@ -122,6 +128,8 @@ class Hub:
         while True:
             try:
                 message = decode(store.queue_pop(key, True))
+            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+                continue
             except Exception as exc:  # noqa: BLE001 - the store went away: the world is over
                 self._fail_rank(rank, f"lost the store connection ({exc})")
                 return
@@ -190,8 +198,18 @@ class Hub:
         except Exception as exc:  # noqa: BLE001 - the torn connection is the news
             text = str(exc).strip().splitlines()
             self._gone[rank] = f"its process is gone ({text[-1] if text else type(exc).__name__})"
-        else:
-            self._gone[rank] = "it left without being told to stop"
+            self._exited[rank].set()
+            return
+        self._gone[rank] = "it left without being told to stop"
+        # A leaving rank sent its canary; the next receive fails when its
+        # process has really exited (the driver waits for that at stop, so
+        # torchrun's agent never sees the driver leave first and kill it).
+        try:
+            self.transport.post_canary(rank).wait()
+        except Exception:  # noqa: BLE001, S110 - the expected end
+            pass
+        finally:
+            self._exited[rank].set()
 
     def _check(self, store: dist.Store, rank: int, beats: dict[int, tuple[int, float, float]]) -> str | None:
         if self._stop_requested:
@@ -250,6 +268,9 @@ class Hub:
         deadline = time.monotonic() + wait
         for rank in self.remote:
             self._stopped[rank].wait(max(0.0, deadline - time.monotonic()))
+        for rank in self.remote:
+            if self._stopped[rank].is_set():
+                self._exited[rank].wait(max(0.0, min(EXIT_WAIT_S, deadline - time.monotonic())))
         self._closing.set()
         if on_stopped is not None:
             on_stopped()

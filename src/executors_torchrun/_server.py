@@ -47,7 +47,10 @@ class Server:
         key = cmd_key(self._rank)
         try:
             while True:
-                message = decode(self._store.queue_pop(key, True))
+                try:
+                    message = decode(self._store.queue_pop(key, True))
+                except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+                    continue
                 kind = message[0]
                 if kind == "stop":
                     break

@@ -158,6 +158,10 @@ class Transport:
             peer: self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG) for peer in range(1, self.size)
         }
 
+    def post_canary(self, peer: int) -> Any:
+        """On the hub: another canary receive from ``peer``; it fails once that rank's process is gone."""
+        return self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG)
+
     def send_canary(self) -> Any:
         """On a leaving rank: complete the hub's canary receive."""
         return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)
