@@ -123,6 +123,58 @@ def test_broadcast_is_put_once(data2, monkeypatch):
     assert len(puts) == 1
 
 
+def test_large_chunks_share_one_put_and_stay_isolated(data2, monkeypatch):
+    executor = data2._executor
+    assert executor._same_node  # a local Ray: every rank on the driver's node
+    puts = []
+    real_put = executor.ray.put
+    monkeypatch.setattr(executor.ray, "put", lambda v, **kw: puts.append(1) or real_put(v, **kw))
+    x = torch.arange(4 * 32 * 1024).reshape(4, -1)  # 512 KB per chunk: not inlined
+    sent = x.clone()
+    extra = torch.zeros(1, 3, dtype=torch.int64)
+    out = data2.mutate(DataProto.from_dict({"x": sent}), extra)
+    assert len(puts) == 1  # both ranks' chunks in one object
+    assert torch.equal(out.batch["x"][:2], x[:2] + 1000)  # rank 0 wrote into its own copy
+    assert torch.equal(out.batch["x"][2:], x[2:])  # rank 1's chunk untouched
+    assert torch.equal(sent, x)  # and the driver's batch too
+
+
+def test_atoms_tuples_and_unregistered_methods(data2):
+    executor = data2._executor
+    assert data2.pid() != data2.fail(5)  # atoms come back as they are
+    assert data2.execute_all("pid") == data2.pid()  # registered: its own actor method
+    with pytest.raises(WorkerError, match="registered no mesh"):  # not registered: the generic `call`
+        data2.execute_all("_dispatchcore_mesh_info", "no-mesh")
+    assert data2.execute_all("_register_dispatch_collect_info", "m", 0, True) == [None, None]
+    assert data2.execute_all("_dispatchcore_mesh_info", "m") == [(0, True), (0, True)]  # a tuple result
+    assert executor._method(0, "pid") is executor._method(0, "pid")  # cached
+    assert executor._method(0, "no_such_method").func.__self__ is not None  # falls back to `call`
+
+
+def test_pack_falls_back_to_cloudpickle_for_code_by_value():
+    import cloudpickle
+
+    from dispatchcore._serialization import dumps
+    from executors_ray import _payload
+
+    data = DataProto.from_dict({"x": torch.arange(6).reshape(3, 2)}, meta_info={"f": len})
+    fast = _payload.pack(data)
+    assert torch.equal(_payload.unpack(fast, copy=True).batch["x"], data.batch["x"])
+    assert _payload.unpack(_payload.pack(lambda v: v + 1), copy=True)(1) == 2  # C pickler refuses: cloudpickle
+    by_reference = _payload.pack(_ByValue())[0]
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        by_value = _payload.pack(_ByValue())[0]
+        assert by_value == dumps(_ByValue()).data != by_reference  # this module's code travels by value
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+class _ByValue:
+    """An instance whose class must travel by value once its module is registered."""
+
+
 def test_worker_error_keeps_group_usable(data2):
     with pytest.raises(WorkerError) as info:
         data2.fail(1)

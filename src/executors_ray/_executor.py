@@ -8,12 +8,15 @@ worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
 bounded by ``start_timeout``.
 
 Calls: each distinct argument is packed once (``_payload``) and every rank's
-task carries the packed values it needs; results come back through
+task carries the packed values it needs, as arguments of the method's own
+actor method (``w_<name>``; none at all for a call without arguments: each
+task argument costs Ray ~0.1 ms); results come back through
 :class:`RayCallHandle`, which never waits without a bound.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -21,7 +24,7 @@ from typing import Any, ClassVar
 from dispatchcore import Call, CallHandle, DataProtoFuture, DispatchError, Executor, GroupSpec, WorkerDiedError
 
 from . import _payload
-from ._actor import actor_class
+from ._actor import DEDICATED_PREFIX, actor_class
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
@@ -69,6 +72,9 @@ class RayExecutor(Executor):
         self._detached = bool(opts["detached"]) or bool(opts["attach"])
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
         self._actors: list[Any] = []
+        self._remotes: list[dict[str, Any]] = [{} for _ in range(spec.world_size)]
+        #: Every rank on the driver's node: several ranks' chunks may share one object.
+        self._same_node = False
         self._names = [f"{spec.name}-rank{rank}" for rank in range(spec.world_size)]
         self._broken: str | None = None
         self._closed = False
@@ -88,11 +94,14 @@ class RayExecutor(Executor):
         ray, spec = self.ray, self.spec
         deadline = time.monotonic() + self._start_timeout
         actor_opts = self._actor_options()
+        cls = actor_class(_method_names(spec.worker_cls))
         for options in actor_opts:
-            self._actors.append(actor_class().options(**options).remote())
+            self._actors.append(cls.options(**options).remote())
         infos = self._wait(
             [a.describe.remote(rank == 0) for rank, a in enumerate(self._actors)], deadline, "place and start"
         )
+        here = ray.get_runtime_context().get_node_id()
+        self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
         packed_spec = ray.put(_payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs))))
         refs = [
@@ -223,40 +232,59 @@ class RayExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
+        if not any(call.args) and not any(call.kwargs):
+            # No arguments anywhere: no task argument either (the common control call).
+            return RayCallHandle(self, call, [self._method(rank, call.method)() for rank in call.ranks])
         unique = call.unique_values()
-        put = self.ray.put
-        encoded = []
-        for value in unique.values:
-            try:
-                encoded.append(self._encode(value, put))
-            except Exception as exc:
-                raise DispatchError(
-                    f"an argument of {call.method!r} ({type(value).__name__}) cannot be sent to Ray actors: {exc}"
-                ) from exc
+        try:
+            encoded = _payload.encode_all(unique.values, self.ray.put, bundle=self._same_node)
+        except _payload.EncodeError as exc:
+            raise DispatchError(
+                f"an argument of {call.method!r} ({type(exc.value).__name__}) cannot be sent to Ray actors: "
+                f"{exc.__cause__}"
+            ) from exc.__cause__
         refs = []
         for position, rank in enumerate(call.ranks):
             arg_slots = unique.arg_slots[position]
             kwarg_slots = unique.kwarg_slots[position]
             needed = sorted({*arg_slots, *kwarg_slots.values()})
             local = {slot: i for i, slot in enumerate(needed)}
+            kinds, sources, inline, tops = [], [], [], []
+            top_index: dict[int, int] = {}
+            for slot in needed:
+                kind, where, value = encoded[slot]
+                kinds.append(kind)
+                if where is None:
+                    sources.append(-1)
+                    inline.append(value)
+                    continue
+                ref, member = where
+                j = top_index.get(id(ref))
+                if j is None:
+                    j = top_index[id(ref)] = len(tops)
+                    tops.append(ref)
+                sources.append(j if member is None else (j, member))
+                inline.append(None)
             layout = (
                 tuple(local[s] for s in arg_slots),
                 {k: local[s] for k, s in kwarg_slots.items()},
-                tuple(encoded[s][0] for s in needed),
+                tuple(kinds),
+                tuple(sources),
+                tuple(inline),
             )
-            actor = self._actors[rank]
-            if needed:
-                refs.append(actor.call.remote(call.method, layout, *(encoded[s][1] for s in needed)))
-            else:
-                refs.append(actor.call.remote(call.method))
+            refs.append(self._method(rank, call.method)(layout, *tops))
         return RayCallHandle(self, call, refs)
 
-    def _encode(self, value: Any, put: Any) -> tuple[int, Any]:
-        from ._forward import Forwarded
-
-        if isinstance(value, Forwarded):
-            return _payload.FORWARD, value
-        return _payload.encode(value, put)
+    def _method(self, rank: int, method: str) -> Any:
+        """The ``.remote`` of ``method``'s own actor method on ``rank`` (cached), else of ``call``."""
+        cache = self._remotes[rank]
+        remote = cache.get(method)
+        if remote is None:
+            actor = self._actors[rank]
+            dedicated = getattr(actor, DEDICATED_PREFIX + method, None) if method.isidentifier() else None
+            remote = dedicated.remote if dedicated is not None else functools.partial(actor.call.remote, method)
+            cache[method] = remote
+        return remote
 
     def forward_future(self, future: DataProtoFuture, chunks: int) -> tuple[list[Any], int, int] | None:
         from ._forward import forward_future
@@ -292,6 +320,7 @@ class RayExecutor(Executor):
 
     def _release(self, kill: bool) -> None:
         actors, self._actors = self._actors, []
+        self._remotes = [{} for _ in self._remotes]
         if kill and self.ray.is_initialized():
             for actor in actors:
                 try:
@@ -301,6 +330,17 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+
+def _method_names(worker_cls: type) -> tuple[str, ...]:
+    """Names a group of ``worker_cls`` calls: its registered methods, role-prefixed for colocated classes."""
+    from dispatchcore._register import registered_methods
+
+    names = set(registered_methods(worker_cls))
+    roles = getattr(worker_cls, "_dispatchcore_roles", None) or {}
+    for role, cls in roles.items():
+        names.update(f"{role}_{name}" for name in registered_methods(cls))
+    return tuple(sorted(names))
 
 
 def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:

@@ -43,11 +43,11 @@ def describe_results(refs: list[Any], timeout: float) -> list[tuple[bool, int, d
     from ._actor import OK_PACKED
 
     out: list[tuple[bool, int, dict[str, Any]] | None] = []
-    for status, payload in ray.get(list(refs), timeout=timeout):
-        if status != OK_PACKED:
+    for result in ray.get(list(refs), timeout=timeout):
+        if type(result) is not tuple or result[0] != OK_PACKED:
             out.append(None)
             continue
-        value = _payload.unpack(payload, copy=False)
+        value = _payload.unpack(result[1], copy=False)
         out.append((True, len(value), dict(value.meta_info)) if isinstance(value, DataProto) else None)
     return out
 
