@@ -131,6 +131,14 @@ class _Pickler(_BasePickler):  # type: ignore[misc, valid-type]
             return parent(obj)
         return NotImplemented
 
+
+class _SharingPickler(_Pickler):
+    """Also passes callables, classes and modules by reference (same process only).
+
+    A separate class because pickle calls ``persistent_id`` for every object
+    whenever the method exists, which would slow down every other pickle.
+    """
+
     def persistent_id(self, obj: Any) -> Any:
         if self._shared is None or not isinstance(obj, _BY_REFERENCE):
             return None
@@ -194,7 +202,7 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
         except (pickle.PicklingError, AttributeError, TypeError):
             file, buffers = io.BytesIO(), []
     shared: list[Any] | None = [] if share_callables else None
-    _Pickler(file, buffers, shared).dump(obj)
+    (_SharingPickler if share_callables else _Pickler)(file, buffers, shared).dump(obj)
     return Serialized(file.getvalue(), buffers, shared or [])
 
 
