@@ -7,7 +7,7 @@ installed package, so this needs a source checkout (an editable install).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -45,11 +45,9 @@ def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
             print(f"\n### {backend}: no benchmark at {path}")
             status = 1
             continue
-        spec = importlib.util.spec_from_file_location(f"dispatchcore_bench_{backend}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # benchmarks may ship themselves by value
-        spec.loader.exec_module(module)
+        # Imported under its own name from a folder on sys.path (which spawned
+        # ranks inherit), so worker classes defined there load in every rank.
+        module = importlib.import_module(path.stem)
         code = module.main(["--quick"] if quick else [])
         status = status or int(code or 0)
     return status
