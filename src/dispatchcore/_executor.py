@@ -80,6 +80,7 @@ class Executor(ABC):
 
     def __init__(self, spec: GroupSpec) -> None:
         self.spec = spec
+        self._broken: str | None = None
 
     @classmethod
     def missing_requirements(cls) -> list[str]:
@@ -111,10 +112,15 @@ class Executor(ABC):
         """
         return None
 
+    def mark_broken(self, reason: str) -> None:
+        """Refuse every later call (the first reason given is kept and reported)."""
+        if self._broken is None:
+            self._broken = reason
+
     @property
     def broken(self) -> str | None:
         """Why this group can take no more calls, or ``None`` while it can."""
-        return None
+        return getattr(self, "_broken", None)
 
 
 def remaining(deadline: float | None) -> float | None:

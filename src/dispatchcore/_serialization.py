@@ -214,7 +214,7 @@ def loads(payload: Serialized, *, copy: bool = True) -> Any:
     """
     if copy:
         # A numpy copy is ~3x faster than bytearray() for large buffers.
-        buffers: list[Any] = [np.frombuffer(b, dtype=np.uint8).copy() for b in payload.buffers]
+        buffers: list[Any] = [np.frombuffer(memoryview(b), dtype=np.uint8).copy() for b in payload.buffers]
     else:
         buffers = list(payload.buffers)
     return _Unpickler(io.BytesIO(payload.data), buffers, payload.shared).load()

@@ -133,7 +133,7 @@ class LocalExecutor(Executor):
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
         self._isolate = spec.isolate
-        self._broken: str | None = None
+
         self._closed = False
         self._ranks = [
             _RankThread(
@@ -193,14 +193,6 @@ class LocalExecutor(Executor):
             if not self._ranks[rank].thread.is_alive():
                 self.mark_broken(f"rank {rank}'s thread exited")
                 raise WorkerDiedError(rank, "its thread is no longer running", call.method)
-
-    def mark_broken(self, reason: str) -> None:
-        if self._broken is None:
-            self._broken = reason
-
-    @property
-    def broken(self) -> str | None:
-        return self._broken
 
     def shutdown(self) -> None:
         if self._closed:

@@ -76,7 +76,7 @@ class RayExecutor(Executor):
         #: Every rank on the driver's node: several ranks' chunks may share one object.
         self._same_node = False
         self._names = [f"{spec.name}-rank{rank}" for rank in range(spec.world_size)]
-        self._broken: str | None = None
+
         self._closed = False
         self._pool_acquired = False
         self.ray = ensure_ray(opts)
@@ -302,14 +302,6 @@ class RayExecutor(Executor):
     def actors(self) -> list[Any]:
         """The actor handles, in rank order."""
         return list(self._actors)
-
-    def mark_broken(self, reason: str) -> None:
-        if self._broken is None:
-            self._broken = reason
-
-    @property
-    def broken(self) -> str | None:
-        return self._broken
 
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""

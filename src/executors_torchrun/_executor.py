@@ -166,7 +166,7 @@ class TorchrunExecutor(Executor):
         start_timeout = float(options.get("start_timeout", 120.0))
         transport_timeout = float(options.get("transport_timeout", 1800.0))
         self._isolate = spec.isolate
-        self._broken: str | None = None
+
         self._closed = False
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
         self._local: LocalRank | None = None
@@ -282,14 +282,6 @@ class TorchrunExecutor(Executor):
             position = handle.local_position(self._local.host.rank)
             if position is not None:
                 handle.finish(position, False, None, died="worker 0's thread is no longer running")
-
-    def mark_broken(self, reason: str) -> None:
-        if self._broken is None:
-            self._broken = reason
-
-    @property
-    def broken(self) -> str | None:
-        return self._broken
 
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self) -> None:
