@@ -72,6 +72,8 @@ class ThreadFloor:
     def close(self) -> None:
         for q in self.queues:
             q.put(None)
+        for t in self.threads:
+            t.join()
 
 
 def measure(sizes: Sequence[int], labels: Sequence[str], quick: bool) -> list[list[object]]:
