@@ -199,6 +199,9 @@ def test_ranks_exit_when_the_driver_dies() -> None:
     finally:
         driver.kill()
         driver.wait()
+        for stream in (driver.stdin, driver.stdout):
+            if stream is not None:
+                stream.close()
 
 
 def _state(pid: int) -> str:
