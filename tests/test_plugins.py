@@ -88,13 +88,19 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     (tmp_path / "broken_exec.py").write_text("raise ImportError('planted: this plugin cannot load')\n")
     info = tmp_path / "thirdparty_exec-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-exec\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[dispatchcore]\nserial = thirdparty_exec.plugin\nbroken = broken_exec\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: thirdparty-exec\nVersion: 0.1\nProvides-Extra: gpu\n"
+        'Requires-Dist: dispatchcore-absent-dep>=1; extra == "gpu"\n'
+    )
+    (tmp_path / "needs_dep_exec.py").write_text("import dispatchcore_absent_dep  # provided by the 'gpu' extra\n")
+    (info / "entry_points.txt").write_text(
+        "[dispatchcore]\nserial = thirdparty_exec.plugin\nbroken = broken_exec\ngpu = needs_dep_exec\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.reset()
     yield tmp_path
     registry.reset()
-    for name in [m for m in sys.modules if m.startswith(("thirdparty_exec", "broken_exec"))]:
+    for name in [m for m in sys.modules if m.startswith(("thirdparty_exec", "broken_exec", "needs_dep_exec"))]:
         del sys.modules[name]
 
 
@@ -119,6 +125,13 @@ def test_missing_extra_names_the_pip_line(third_party: Path) -> None:
     assert 'pip install "thirdparty-exec[fancy]"' in message
     assert "dispatchcore_no_such_module_xyz" in message
     assert "needs_extra" not in available_backends()
+
+
+def test_plugin_missing_its_extra_names_the_pip_line(third_party: Path) -> None:
+    statuses = {b.name: b.status for b in registry.all()}
+    assert statuses["gpu"] == 'missing dispatchcore_absent_dep: pip install "thirdparty-exec[gpu]"'
+    with pytest.raises(BackendNotFoundError, match=r'Run: pip install "thirdparty-exec\[gpu\]"'):
+        WorkerGroup(EchoWorker, 2, backend="gpu")
 
 
 def test_unknown_backend_lists_available(third_party: Path) -> None:

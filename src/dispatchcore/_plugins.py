@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import threading
 import traceback
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ class PluginRegistry:
                 try:
                     plugin = ep.load()
                 except Exception as exc:  # noqa: BLE001 - a broken plugin must not break others
-                    self.failed_plugins.append(BackendInfo(ep.name, ep.value, dist, error=_describe(exc)))
+                    self.failed_plugins.append(_failure(ep.name, ep.value, dist, exc))
                     continue
                 self.add_plugin(plugin, ep.name, dist)
 
@@ -107,7 +108,7 @@ class PluginRegistry:
                 try:
                     impl.function(register=lambda cls: self._register(cls, name, distribution, disabled))
                 except Exception as exc:  # noqa: BLE001
-                    self.failed_plugins.append(BackendInfo(name, name, distribution, error=_describe(exc)))
+                    self.failed_plugins.append(_failure(name, name, distribution, exc))
 
     def _register(self, executor_cls: Any, plugin: str, dist: str | None, disabled: set[str]) -> None:
         if not (isinstance(executor_cls, type) and issubclass(executor_cls, Executor)):
@@ -144,9 +145,14 @@ class PluginRegistry:
                 f"no backend named {name!r}; available backends: {available}. Install a plugin that "
                 f"provides it (entry-point group {PROJECT!r}) or pick one of those"
             )
-        hint = f" Run: {info.install_hint}" if info.install_hint else ""
+        if info.missing and not info.disabled and info.error is None:
+            needs = ", ".join(info.missing)
+            fix = f"Run: {info.install_hint}" if info.install_hint else f"Install {needs}"
+            raise BackendNotFoundError(
+                f"backend {name!r} needs {needs}, which is not installed here. {fix}. Available backends: {available}"
+            )
         raise BackendNotFoundError(
-            f"backend {name!r} is not usable here ({info.status}).{hint} Available backends: {available}"
+            f"backend {name!r} is not usable here ({info.status}). Available backends: {available}"
         )
 
     def reset(self) -> None:
@@ -157,6 +163,44 @@ class PluginRegistry:
             self.backends.clear()
             self.failed_plugins.clear()
             self._loaded = False
+
+
+def _failure(name: str, plugin: str, dist: str | None, exc: BaseException) -> BackendInfo:
+    """What a failed plugin shows; a missing module its distribution's extra provides becomes a pip hint."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    extra = _extra_providing(dist, missing, prefer=name) if missing else None
+    if missing and extra:
+        return BackendInfo(name, plugin, dist, missing=(missing.split(".")[0],), extra=extra)
+    return BackendInfo(name, plugin, dist, error=_describe(exc))
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("-", "_").replace(".", "_")
+
+
+def _extra_providing(dist: str | None, module: str, prefer: str | None = None) -> str | None:
+    """The extra of ``dist`` whose requirements include ``module``'s distribution, if any.
+
+    Several extras may bring the same package; the one named like the
+    plugin (``prefer``) wins.
+    """
+    if dist is None:
+        return None
+    try:
+        requirements = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    top = _normalize(module.split(".")[0])
+    extras = []
+    for line in requirements:
+        spec, _, marker = line.partition(";")
+        req_name = _normalize(re.split(r"[\s\[<>=!~(]", spec.strip(), maxsplit=1)[0])
+        found = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)
+        if req_name == top and found:
+            extras.append(found.group(1))
+    if prefer in extras:
+        return prefer
+    return extras[0] if extras else None
 
 
 def _describe(exc: BaseException) -> str:
