@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import os
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,17 @@ class RemoteFailure:
 
     def to_error(self) -> WorkerError:
         return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
+
+
+def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError:
+    """The error to raise for a call in which ranks failed: the lowest position's,
+    noting which other ranks raised too.  ``failures`` maps call positions."""
+    first = min(failures)
+    error = failures[first].to_error()
+    others = sorted(ranks[p] for p in failures if p != first)
+    if others:
+        error.add_note(f"rank(s) {others} raised too")
+    return error
 
 
 class WorkerHost:

@@ -29,6 +29,7 @@ from dispatchcore import (
 )
 from dispatchcore._executor import timeout_error
 from dispatchcore._isolation import ATOMS, isolated_copy
+from dispatchcore._worker_host import first_failure
 
 #: How often a waiting driver checks that rank threads are alive.
 _LIVENESS_POLL = 0.5
@@ -91,12 +92,7 @@ class _LocalCallHandle(CallHandle):
                     raise timeout_error(self._call.method, timeout, waiting)
             self._executor.check_alive(self._call, self._waiting_ranks())
         if self._failures:
-            first = min(self._failures)
-            error = self._failures[first].to_error()
-            others = sorted(self._call.ranks[p] for p in self._failures if p != first)
-            if others:
-                error.add_note(f"rank(s) {others} raised too")
-            raise error
+            raise first_failure(self._failures, self._call.ranks)
         return self._results
 
     def _waiting_ranks(self) -> list[int]:

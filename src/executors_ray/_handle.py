@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatchcore import Call, CallHandle, RemoteFailure, WorkerDiedError
 from dispatchcore._executor import timeout_error
+from dispatchcore._worker_host import first_failure
 
 from . import _payload
 from ._actor import CONTROL_GROUP, FAILED, OK_PACKED
@@ -162,12 +163,7 @@ class RayCallHandle(CallHandle):
             else:
                 results.append(payload)
         if self._failures:
-            first = min(self._failures)
-            error = self._failures[first].to_error()
-            others = sorted(self._call.ranks[p] for p in self._failures if p != first)
-            if others:
-                error.add_note(f"rank(s) {others} raised too")
-            raise error  # values stay set: asking again raises the same
+            raise first_failure(self._failures, self._call.ranks)  # values stay set: asking again raises the same
         self._results = results
         return results
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dispatchcore._isolation import ATOMS
 from dispatchcore._serialization import PROTOCOL, Serialized, dumps, loads, reduce_tensor
 
 #: Packed values smaller than this travel inside each task, larger ones by reference.
@@ -35,16 +36,15 @@ INLINE_LIMIT = 96 * 1024
 #: chunk of another group's result that the rank fetches itself (``_forward``).
 RAW, PACKED, FORWARD = 0, 1, 2
 
-_ATOMS = (type(None), bool, int, float, complex, str, bytes)
-#: Exact atom types: a rank returns these as they are (never a tuple, so never a tag).
-ATOM_TYPES = frozenset(_ATOMS)
+#: Exact atom types (the core's): a rank returns these as they are (never a tuple, so never a tag).
+ATOM_TYPES = ATOMS
 
 Packed = tuple[bytes, list[Any]]  # uint8 arrays, or bytes for small payloads
 
 
 def is_raw(value: Any) -> bool:
     """Values passed to Ray untouched: atoms and object references."""
-    if isinstance(value, _ATOMS):
+    if type(value) in ATOMS:
         return True
     return type(value).__name__ == "ObjectRef" and type(value).__module__.startswith("ray")
 

@@ -28,7 +28,8 @@ from dispatchcore import (
     WorkerHost,
 )
 from dispatchcore._executor import timeout_error
-from dispatchcore._serialization import Serialized, dumps, loads
+from dispatchcore._isolation import ATOMS, isolated_copy
+from dispatchcore._worker_host import first_failure
 
 from . import _env
 from ._hub import Hub
@@ -37,7 +38,6 @@ from ._rows import RowPlan
 from ._wire import Packed, pack
 from ._worlds import SpawnedWorld, torchrun_hub
 
-_ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _OPTIONS = ("start_timeout", "ranks", "transport_timeout")
 #: How often a waiting caller checks worker 0's thread.
 _POLL_S = 0.5
@@ -106,12 +106,7 @@ class _Handle(CallHandle):
             self._executor.mark_broken(f"rank {rank} died")
             raise WorkerDiedError(rank, self._deaths[position], self._method)
         if self._failures:
-            first = min(self._failures)
-            error = self._failures[first].to_error()
-            others = sorted(self._ranks[p] for p in self._failures if p != first)
-            if others:
-                error.add_note(f"rank(s) {others} raised too")
-            raise error
+            raise first_failure(self._failures, self._ranks)
         return self._results
 
     def _waiting(self) -> list[int]:
@@ -246,29 +241,29 @@ class TorchrunExecutor(Executor):
         return handle
 
     def _run_local(self, call: Call, handle: _Handle, position: int, unique: Any, slots: list[int]) -> None:
-        """Queue worker 0's part; with isolation it gets a pickled copy, as a remote rank would."""
+        """Queue worker 0's part; with isolation it gets a private copy (what a remote rank would get).
+
+        The copies are the core's :func:`~dispatchcore._isolation.isolated_copy`, made on worker 0's
+        own thread, as the local executor does.
+        """
         assert self._local is not None
         host = self._local.host
-        isolate = self._isolate
-        copies: dict[int, Serialized | None] = {}
-        for slot in slots:
-            value = unique.values[slot]
-            copies[slot] = _dumps_or_explain(value, call.method) if isolate and not isinstance(value, _ATOMS) else None
-        copy_result = isolate and not call.results_are_copied
+        copy = isolated_copy if self._isolate else (lambda value: value)
+        copy_result = self._isolate and not call.results_are_copied
 
         def task() -> None:
             try:
-                resolved = [None] * len(unique.values)
-                for slot, serialized in copies.items():
-                    resolved[slot] = unique.values[slot] if serialized is None else loads(serialized, copy=True)
+                resolved: list[Any] = [None] * len(unique.values)
+                for slot in slots:
+                    resolved[slot] = copy(unique.values[slot])
                 args, kwargs = unique.rebuild(position, resolved)
             except BaseException as exc:  # noqa: BLE001
                 handle.finish(position, False, RemoteFailure.capture(host.rank, call.method, exc))
                 return
             ok, value = host.run(call.method, args, kwargs)
-            if ok and copy_result and not isinstance(value, _ATOMS):
+            if ok and copy_result and type(value) not in ATOMS:
                 try:
-                    value = loads(dumps(value, share_callables=True), copy=True)
+                    value = isolated_copy(value)
                 except Exception as exc:  # noqa: BLE001
                     ok, value = False, RemoteFailure.capture(host.rank, call.method, exc)
                     value.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
@@ -325,14 +320,4 @@ def _pack_or_explain(value: Any, method: str) -> Packed:
         raise DispatchError(
             f"an argument of {method!r} ({type(value).__name__}) cannot be pickled, and torchrun ranks are "
             f"separate processes: {exc}"
-        ) from exc
-
-
-def _dumps_or_explain(value: Any, method: str) -> Serialized:
-    try:
-        return dumps(value, share_callables=True)
-    except Exception as exc:
-        raise DispatchError(
-            f"an argument of {method!r} ({type(value).__name__}) cannot be pickled, and an isolated group hands "
-            f"each rank a pickled copy: {exc}. Make it picklable or create the group with isolate=False"
         ) from exc
