@@ -7,7 +7,8 @@ import gc
 import torch
 
 from dispatchcore import DataProto
-from dispatchcore._tensor_batch import _JOINABLE, _cat_rows, joinable_rows
+from dispatchcore._row_concat import _JOINABLE, joinable_rows
+from dispatchcore._row_concat import cat_rows as _cat_rows
 
 
 def filled(rows: int, cols: int = 3, dtype: torch.dtype = torch.int64) -> torch.Tensor:

@@ -4,7 +4,7 @@ When the collect step concatenates every rank's ``DataProto`` (the core sets
 ``Call.results_are_copied``), receiving each rank's rows into fresh memory
 and then copying them into the result costs a fresh allocation plus a copy
 per byte.  Instead the hub receives each rank's tensor straight into its
-rows of one buffer per key (allocated by :func:`dispatchcore._tensor_batch.joinable_rows`),
+rows of one buffer per key (allocated by :func:`dispatchcore._row_concat.joinable_rows`),
 and the concatenation returns a view spanning them.
 
 Row counts are not known before results arrive, so the first rank's answer
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dispatchcore._tensor_batch import joinable_rows
+from dispatchcore._row_concat import joinable_rows
 
 #: (dtype, trailing shape, rows per position, output buffer) of one key.
 _KeyPlan = tuple[torch.dtype, tuple[int, ...], int, torch.Tensor]
