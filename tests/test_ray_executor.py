@@ -190,38 +190,34 @@ def test_init_failure_raises_worker_error():
     assert info.value.rank == 1 and info.value.method == "__init__"
 
 
+@pytest.mark.timeout(90)  # the bound: the death is reported, the call never hangs
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_dead_actor_gives_worker_died_error(groups, how):
     wg = groups(DataWorker, 2, death_timeout=10)
-    start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
         wg.die(1, how)
-    assert time.monotonic() - start < 10
     assert info.value.rank == 1 and "rank1" in str(info.value)
     with pytest.raises(DispatchError, match="no more calls"):
         wg.pid()
     wg.shutdown()
 
 
+@pytest.mark.timeout(90)  # far below the 600 s sleep: the call and shutdown never wait it out
 def test_call_timeout(groups):
     wg = groups(DataWorker, 2)
-    start = time.monotonic()
     with pytest.raises(DispatchTimeoutError, match="sleep"):
-        wg.sleep.options(timeout=0.5)(5)
-    assert time.monotonic() - start < 3
+        wg.sleep.options(timeout=0.5)(600)
     wg.shutdown()
-    assert time.monotonic() - start < 5
 
 
+@pytest.mark.timeout(90)  # the bound: unplaceable groups fail instead of waiting forever
 def test_unplaceable_group_raises_after_start_timeout():
-    start = time.monotonic()
     with pytest.raises(PlacementError, match="start_timeout"):
         WorkerGroup(DataWorker, 2, backend="ray", num_gpus=1, start_timeout=2)
     with pytest.raises(PlacementError, match="could not be placed"):
         WorkerGroup(
             DataWorker, 2, backend="ray", start_timeout=2, resource_pool=RayResourcePool([2], cpus_per_process=64)
         )
-    assert time.monotonic() - start < 20
 
 
 def test_shutdown_kills_actors_and_is_idempotent():

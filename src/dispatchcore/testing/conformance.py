@@ -8,7 +8,6 @@ since process and actor backends take seconds to start.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -285,19 +284,18 @@ class ExecutorConformance:
         assert info.value.rank == 1 and info.value.method == "__init__"
         assert "planted __init__ failure" in info.value.remote_traceback
 
+    @pytest.mark.timeout(120)  # far below the 600 s call: neither the call nor shutdown waits it out
     def test_call_timeout(self) -> None:
         wg = self.make_group(EchoWorker, 2, call_timeout=60)
         try:
             with pytest.raises(DispatchTimeoutError, match="sleep"):
-                wg.sleep.options(timeout=0.5)(30)
+                wg.sleep.options(timeout=0.5)(600)
             try:
                 assert wg.info()  # recovered
             except DispatchError as exc:  # or declared broken, saying so
                 assert "no more calls" in str(exc) or "broken" in str(exc)
         finally:
-            started = time.monotonic()
-            wg.shutdown()
-            assert time.monotonic() - started < 30, "shutdown must not wait for a stuck call"
+            wg.shutdown()  # must not wait out the 600 s call: the case's timeout marker is the bound
 
     def test_dead_worker_reported(self) -> None:
         if not self.ranks_are_processes:
