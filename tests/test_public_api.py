@@ -58,3 +58,14 @@ def test_py_typed_ships() -> None:
     from importlib.resources import files
 
     assert files("dispatchcore").joinpath("py.typed").is_file()
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text().splitlines()
+    marker = readme.index("<!-- test-command -->")
+    command = readme[marker + 2]  # the line after the opening fence
+    assert command.startswith("pip install") and "pytest" in command
+    assert command in (root / ".ci" / "run").read_text().splitlines()
