@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_ms
 from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register
 
 ROWS = 1024
@@ -50,17 +50,6 @@ class BenchWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def count(self, data: DataProto) -> DataProto:
         return DataProto.from_dict({"n": data.batch["input_ids"][:, 0].clone()})
-
-
-def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 # -- floor: helper processes on a raw gloo group ------------------------------------------
