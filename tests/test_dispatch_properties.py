@@ -1,44 +1,33 @@
-"""Property tests: dispatch then collect of an identity reproduces the input, for every built-in mode."""
+"""Property tests: dispatch then collect of an identity reproduces the input, for every built-in mode.
+
+They run each mode through :func:`dispatchcore.direct_call`, the public way to
+test a mode without a group.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatchcore import DataProto, Dispatch, make_nd_compute_dataproto_dispatch_fn
-from dispatchcore._call_context import CallContext, call_context
-from dispatchcore._modes import resolve_mode
+from dispatchcore import (
+    BatchSizeError,
+    DataProto,
+    Dispatch,
+    DispatchError,
+    direct_call,
+    make_nd_compute_dataproto_dispatch_fn,
+)
+from dispatchcore._builtin_modes import dispatch_dp_compute_proto
 
 world_sizes = st.integers(min_value=1, max_value=16)
 lengths = st.integers(min_value=1, max_value=80)
 
 
-@dataclass
-class FakeGroup:
-    """Just what dispatch/collect functions read from a group."""
-
-    world_size: int
-    mesh: list[tuple[int, bool]] | None = None
-
-    def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
-        assert self.mesh is not None
-        return self.mesh
-
-
-def run_identity(mode, wg, *args, **kwargs):
-    """Dispatch, let every rank return its first argument, collect."""
-    spec = resolve_mode(mode)
-    ctx = CallContext("identity", wg.world_size)
-    with call_context(ctx):
-        per_args, per_kwargs = spec.dispatch_fn(wg, *args, **kwargs)
-    for v in list(per_args) + list(per_kwargs.values()):
-        assert len(v) == wg.world_size
-    outputs = [per_args[0][r] if per_args else next(iter(per_kwargs.values()))[r] for r in range(wg.world_size)]
-    with call_context(ctx):
-        return spec.collect_fn(wg, outputs), per_args, per_kwargs
+def first_argument(*args, **kwargs):
+    """A rank that returns what it was given first (an identity worker)."""
+    return args[0] if args else next(iter(kwargs.values()))
 
 
 def proto(n: int, padding: bool) -> DataProto:
@@ -50,15 +39,14 @@ def proto(n: int, padding: bool) -> DataProto:
 def test_dp_compute_proto_round_trips(n: int, length: int, padding: bool, as_kwarg: bool) -> None:
     data = proto(length, padding)
     if length % n and not padding:
+        with pytest.raises(BatchSizeError, match="auto_padding"):
+            direct_call(Dispatch.DP_COMPUTE_PROTO, n, (data,))
         return
     for mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC):
-        if as_kwarg:
-            result, _, per_kwargs = run_identity(mode, FakeGroup(n), data=data)
-            chunks = per_kwargs["data"]
-        else:
-            result, per_args, _ = run_identity(mode, FakeGroup(n), data)
-            chunks = per_args[0]
+        call = direct_call(mode, n, kwargs={"data": data}) if as_kwarg else direct_call(mode, n, (data,))
+        chunks = call.kwargs["data"] if as_kwarg else call.args[0]
         assert len({len(c) for c in chunks}) == 1, "chunks must be equal-sized"
+        result = call.run(first_argument)
         if mode is Dispatch.DP_COMPUTE_PROTO:
             assert torch.equal(result.batch["x"], data.batch["x"])
             assert torch.equal(result.batch["y"], data.batch["y"])
@@ -72,12 +60,9 @@ def test_dp_compute_proto_round_trips(n: int, length: int, padding: bool, as_kwa
 def test_with_func_round_trips(n: int, length: int) -> None:
     data = proto(length, True)
     fn = lambda d: d  # noqa: E731
-    spec = resolve_mode(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
-    ctx = CallContext("f", n)
-    with call_context(ctx):
-        per_args, _ = spec.dispatch_fn(FakeGroup(n), fn, data)
-        assert all(f is fn for f in per_args[0])
-        result = spec.collect_fn(FakeGroup(n), per_args[1])
+    call = direct_call(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, n, (fn, data))
+    assert all(f is fn for f in call.args[0])
+    result = call.run(lambda f, d: f(d))
     assert torch.equal(result.batch["x"], data.batch["x"])
 
 
@@ -85,17 +70,13 @@ def test_with_func_round_trips(n: int, length: int) -> None:
 @given(n=world_sizes, values=st.lists(st.integers(), min_size=1, max_size=4))
 def test_list_modes_round_trip(n: int, values: list[int]) -> None:
     per_rank = [[v + r for r in range(n)] for v in values]
-    result, _, _ = run_identity(Dispatch.DP_COMPUTE, FakeGroup(n), *per_rank)
-    assert result == per_rank[0]
-    result, _, _ = run_identity(Dispatch.DP_COMPUTE, FakeGroup(n), *[tuple(p) for p in per_rank])
-    assert result == per_rank[0]
-    result, _, _ = run_identity(Dispatch.ALL_TO_ALL, FakeGroup(n), *per_rank)
-    assert result == per_rank[0]
-    result, per_args, _ = run_identity(Dispatch.ONE_TO_ALL, FakeGroup(n), *values)
-    assert result == [values[0]] * n
-    assert all(a is per_args[0][0] for a in per_args[0]), "broadcast must be one object, shipped once"
-    result, _, _ = run_identity(Dispatch.RANK_ZERO, FakeGroup(n), *values)
-    assert result == values[0]
+    assert direct_call(Dispatch.DP_COMPUTE, n, per_rank).run(first_argument) == per_rank[0]
+    assert direct_call(Dispatch.DP_COMPUTE, n, [tuple(p) for p in per_rank]).run(first_argument) == per_rank[0]
+    assert direct_call(Dispatch.ALL_TO_ALL, n, per_rank).run(first_argument) == per_rank[0]
+    call = direct_call(Dispatch.ONE_TO_ALL, n, values)
+    assert call.run(first_argument) == [values[0]] * n
+    assert all(a is call.args[0][0] for a in call.args[0]), "broadcast must be one object, shipped once"
+    assert direct_call(Dispatch.RANK_ZERO, n, values).run(first_argument) == values[0]
 
 
 @settings(deadline=None, max_examples=60)
@@ -106,9 +87,40 @@ def test_nd_round_trips(dp: int, replicas: int, length: int, data: st.DataObject
     order = data.draw(st.permutations(list(range(n))))
     mesh = [(order[r] // replicas, order[r] % replicas == 0) for r in range(n)]
     batch = proto(length, True)
-    result, per_args, _ = run_identity(make_nd_compute_dataproto_dispatch_fn("prop"), FakeGroup(n, mesh), batch)
-    assert torch.equal(result.batch["x"], batch.batch["x"])
+    call = direct_call(make_nd_compute_dataproto_dispatch_fn("prop"), n, (batch,), mesh={"prop": mesh})
+    assert torch.equal(call.run(first_argument).batch["x"], batch.batch["x"])
     for r in range(n):
         for s in range(n):
             if mesh[r][0] == mesh[s][0]:
-                assert per_args[0][r] is per_args[0][s], "replicas of a dp rank must share one chunk"
+                assert call.args[0][r] is call.args[0][s], "replicas of a dp rank must share one chunk"
+
+
+def test_direct_dispatch_functions_keep_no_state_between_calls() -> None:
+    """Regression: a padded 5-row dispatch must not poison a later 8-row one."""
+
+    class Group:
+        world_size = 2
+
+    first, _ = dispatch_dp_compute_proto(Group(), proto(5, True))
+    second, _ = dispatch_dp_compute_proto(Group(), proto(8, False))
+    assert [len(c) for c in first[0]] == [3, 3]
+    assert [len(c) for c in second[0]] == [4, 4]
+
+
+def test_direct_calls_are_independent() -> None:
+    padded = direct_call(Dispatch.DP_COMPUTE_PROTO, 4, (proto(5, True),))
+    plain = direct_call(Dispatch.DP_COMPUTE_PROTO, 4, (proto(8, False),))
+    assert len(padded.run(first_argument)) == 5, "padding rows trimmed by the call's own context"
+    assert len(plain.run(first_argument)) == 8
+
+
+def test_direct_call_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        direct_call(Dispatch.ONE_TO_ALL, 0, (1,))
+    with pytest.raises(DispatchError, match="mesh="):
+        direct_call(make_nd_compute_dataproto_dispatch_fn("m"), 2, (proto(4, False),))
+    with pytest.raises(ValueError, match="2 ranks"):
+        direct_call(make_nd_compute_dataproto_dispatch_fn("m"), 3, (proto(3, False),), mesh={"m": [(0, True)] * 2})
+    call = direct_call(Dispatch.ONE_TO_ALL, 3, (1,))
+    with pytest.raises(ValueError, match="one output per rank"):
+        call.collect([1, 2])

@@ -54,22 +54,27 @@ class ExecutorConformance:
     ranks_are_processes: ClassVar[bool] = True
 
     # -- fixtures ---------------------------------------------------------------
-    def make_group(self, worker_cls: type, world_size: int, **kwargs: Any) -> WorkerGroup[Any]:
-        if self.backend not in available_backends():
-            pytest.skip(f"backend {self.backend!r} is not available here")
-        return WorkerGroup(worker_cls, world_size, backend=self.backend, **{**self.backend_options, **kwargs})
+    # Class-scoped fixtures are classmethods: pytest 9.1+ deprecates them as
+    # instance methods (each test gets a new instance), and 8.x accepts both.
+    @classmethod
+    def make_group(cls, worker_cls: type, world_size: int, **kwargs: Any) -> WorkerGroup[Any]:
+        if cls.backend not in available_backends():
+            pytest.skip(f"backend {cls.backend!r} is not available here")
+        return WorkerGroup(worker_cls, world_size, backend=cls.backend, **{**cls.backend_options, **kwargs})
 
     @pytest.fixture(scope="class")
-    def group(self) -> Iterator[WorkerGroup[Any]]:
-        wg = self.make_group(EchoWorker, self.world_size, init_kwargs={"tag": "conformance"})
+    @classmethod
+    def group(cls) -> Iterator[WorkerGroup[Any]]:
+        wg = cls.make_group(EchoWorker, cls.world_size, init_kwargs={"tag": "conformance"})
         wg.set_mesh(2)
         yield wg
         wg.shutdown()
 
     @pytest.fixture(scope="class")
-    def colocated(self) -> Iterator[WorkerGroup[Any]]:
-        cls = create_colocated_worker_cls({"actor": ActorRole, "critic": CriticRole})
-        wg = self.make_group(cls, 2, init_kwargs={"actor": {"lr": 0.5}})
+    @classmethod
+    def colocated(cls) -> Iterator[WorkerGroup[Any]]:
+        roles = create_colocated_worker_cls({"actor": ActorRole, "critic": CriticRole})
+        wg = cls.make_group(roles, 2, init_kwargs={"actor": {"lr": 0.5}})
         yield wg
         wg.shutdown()
 
