@@ -22,6 +22,7 @@ from ._dataproto_ops import (
     union_two_dict,
     unpad_dataproto,
 )
+from ._direct_call import DirectCall, direct_call
 from ._errors import (
     BackendNotFoundError,
     BatchSizeError,
@@ -67,6 +68,7 @@ __all__ = [
     "DataProtoConfig",
     "DataProtoFuture",
     "DataProtoItem",
+    "DirectCall",
     "Dispatch",
     "DispatchError",
     "DispatchSpec",
@@ -94,6 +96,7 @@ __all__ = [
     "concat_outputs",
     "create_colocated_worker_cls",
     "current_call",
+    "direct_call",
     "fold_batch_dim",
     "hookimpl",
     "hookspec",

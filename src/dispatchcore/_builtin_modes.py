@@ -10,6 +10,7 @@ from ._call_context import current_call
 from ._dataproto import DataProto
 from ._dataproto_ops import PADDING_ROWS_KEY, chunk_with_padding
 from ._errors import BatchSizeError, DispatchError
+from ._forward_plan import plan_forward
 from ._futures import DataProtoFuture
 from ._modes import Dispatch, DispatchSpec, set_builtin
 
@@ -62,18 +63,39 @@ def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
     """Per-rank chunks of a DataProto or future, or None for other values."""
     ctx = current_call()
     if isinstance(value, DataProtoFuture):
-        executor = getattr(wg, "_executor", None)
-        forwarded = executor.forward_future(value, n) if executor is not None else None
-        if forwarded is not None:
-            parts, pad_size, padded_len = forwarded
-            _note_padding(ctx, pad_size, padded_len)
-            return list(parts)
+        parts = _forward(getattr(wg, "executor", None), value, n, ctx)
+        if parts is not None:
+            return parts
         value = value.get()
     if isinstance(value, DataProto):
         chunks, pad_size = chunk_with_padding(value, n, allow_padding=value.is_padding_enabled())
         _note_padding(ctx, pad_size, len(value) + pad_size)
         return chunks
     return None
+
+
+def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[Any] | None:
+    """Per-rank placeholders that let the ranks fetch ``future``'s rows themselves.
+
+    Only when the future's call ran on the same backend and this executor can
+    describe its results (it declines handles it cannot read); the core plans
+    the row ranges, the executor moves them.
+    """
+    handle = future.handle
+    if executor is None or handle is None or future.executor is None or future.executor.name != executor.name:
+        return None
+    if future.call is None or not future.call.results_are_copied or future.done_on_driver():
+        return None
+    shapes = executor.describe_results(handle)
+    if shapes is None:
+        return None
+    plan = plan_forward(
+        shapes, n, collect_positions=future.collect_positions, pad_size=future.pad_size, padded_len=future.padded_len
+    )
+    if plan is None:
+        return None
+    _note_padding(ctx, plan.pad_size, plan.padded_len)
+    return [executor.forward_chunk(handle, chunk) for chunk in plan.chunks]
 
 
 def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:

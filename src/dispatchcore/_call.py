@@ -8,7 +8,7 @@ are the same object on several ranks, so each is serialized once (DESIGN §5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -24,7 +24,9 @@ class Call:
     #: Set when the collect step copies every result anyway (concatenation),
     #: so an executor may skip isolating results.
     results_are_copied: bool = False
-    trace: Any = field(default=None, repr=False, compare=False)
+    #: A traced call: pass it to ``WorkerHost.run(..., timed=True)`` so each
+    #: rank's value comes back as a ``TimedResult`` (timing out of band).
+    timed: bool = False
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.args) or len(self.args) != len(self.kwargs):

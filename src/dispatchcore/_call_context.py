@@ -26,6 +26,9 @@ class CallContext:
     padded_len: int = 0
     #: Positions (into the outputs list) to collect, in order; None = all.
     collect_positions: list[int] | None = None
+    #: The executor's receive buffers for this call's results (collect may
+    #: adopt their rows instead of copying; see ``dispatchcore.wire.RowBuffers``).
+    row_buffers: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,14 +54,18 @@ def call_context(ctx: CallContext) -> Iterator[CallContext]:
         _current.reset(token)
 
 
+def current_call_or_none() -> CallContext | None:
+    """The context of the call being dispatched or collected, if any."""
+    return _current.get()
+
+
 def current_call() -> CallContext:
     """The context of the call being dispatched or collected.
 
-    Outside a call (a dispatch function invoked directly, e.g. in a property
-    test) a throwaway context is returned so the functions still work.
+    Outside a call (a dispatch function invoked directly) a fresh throwaway
+    context is returned each time and never stored, so one direct call cannot
+    leak into the next; to dispatch and then collect under one context, use
+    :func:`dispatchcore.direct_call`.
     """
     ctx = _current.get()
-    if ctx is None:
-        ctx = CallContext(method="<direct>", world_size=0)
-        _current.set(ctx)
-    return ctx
+    return ctx if ctx is not None else CallContext(method="<direct>", world_size=0)

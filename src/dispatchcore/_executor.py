@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ._errors import DispatchTimeoutError
 
 if TYPE_CHECKING:
     from ._call import Call
-    from ._futures import DataProtoFuture
+    from ._forward_plan import ChunkPlan, ResultShape
+    from ._row_buffers import RowBuffers
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,21 @@ class GroupSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     #: A readable name, unique per process, for actors/threads/stores.
     name: str = "group"
+    #: Every method name a call may ask for: the ``@register`` methods, role
+    #: methods of a colocated class (``"actor_update"``), and the core's own.
+    methods: tuple[str, ...] = ()
 
 
 class CallHandle(ABC):
-    """An in-flight call; one per :meth:`Executor.submit`."""
+    """An in-flight call; one per :meth:`Executor.submit`.
+
+    Most executors subclass :class:`~dispatchcore.executor.RankCallHandle`,
+    which implements :meth:`result` and :meth:`done` with every time bound.
+    """
+
+    #: Receive buffers the results' tensors were placed in, which the collect
+    #: step may adopt instead of copying (see :class:`~dispatchcore.wire.RowBuffers`).
+    row_buffers: RowBuffers | None = None
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> list[Any]:
@@ -100,17 +111,25 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Release every rank; idempotent; must return promptly."""
 
-    def forward_future(self, future: DataProtoFuture, chunks: int) -> tuple[list[Any], int, int] | None:
-        """Per-chunk placeholders that let ranks fetch ``future``'s rows themselves.
+    # -- optional: rows moved rank to rank instead of through the driver ----
+    def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
+        """Row count and ``meta_info`` of each rank's result of ``handle``'s call.
 
-        Return ``None`` (the default) to have the core resolve the future on the
-        driver and chunk it.  Executors that can move data rank to rank return
-        ``(parts, pad_size, padded_len)``: ``chunks`` objects they will
-        recognise in a later :meth:`submit` (each resolving on its rank to a
-        ``DataProto`` chunk whose ``meta_info`` carries ``PADDING_ROWS_KEY``),
-        the padding rows added and the padded total length (for trimming).
+        Called when a ``DataProtoFuture`` of this executor is passed into another
+        call of this executor.  Return ``None`` (the default) to have the core
+        resolve the future on the driver and chunk it; otherwise the core plans
+        the chunks (:func:`~dispatchcore.executor.plan_forward`) and asks
+        :meth:`forward_chunk` for each.  Never move the rows here.
         """
         return None
+
+    def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Any:
+        """A placeholder argument that resolves, on the receiving rank, to ``plan``'s rows.
+
+        The placeholder comes back in a later :meth:`submit`; resolve it there
+        (e.g. with :func:`~dispatchcore.executor.assemble_chunk`).
+        """
+        raise NotImplementedError(f"{type(self).__name__} describes results but cannot forward chunks")
 
     def mark_broken(self, reason: str) -> None:
         """Refuse every later call (the first reason given is kept and reported)."""
@@ -128,14 +147,3 @@ def remaining(deadline: float | None) -> float | None:
     if deadline is None:
         return None
     return max(0.0, deadline - time.monotonic())
-
-
-def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
-    """The one wording of a call timeout, naming the ranks still running."""
-    return DispatchTimeoutError(
-        f"call {method!r} did not finish within {timeout:g} s; still waiting on "
-        f"rank(s) {waiting_on}. Raise the bound with "
-        f"wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
-        if timeout is not None
-        else f"call {method!r} timed out waiting on rank(s) {waiting_on}"
-    )

@@ -76,6 +76,10 @@ class DataProtoFuture(CallFuture["DataProto"]):
         self.pad_size = pad_size
         self.padded_len = padded_len
 
+    def done_on_driver(self) -> bool:
+        """Whether the value was already brought to the driver (then forwarding gains nothing)."""
+        return self._value is not _UNRESOLVED
+
     @classmethod
     def concat(cls, futures: Sequence[DataProtoFuture]) -> DataProtoFuture:
         """One future resolving to the concatenation of ``futures``."""

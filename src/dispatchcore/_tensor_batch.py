@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dispatchcore._errors import BatchSizeError
-from dispatchcore._row_concat import cat_rows
+from ._row_buffers import cat_rows
 from dispatchcore._serialization import rebuild_tensor, reduce_tensor
 
 __all__ = ["TensorBatch", "is_tensordict"]

@@ -2,15 +2,18 @@
 
 While a :func:`trace` block is open, every WorkerGroup call records a slice
 per phase on a driver track and one slice per rank on that rank's track.
-Rank timings come back with the results without any executor's help: the
-core adds a reserved keyword to each rank's arguments, which
-:class:`~dispatchcore.WorkerHost` strips, timing the method and wrapping its
-value.  Open the JSON file in https://ui.perfetto.dev or chrome://tracing.
+Rank timings travel out of band: a traced call has ``Call.timed`` set, an
+executor passes it to :meth:`~dispatchcore.executor.WorkerHost.run`, which
+times the method and wraps its value in :class:`TimedResult`; the user's
+arguments are never touched.  The open tracer is a context variable, so a
+block records only the calls made in its own context (thread or task).
+Open the JSON file in https://ui.perfetto.dev or chrome://tracing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import threading
@@ -19,10 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-#: Keyword the core adds to each rank's kwargs while tracing.
-TRACE_KWARG = "__dispatchcore_trace__"
-
 
 @dataclass
 class TimedResult:
@@ -93,23 +92,22 @@ class Tracer:
         return target
 
 
-_active: Tracer | None = None
+_active: contextvars.ContextVar[Tracer | None] = contextvars.ContextVar("dispatchcore_tracer", default=None)
 
 
 def active_tracer() -> Tracer | None:
-    """The tracer of the innermost open :func:`trace` block, if any."""
-    return _active
+    """The tracer of the innermost open :func:`trace` block in this context, if any."""
+    return _active.get()
 
 
 @contextlib.contextmanager
 def trace(path: str | os.PathLike[str] | None = None) -> Iterator[Tracer]:
     """Record every WorkerGroup call inside the block; write ``path`` at the end if given."""
-    global _active
-    previous, tracer = _active, Tracer()
-    _active = tracer
+    tracer = Tracer()
+    token = _active.set(tracer)
     try:
         yield tracer
     finally:
-        _active = previous
+        _active.reset(token)
         if path is not None:
             tracer.write(path)

@@ -22,13 +22,14 @@ from ._call_context import CallContext, call_context
 from ._call_context import enter_call as _enter_call
 from ._call_context import leave_call as _leave_call
 from ._errors import DispatchError, RegistrationError
+from ._colocate import method_names
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
 from ._method_proxy import DEFAULT, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
-from ._trace import TRACE_KWARG, TimedResult, Tracer, active_tracer, now_us
+from ._trace import TimedResult, Tracer, active_tracer, now_us
 
 W = TypeVar("W")
 
@@ -122,6 +123,7 @@ class WorkerGroup(Generic[W]):
             death_timeout=death,  # type: ignore[arg-type]
             options=dict(backend_options),
             name=str(name),
+            methods=method_names(worker_cls),
         )
         self._executor = executor_cls(spec)
         self._closed = False
@@ -186,6 +188,21 @@ class WorkerGroup(Generic[W]):
             raise KeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
         return {role: self._view(roles[role], f"{self._prefix}{role}_") for role in wanted}
 
+    # -- for executors' adapters (public, so they need nothing private) -------------
+    @property
+    def executor(self) -> Executor:
+        """The executor running this group's ranks (shared by ``spawn``'s views)."""
+        return self._executor
+
+    @property
+    def role_prefix(self) -> str:
+        """``"<role>_"`` for a view from :meth:`spawn` (its methods' names on the ranks), else ``""``."""
+        return self._prefix
+
+    def ensure_usable(self) -> None:
+        """Raise :class:`DispatchError` if the group is shut down or broken."""
+        self._check_open()
+
     # -- calling ---------------------------------------------------------------
     def _check_open(self) -> None:
         root = self._parent or self
@@ -232,8 +249,7 @@ class WorkerGroup(Generic[W]):
             call_id = next(_call_ids)
             name = f"{self._prefix[:-1]}.{name}" if self._prefix else name  # role-qualified in the trace
             tracer.slice("driver", f"{name} dispatch", started, submitted, phase="dispatch", method=name, call=call_id)
-            for kw in call.kwargs:
-                kw[TRACE_KWARG] = True
+            call.timed = True
         handle = self._executor.submit(call)
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -243,12 +259,14 @@ class WorkerGroup(Generic[W]):
                 results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if unwrap:
                 return results[0]
+            ctx.row_buffers = handle.row_buffers
             token = _enter_call(ctx)
             collect_start = now_us() if tracer is not None else 0.0
             try:
                 return spec.collect_fn(self, results)
             finally:
                 _leave_call(token)
+                ctx.row_buffers = None  # claimable once: a retried collect copies
                 if tracer is not None:
                     tracer.slice(
                         "driver", f"{name} collect", collect_start, now_us(), phase="collect", method=name, call=call_id

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import WorkerError
-from ._trace import TRACE_KWARG, TimedResult, now_us
+from ._trace import TimedResult, now_us
 from ._worker import rank_context
 
 #: Result types that are never awaitable (skips the awaitable check).
@@ -83,11 +83,15 @@ class WorkerHost:
             return RemoteFailure.capture(self.rank, "__init__", exc)
         return None
 
-    def run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        """``(True, value)`` or ``(False, RemoteFailure)``; never raises."""
-        if TRACE_KWARG in kwargs:
-            kwargs = dict(kwargs)
-            del kwargs[TRACE_KWARG]
+    def run(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, timed: bool = False
+    ) -> tuple[bool, Any]:
+        """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
+
+        ``timed`` (a traced call, ``Call.timed``) wraps a value in
+        :class:`~dispatchcore.executor.TimedResult` saying when the method ran.
+        """
+        if timed:
             start = now_us()
             ok, value = self.run(method, args, kwargs)
             return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)

@@ -1,0 +1,68 @@
+"""The environment a rank sees, and the port its process group meets on.
+
+Every backend gives its workers torchrun's variables (DESIGN §3), so
+``torch.distributed.init_process_group()`` inside a worker just works.
+How ranks map to nodes differs per backend; the variables and their
+meaning do not, so they are built here once.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+
+#: Variables the executor sets per rank; user-given worker env may not override them.
+RANK_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+LOOPBACK = "127.0.0.1"
+
+
+def rank_environment(
+    rank: int,
+    world_size: int,
+    *,
+    master_addr: str,
+    master_port: int,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """torchrun's variables for one rank (one node unless ``local_*`` say otherwise).
+
+    ``extra`` is the user's per-worker environment; it may not set a rank
+    variable (that would silently break ``init_process_group``).
+    """
+    clash = sorted(set(extra or {}) & set(RANK_ENV_KEYS))
+    if clash:
+        raise ValueError(f"worker environment may not set {clash}: the executor sets them per rank")
+    env = {str(k): str(v) for k, v in (extra or {}).items()}
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+            "LOCAL_WORLD_SIZE": str(world_size if local_world_size is None else local_world_size),
+            "MASTER_ADDR": str(master_addr),
+            "MASTER_PORT": str(master_port),
+        }
+    )
+    return env
+
+
+def local_ranks(node_of_rank: Sequence[str]) -> list[tuple[int, int]]:
+    """``(LOCAL_RANK, LOCAL_WORLD_SIZE)`` per rank, counting ranks on the same node."""
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(node_of_rank):
+        by_node.setdefault(node, []).append(rank)
+    return [(by_node[node].index(rank), len(by_node[node])) for rank, node in enumerate(node_of_rank)]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago (``""``: every interface).
+
+    Another process may take it before it is used; callers that can should
+    bind once and keep the socket instead.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,85 @@
+"""Running a rank in this process: its own thread, and isolated arguments.
+
+The local executor hosts every rank this way, and torchrun hosts worker 0 in
+the driver this way.  A rank always runs on the same long-lived daemon thread
+(thread-local state, the CUDA current device and torch's per-thread settings
+stay put), and copies its inputs on that thread, so the copies of several
+ranks run in parallel and the driver pays none of them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._isolation import ATOMS, isolated_copy
+from ._worker_host import RemoteFailure, WorkerHost
+
+
+def run_isolated(
+    host: WorkerHost,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    isolate_inputs: bool = True,
+    isolate_result: bool = True,
+    timed: bool = False,
+) -> tuple[bool, Any]:
+    """Run ``method`` on ``host`` as a remote rank would see it; never raises.
+
+    With ``isolate_inputs`` the worker gets private copies (equal to a pickle
+    round trip); with ``isolate_result`` the caller gets a private copy of the
+    value (skip it when the collect step copies anyway, ``Call.results_are_copied``).
+    """
+    if isolate_inputs and (args or kwargs):
+        try:
+            args = tuple(isolated_copy(a) for a in args)
+            kwargs = {k: isolated_copy(v) for k, v in kwargs.items()}
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return False, RemoteFailure.capture(host.rank, method, exc)
+    ok, value = host.run(method, args, kwargs, timed=timed)
+    if ok and isolate_result and type(value) not in ATOMS:
+        try:
+            value = isolated_copy(value)
+        except Exception as exc:  # noqa: BLE001
+            failure = RemoteFailure.capture(host.rank, method, exc)
+            failure.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
+            return False, failure
+    return ok, value
+
+
+class RankThread:
+    """One rank's daemon thread, running the tasks put on its queue in order."""
+
+    def __init__(self, host: WorkerHost, name: str) -> None:
+        self.host = host
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on this rank's thread after the ones already queued."""
+        self._tasks.put(task)
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def request_stop(self) -> None:
+        """Let the thread finish what is queued, then exit."""
+        self._tasks.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the thread to exit (it is a daemon: never required)."""
+        if self.thread is not threading.current_thread() and self.thread.ident is not None:
+            self.thread.join(max(0.0, timeout))
+
+    def _serve(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                break
+            task()
+        self.host.close()

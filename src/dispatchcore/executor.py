@@ -1,0 +1,98 @@
+"""The executor contract: everything a backend plugin needs, and nothing private.
+
+For executor authors.  The built-in executors (``local``, ``ray``,
+``torchrun``) import only this module, :mod:`dispatchcore.wire` and other
+public ``dispatchcore`` names; a third-party executor can do what they do.
+
+What the core does and what you do
+----------------------------------
+The core owns dispatch, collect, padding, futures and binding: by the time
+your executor sees a call, it is a :class:`Call` (a method name, the ranks to
+run it on, per-rank arguments, a time bound).  You own how ranks start, how
+bytes move and how death is seen.  Subclass :class:`Executor`, set ``name``:
+
+* ``__init__(spec)``: start ``spec.world_size`` ranks hosting
+  ``spec.worker_cls``.  On each rank build a :class:`WorkerHost`
+  (``host.start()`` runs the worker's ``__init__`` with ``rank`` and
+  ``world_size`` set; it returns a :class:`RemoteFailure` instead of raising).
+  Read your options with :func:`check_options`; give process ranks
+  :func:`rank_environment`.
+* ``submit(call)``: send the call to its ranks at once and return a
+  :class:`RankCallHandle` (subclass it or use it as is).  On the rank, run
+  ``host.run(call.method, args, kwargs, timed=call.timed)`` and send back
+  ``(ok, value)``; deliver it with :meth:`RankCallHandle.deliver`.  If a
+  rank is seen dead, call :meth:`RankCallHandle.rank_died`.
+* ``shutdown()``: release everything; idempotent; prompt.
+
+:class:`RankCallHandle` owns every time bound, so a backend never writes a
+wait loop: the call's timeout (→ :class:`~dispatchcore.DispatchTimeoutError`,
+group marked broken), liveness checks every :func:`liveness_poll` seconds
+(override :meth:`RankCallHandle.check_alive`; → :class:`~dispatchcore.WorkerDiedError`
+as soon as a death is seen), and the lowest-rank failure
+(→ :class:`~dispatchcore.WorkerError`, others noted).  Pull-based
+transports override :meth:`RankCallHandle.wait_for_progress`.
+
+Isolation (DESIGN §4): what a worker receives must equal a pickle round trip
+of what was sent.  Across processes :func:`dispatchcore.wire.loads` does it;
+in this process use :func:`run_isolated` on a :class:`RankThread`.
+``call.results_are_copied`` says the collect step copies results anyway.
+
+Optional hooks, with defaults that decline:
+
+* rows moved rank to rank: :meth:`Executor.describe_results` and
+  :meth:`Executor.forward_chunk` (the core plans the row ranges with
+  :func:`plan_forward`; a rank builds its chunk with :func:`assemble_chunk`);
+* :meth:`Executor.launch_world_size` (world size implied by the launcher).
+
+Registering: a module with a :data:`dispatchcore.hookimpl` of
+``dispatchcore_register_executors(register)`` calling ``register(MyExecutor)``,
+listed under the ``dispatchcore`` entry-point group of your package.  Check
+it with :class:`dispatchcore.testing.ExecutorConformance`.
+"""
+
+from __future__ import annotations
+
+from ._call import Call, UniqueValues
+from ._call_handle import RankCallHandle, liveness_poll, timeout_error
+from ._colocate import method_names
+from ._executor import CallHandle, Executor, GroupSpec, remaining
+from ._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemble_chunk, plan_forward
+from ._isolation import ATOMS, isolated_copy
+from ._options import check_options
+from ._rank_env import LOOPBACK, RANK_ENV_KEYS, free_port, local_ranks, rank_environment
+from ._rank_thread import RankThread, run_isolated
+from ._trace import TimedResult
+from ._worker_host import RemoteFailure, WorkerHost, first_failure
+
+__all__ = [
+    "ATOMS",
+    "LOOPBACK",
+    "RANK_ENV_KEYS",
+    "Call",
+    "CallHandle",
+    "ChunkPlan",
+    "Executor",
+    "ForwardPlan",
+    "GroupSpec",
+    "RankCallHandle",
+    "RankThread",
+    "RemoteFailure",
+    "ResultShape",
+    "RowPiece",
+    "TimedResult",
+    "UniqueValues",
+    "WorkerHost",
+    "assemble_chunk",
+    "check_options",
+    "first_failure",
+    "free_port",
+    "isolated_copy",
+    "liveness_poll",
+    "local_ranks",
+    "method_names",
+    "plan_forward",
+    "rank_environment",
+    "remaining",
+    "run_isolated",
+    "timeout_error",
+]

@@ -1,0 +1,101 @@
+"""RankCallHandle: the one place every executor's time bounds live."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dispatchcore import DispatchTimeoutError, WorkerDiedError, WorkerError
+from dispatchcore.executor import Call, RankCallHandle, RemoteFailure, liveness_poll
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def call(ranks: tuple[int, ...] = (0, 1, 2), timeout: float | None = None) -> Call:
+    return Call("step", ranks, [()] * len(ranks), [{}] * len(ranks), timeout)
+
+
+class Broken:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def __call__(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+def later(seconds: float, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    timer = threading.Timer(seconds, fn, args)
+    timer.daemon = True
+    timer.start()
+
+
+def test_results_in_call_order() -> None:
+    handle = RankCallHandle(call(), death_timeout=5)
+    for position in (2, 0, 1):
+        handle.deliver(position, True, position * 10)
+    assert handle.done() and handle.result() == [0, 10, 20]
+
+
+def test_lowest_failure_wins_and_others_are_noted() -> None:
+    handle = RankCallHandle(call(), death_timeout=5)
+    handle.deliver(0, True, None)
+    for position in (2, 1):
+        handle.deliver(position, False, RemoteFailure(-1, "step", "ValueError", f"bad {position}", "tb"))
+    with pytest.raises(WorkerError) as info:
+        handle.result()
+    assert info.value.rank == 1 and "bad 1" in str(info.value)
+    assert any("[2]" in note for note in info.value.__notes__)
+
+
+def test_a_short_wait_times_out_but_leaves_the_group_usable() -> None:
+    broken = Broken()
+    handle = RankCallHandle(call(), death_timeout=5, on_broken=broken)
+    with pytest.raises(DispatchTimeoutError, match=r"rank\(s\) \[0, 1, 2\]"):
+        handle.result(0.05)
+    assert broken.reasons == []
+    for position in range(3):
+        handle.deliver(position, True, position)
+    assert handle.result(1) == [0, 1, 2]
+
+
+def test_the_calls_own_bound_breaks_the_group() -> None:
+    broken = Broken()
+    handle = RankCallHandle(call(timeout=0.1), death_timeout=5, on_broken=broken)
+    handle.deliver(0, True, 0)
+    with pytest.raises(DispatchTimeoutError, match=r"rank\(s\) \[1, 2\]"):
+        handle.result()
+    assert len(broken.reasons) == 1 and "0.1 s timeout" in broken.reasons[0]
+
+
+def test_a_death_ends_the_call_at_once_while_others_still_run() -> None:
+    broken = Broken()
+    handle = RankCallHandle(call(), death_timeout=5, on_broken=broken)
+    handle.deliver(0, True, 0)
+    later(0.1, handle.rank_died, 1, "process exited with code -9")
+    started = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        handle.result(20)  # rank 2 never answers
+    assert time.monotonic() - started < 10
+    assert info.value.rank == 1 and "-9" in str(info.value) and broken.reasons == ["rank 1 died"]
+
+
+def test_liveness_checks_run_while_waiting() -> None:
+    class Dying(RankCallHandle):
+        checks = 0
+
+        def check_alive(self, waiting: list[int]) -> None:
+            self.checks += 1
+            if self.checks == 3:
+                self.rank_died(waiting[0], "its thread is no longer running")
+
+    handle = Dying(call((4, 5)), death_timeout=0.2)
+    assert handle.poll == liveness_poll(0.2) == 0.05
+    with pytest.raises(WorkerDiedError) as info:
+        handle.result()
+    assert info.value.rank == 4 and handle.checks == 3
+
+
+def test_no_ranks_is_done_at_once() -> None:
+    assert RankCallHandle(call(()), death_timeout=1).result() == []
