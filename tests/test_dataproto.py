@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pickle
 
 import numpy as np
@@ -400,15 +399,6 @@ def test_serialization_round_trip() -> None:
     assert_dataproto_equal(back, data.chunk(2)[1])
     back.batch["ids"].add_(100)
     assert data.batch["ids"].max() < 100
-
-
-def test_tensordict_conversion_needs_tensordict() -> None:
-    if importlib.util.find_spec("tensordict") is not None:
-        pytest.skip("tensordict installed")
-    with pytest.raises(ImportError, match="pip install tensordict"):
-        make().to_tensordict()
-    with pytest.raises(ImportError, match="pip install tensordict"):
-        DataProto.from_tensordict(None)
 
 
 # -- TensorBatch ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from dispatchcore._dataproto import DataProto
 
 __all__ = ["DataProtoExtras"]
+
+#: ``to_tensordict`` entry giving ``{column: (dtype, row_shape)}`` for columns that are not 1-D object arrays.
+_COLUMN_LAYOUT_KEY = "_dispatchcore_column_layout"
 
 
 class DataProtoExtras:
@@ -53,40 +57,72 @@ class DataProtoExtras:
         meta_info: Mapping[str, Any] | None = None,
         num_batch_dims: int = 1,
     ) -> Self:
-        """Build from a TensorDict (needs ``pip install tensordict``)."""
+        """Build from a TensorDict laid out as :meth:`to_tensordict` writes it (needs tensordict).
+
+        Tensors go to ``batch``, ``NonTensorStack`` entries to ``non_tensor_batch``
+        and ``NonTensorData`` entries to ``meta_info`` (they win over keys of
+        the ``meta_info`` argument).  Stacks are read with ``tolist()``, not
+        per-element ``.data``: ``NonTensorStack.from_list`` turns list values
+        into nested (ragged, possibly empty) stacks whose ``.data`` raises
+        inside tensordict.
+        """
         td = _import_tensordict()
         if num_batch_dims != 1:
             raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
+        if not isinstance(tensor_dict, td.TensorDictBase):
+            raise TypeError(f"from_tensordict needs a tensordict.TensorDict, got {type(tensor_dict).__name__}")
         meta = dict(meta_info or {})
         tensors: dict[str, torch.Tensor] = {}
-        non_tensors: dict[str, np.ndarray] = {}
+        rows: dict[str, list[Any]] = {}
         for key, value in tensor_dict.items():
             if isinstance(value, td.NonTensorStack):
-                non_tensors[key] = np.array([elem.data for elem in value], dtype=object)
+                rows[key] = value.tolist()
             elif isinstance(value, td.NonTensorData):
                 meta[key] = value.data
             elif isinstance(value, torch.Tensor):
                 tensors[key] = value
             else:
                 raise TypeError(f"from_tensordict: unsupported entry {key!r} of type {type(value).__name__}")
+        layouts = meta.pop(_COLUMN_LAYOUT_KEY, None) or {}
+        non_tensors = {
+            key: _column_from_rows(values, *layouts.get(key, (np.dtype(object), ()))) for key, values in rows.items()
+        }
         size = list(tensor_dict.batch_size[:1])
         batch = TensorBatch(tensors, batch_size=size) if tensors else None
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def to_tensordict(self) -> Any:
-        """A TensorDict of the tensors, non-tensor columns and meta info (needs tensordict)."""
+        """A TensorDict of the tensors, non-tensor columns and meta info (needs tensordict).
+
+        Each column becomes a 1-D ``NonTensorStack`` holding one row value per
+        element, wrapped one by one so tensordict never unpacks a list or dict
+        row into a nested stack.  ``meta_info`` entries become ``NonTensorData``.
+        Columns that are not 1-D object arrays also record their dtype and row
+        shape under ``_dispatchcore_column_layout`` so :meth:`from_tensordict`
+        rebuilds them exactly; 1-D object columns (verl's kind) need no record.
+        """
         td = _import_tensordict()
-        clash = set(self.non_tensor_batch) & set(self.batch.keys() if self.batch is not None else ())
+        tensor_keys = list(self.batch.keys()) if self.batch is not None else []
+        counts = Counter([*tensor_keys, *self.non_tensor_batch, *self.meta_info, _COLUMN_LAYOUT_KEY])
+        clash = sorted(str(key) for key, n in counts.items() if n > 1)
         if clash:
-            raise ValueError(f"batch and non_tensor_batch share keys {sorted(clash)}")
+            raise ValueError(
+                f"to_tensordict: keys {clash} appear in more than one of batch, non_tensor_batch, meta_info "
+                f"(or are the reserved {_COLUMN_LAYOUT_KEY!r}); one TensorDict holds them all"
+            )
         out = td.TensorDict(
             self.batch.to_dict() if self.batch is not None else {},
             batch_size=[len(self)],
         )
-        for key, value in self.non_tensor_batch.items():
-            out[key] = td.NonTensorStack.from_list(list(value))
+        layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+        for key, column in self.non_tensor_batch.items():
+            if column.dtype != object or column.ndim != 1:
+                layouts[key] = (column.dtype, column.shape[1:])
+            out[key] = td.NonTensorStack(*[td.NonTensorData(data=row) for row in column])
         for key, value in self.meta_info.items():
             out.set_non_tensor(key, value)
+        if layouts:
+            out.set_non_tensor(_COLUMN_LAYOUT_KEY, layouts)
         return out
 
     def print_size(self, prefix: str = "") -> None:
@@ -207,7 +243,19 @@ def _index_collate(indices: list[int]) -> np.ndarray:
     return np.asarray(indices, dtype=np.int64)
 
 
+def _column_from_rows(rows: list[Any], dtype: np.dtype[Any], row_shape: tuple[int, ...]) -> np.ndarray:
+    """A column of ``rows``; object rows are set one by one so numpy never unpacks a list row."""
+    column = np.empty((len(rows), *row_shape), dtype=dtype)
+    if column.dtype == object:
+        for i, row in enumerate(rows):
+            column[i] = row
+    elif rows:
+        column[...] = rows
+    return column
+
+
 def _import_tensordict() -> Any:
+    """tensordict, imported on use: it is an optional dependency."""
     try:
         import tensordict
     except ImportError as exc:

@@ -286,3 +286,7 @@ class Hub:
             thread.join(1.0)
         self.transport.reaper.drain(1.0)
         self.transport.close()
+
+    def release_store(self) -> None:
+        """After ``stop``: let go of the store, so a self-started world's store port closes now."""
+        self.store = None  # type: ignore[assignment]

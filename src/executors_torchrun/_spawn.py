@@ -6,13 +6,16 @@ no driver script: it imports only this package and receives the worker
 class by cloudpickle.  It gets the torchrun-style variables in its own
 environment (the driver's ``os.environ`` is left alone) and the driver's
 ``sys.path``, and it watches a pipe from the driver so it exits when the
-driver dies, however it dies.
+driver dies, however it dies.  All of such a world is on one machine, so
+the store and the gloo connections listen on loopback only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -30,8 +33,34 @@ LOCALHOST = "127.0.0.1"
 
 
 def start_store() -> dist.TCPStore:
-    """The store of a self-started world, hosted by the driver on a free port."""
-    return dist.TCPStore(LOCALHOST, 0, None, True, timedelta(seconds=300), wait_for_workers=False)
+    """The store of a self-started world, hosted by the driver on a free loopback port.
+
+    The store carries pickles that ranks unpickle, and ``TCPStore(host, 0,
+    is_master=True)`` listens on every interface whatever ``host`` says, so the
+    listening socket is bound to loopback here and handed over as
+    ``master_listen_fd``.  The store owns that descriptor from then on (it
+    closes it when it is destroyed), so the Python socket lets go of it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOCALHOST, 0))
+        sock.listen(socket.SOMAXCONN)
+        port = int(sock.getsockname()[1])
+        store = dist.TCPStore(
+            LOCALHOST,
+            port,
+            None,
+            True,
+            timedelta(seconds=300),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):  # a store that failed may have closed it already
+            sock.close()
+        raise
+    sock.detach()
+    return store
 
 
 def spawn_ranks(
@@ -114,7 +143,9 @@ def child_main() -> None:
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
     store.add(READY_KEY, 1)
-    transport = Transport(store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]))
+    transport = Transport(
+        store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), loopback=True
+    )
     Server(store, transport).serve()
     sys.stdout.flush()
     sys.stderr.flush()

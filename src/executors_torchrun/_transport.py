@@ -26,6 +26,8 @@ _TAG_SPACE = 1 << 29
 #: A one-byte message each rank sends the hub when it leaves; the hub keeps a
 #: receive for it posted, so a rank that dies is seen within ~0.1 s (torn socket).
 CANARY_TAG = (1 << 31) - 1
+#: The address a self-started world's gloo connections listen on.
+LOOPBACK = "127.0.0.1"
 
 
 class TagCounter:
@@ -89,15 +91,32 @@ class SendReaper:
                 self._cond.notify_all()
 
 
+def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, loopback: bool) -> dist.ProcessGroupGloo:
+    """The executor's gloo group; with ``loopback`` its connections listen on 127.0.0.1 only.
+
+    Without a device, gloo binds to the address the hostname resolves to (or
+    to ``GLOO_SOCKET_IFNAME``), reachable from the network.  A self-started
+    world is on one machine, so it names a loopback device.  Under torchrun
+    ranks may be on several nodes, so the default stays.
+    """
+    if not loopback:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
+    options._threads = 2  # what the timeout-only constructor uses for one device
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
 class Transport:
     """Point-to-point tensor payloads between this process and its peers."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, *, loopback: bool = False) -> None:
         self.rank = rank
         self.size = size
         self._store = store
         self._timeout = timeout
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self.gloo = _gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout, loopback)
         self._nccl: Any = None
         self._nccl_lock = threading.Lock()
         self.sent = TagCounter(0 if rank == 0 else 1)
@@ -167,7 +186,7 @@ class Transport:
         return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)
 
     def close(self) -> None:
-        """Drop the process groups this transport built (never the user's).
+        """Drop the process groups this transport built (never the user's), and its store.
 
         Their destructors join gloo's threads; ``ProcessGroup.shutdown()``
         followed by interpreter exit was seen to abort ("terminate called
@@ -175,3 +194,4 @@ class Transport:
         """
         self._nccl = None
         self.gloo = None  # type: ignore[assignment]
+        self._store = None  # type: ignore[assignment]

@@ -42,17 +42,18 @@ class SpawnedWorld:
         self, world_size: int, *, start_timeout: float, transport_timeout: float, death_timeout: float
     ) -> None:
         self.torchrun = False
-        self._master = start_store()
+        # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
+        master = start_store()
         prefix = f"dispatchcore/{uuid.uuid4().hex}/"
-        self.store = dist.PrefixStore(prefix, self._master)
-        self.processes = spawn_ranks(world_size, self._master.port, prefix, transport_timeout)
+        store = dist.PrefixStore(prefix, master)
+        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout)
         try:
-            wait_ready(self.store, self.processes, start_timeout)
-            transport = _connect(self.store, 0, world_size + 1, start_timeout, transport_timeout)
+            wait_ready(store, self.processes, start_timeout)
+            transport = _connect(store, 0, world_size + 1, start_timeout, transport_timeout, loopback=True)
         except BaseException:
             reap(self.processes, 0.0)
             raise
-        self.hub = Hub(self.store, transport, processes=self.processes, death_timeout=death_timeout)
+        self.hub = Hub(store, transport, processes=self.processes, death_timeout=death_timeout)
         self._stopped = False
 
     def data_rank(self, group_rank: int) -> int:
@@ -64,11 +65,15 @@ class SpawnedWorld:
         self._stopped = True
         self.hub.stop(wait)
         reap(self.processes, min(wait, 2.0))
+        self.hub.release_store()
 
 
-def _connect(store: dist.Store, rank: int, size: int, start_timeout: float, transport_timeout: float) -> Transport:
-    transport = Transport(store, rank, size, timedelta(seconds=max(start_timeout, transport_timeout)))
-    return transport
+def _connect(
+    store: dist.Store, rank: int, size: int, start_timeout: float, transport_timeout: float, *, loopback: bool = False
+) -> Transport:
+    """The transport of this process; ``loopback`` only for a self-started (one-machine) world."""
+    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+    return Transport(store, rank, size, timeout, loopback=loopback)
 
 
 # -- torchrun ----------------------------------------------------------------------
