@@ -32,7 +32,9 @@ PROBE = textwrap.dedent(
         "file": dispatchcore.__file__,
         "py_typed": (pkg / "py.typed").is_file(),
         "entry_points": sorted(e.name for e in md.entry_points(group="dispatchcore")),
-        "scripts": sorted(e.name for e in md.entry_points(group="console_scripts") if e.value.startswith("dispatchcore")),
+        "scripts": sorted(
+            e.name for e in md.entry_points(group="console_scripts") if e.value.startswith("dispatchcore")
+        ),
         "backends": available_backends(),
         "requires_python": dist.metadata["Requires-Python"],
         "installer_direct_url": dist.read_text("direct_url.json"),
@@ -59,7 +61,8 @@ def test_wheel_installs_with_its_entry_points_backends_and_types(tmp_path: Path)
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)])
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
+    _run([*build, str(source)])
     (wheel,) = wheels.glob("dispatchcore-*.whl")
 
     env_dir = tmp_path / "venv"

@@ -68,9 +68,7 @@ def problems_in(source: str, where: str) -> list[str]:
                 isinstance(values, ast.Call) and _dotted(values.func) in ONE_SHOT_ITERABLES
             )
             if one_shot:
-                found.append(
-                    f"{where}:{node.lineno}: parametrize with a one-shot iterable is deprecated; pass a list"
-                )
+                found.append(f"{where}:{node.lineno}: parametrize with a one-shot iterable is deprecated; pass a list")
     return found
 
 
@@ -82,7 +80,7 @@ def test_no_deprecated_pytest_patterns() -> None:
 
 
 def test_checker_finds_each_pattern() -> None:
-    bad = '''
+    bad = """
 import pytest
 
 class Suite:
@@ -113,7 +111,7 @@ def test_map(x):
 
 def hook(config):
     return config.inicfg, pytest.console_main
-'''
+"""
     found = problems_in(bad, "bad.py")
     assert len(found) == 6, found
     assert "Suite.group" in found[0]

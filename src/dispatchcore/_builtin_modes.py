@@ -8,11 +8,11 @@ import torch
 
 from ._call_context import current_call
 from ._dataproto import DataProto
-from ._dataproto_ops import PADDING_ROWS_KEY, chunk_with_padding
 from ._errors import BatchSizeError, DispatchError
 from ._forward_plan import plan_forward
 from ._futures import DataProtoFuture
 from ._modes import Dispatch, DispatchSpec, set_builtin
+from ._padding import PADDING_ROWS_KEY, chunk_with_padding
 
 PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
 

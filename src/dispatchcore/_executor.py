@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-
 if TYPE_CHECKING:
     from ._call import Call
     from ._forward_plan import ChunkPlan, ResultShape

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._dataproto import AUTO_PADDING_KEY, DataProto, DataProtoConfig
-from ._dataproto_ops import PADDING_ROWS_KEY, merge_meta_info
+from ._dataproto import DataProto
+from ._meta_info import merge_meta_info
+from ._padding import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProtoConfig
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 @dataclass
 class TimedResult:
     """A rank's value plus when (wall clock, µs) its method ran."""

@@ -21,8 +21,8 @@ from ._call import Call
 from ._call_context import CallContext, call_context
 from ._call_context import enter_call as _enter_call
 from ._call_context import leave_call as _leave_call
-from ._errors import DispatchError, RegistrationError
 from ._colocate import method_names
+from ._errors import DispatchError, RegistrationError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
 from ._method_proxy import DEFAULT, proxy_class
