@@ -8,14 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from dispatchcore._dataproto import (
-    AUTO_PADDING_KEY,
+from dispatchcore import (
     PADDING_ROWS_KEY,
     DataProto,
     DataProtoConfig,
     DataProtoItem,
-)
-from dispatchcore._dataproto_ops import (
     chunk_with_padding,
     collate_fn,
     fold_batch_dim,
@@ -25,6 +22,7 @@ from dispatchcore._dataproto_ops import (
     unpad_dataproto,
 )
 from dispatchcore._errors import BatchSizeError, DispatchError
+from dispatchcore._padding import AUTO_PADDING_KEY
 from dispatchcore._serialization import dumps, loads
 from dispatchcore._tensor_batch import TensorBatch
 from dispatchcore.testing.assertions import assert_dataproto_equal

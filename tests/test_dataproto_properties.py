@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dispatchcore._dataproto import PADDING_ROWS_KEY, DataProto
-from dispatchcore._dataproto_ops import (
+from dispatchcore import (
+    PADDING_ROWS_KEY,
+    DataProto,
     chunk_with_padding,
     pad_dataproto_to_divisor,
     unpad_dataproto,

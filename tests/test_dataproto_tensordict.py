@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatchcore._dataproto import DataProto
+from dispatchcore import DataProto
 from dispatchcore.testing.strategies import assert_dataproto_equal, dataprotos, meta_infos
 
 FAST = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])

@@ -10,18 +10,7 @@ from ._builtin_modes import concat_outputs, trim_padding
 from ._call import Call, UniqueValues
 from ._call_context import CallContext, current_call
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
-from ._dataproto import DataProto, DataProtoConfig, DataProtoItem
-from ._dataproto_ops import (
-    PADDING_ROWS_KEY,
-    chunk_with_padding,
-    collate_fn,
-    fold_batch_dim,
-    pad_dataproto_to_divisor,
-    unfold_batch_dim,
-    union_numpy_dict,
-    union_two_dict,
-    unpad_dataproto,
-)
+from ._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
 from ._direct_call import DirectCall, direct_call
 from ._errors import (
     BackendNotFoundError,
@@ -35,6 +24,7 @@ from ._errors import (
 from ._executor import CallHandle, Executor, GroupSpec
 from ._futures import CallFuture, DataProtoFuture
 from ._hookspecs import hookimpl, hookspec
+from ._meta_info import union_numpy_dict, union_two_dict
 from ._method_proxy import MethodProxy
 from ._modes import (
     Dispatch,
@@ -45,8 +35,10 @@ from ._modes import (
     update_dispatch_mode,
 )
 from ._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from ._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
 from ._plugins import available_backends
 from ._register import Registration, register
+from ._row_reshape import fold_batch_dim, unfold_batch_dim
 from ._tensor_batch import TensorBatch
 from ._trace import Tracer, trace
 from ._worker import Worker

@@ -9,73 +9,46 @@ verl has sharp edges this module fixes them: padding never mutates the
 caller, ``concat([])`` raises a ValueError, chunks are views that own their
 ``meta_info`` dict, and pickling ships each tensor's own bytes out of band
 (a chunk of a big batch carries only its rows).
+
+This module holds the class and its row logic (indexing, concat, columns,
+pickling).  The rest sits in modules by concept that never import this one
+at run time: padding and chunking (``_padding``), meta-info merging and
+unions (``_meta_info``), row repetition and folding (``_row_reshape``),
+tensordict conversion (``_tensordict_interop``), DataLoader glue
+(``_minibatch``) and input checks (``_coerce``).
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import pickle
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from dispatchcore._dataproto_extras import DataProtoExtras
-from dispatchcore._dataproto_ops import (
-    PADDING_ROWS_KEY,
-    chunk_with_padding,
-    merge_meta_info,
-    split_views,
-    union_numpy_dict,
-    union_tensor_dict,
-    union_two_dict,
-)
+from dispatchcore._coerce import as_batch, as_column, as_index
 from dispatchcore._errors import BatchSizeError
-from dispatchcore._tensor_batch import (
-    TensorBatch,
-    batch_from_state,
-    batch_state,
-    is_tensordict,
-)
+from dispatchcore._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict
+from dispatchcore._minibatch import collate_rows, iterate_minibatches
+from dispatchcore._padding import AUTO_PADDING_KEY, DataProtoConfig, chunk_with_padding, split_views
+from dispatchcore._row_reshape import repeat_rows, repeat_rows_per_sample, unfold_column_chunks
+from dispatchcore._tensor_batch import TensorBatch, batch_from_state, batch_state
+from dispatchcore._tensordict_interop import from_tensordict, to_tensordict
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; only read by type checkers
 
 __all__ = [
-    "AUTO_PADDING_KEY",
-    "PADDING_ROWS_KEY",
+    "AUTO_PADDING_KEY",  # defined in _padding; still importable here for older importers
     "DataProto",
-    "DataProtoConfig",
+    "DataProtoConfig",  # defined in _padding; re-exported for verl-style imports
     "DataProtoItem",
+    "collate_fn",
 ]
-
-#: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
-AUTO_PADDING_KEY = "_verl_auto_padding"
-_ENV_FLAGS = ("DISPATCHCORE_AUTO_PADDING", "VERL_AUTO_PADDING")
-
-
-class _DataProtoConfigMeta(type):
-    _auto_padding = False
-
-    @property
-    def auto_padding(cls) -> bool:
-        """Process-wide padding switch; also on when an env flag is TRUE/1."""
-        env = any(os.getenv(name, "").upper() in ("TRUE", "1") for name in _ENV_FLAGS)
-        return env or cls._auto_padding
-
-    @auto_padding.setter
-    def auto_padding(cls, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"auto_padding must be a bool, got {type(enabled).__name__}")
-        cls._auto_padding = enabled
-
-
-class DataProtoConfig(metaclass=_DataProtoConfigMeta):
-    """Global DataProto settings (verl's name): ``DataProtoConfig.auto_padding = True``."""
-
-    auto_padding_key = AUTO_PADDING_KEY
 
 
 @dataclass
@@ -87,44 +60,7 @@ class DataProtoItem:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
-def _as_batch(batch: Any) -> TensorBatch | None:
-    if batch is None or isinstance(batch, TensorBatch):
-        return batch
-    if is_tensordict(batch) or isinstance(batch, Mapping):
-        return TensorBatch(batch)
-    raise TypeError(f"DataProto.batch must be a TensorBatch, TensorDict or dict, got {type(batch).__name__}")
-
-
-def _as_column(key: str, value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, torch.Tensor):
-        raise TypeError(f"non_tensor_batch[{key!r}] is a torch.Tensor; put tensors in the batch")
-    if isinstance(value, list | tuple):
-        return np.array(value, dtype=object)
-    raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
-
-
-def _as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
-    """An index list/array/tensor as a matching (torch, numpy) pair."""
-    if isinstance(idxs, list | tuple):
-        arr = np.asarray(idxs) if len(idxs) else np.zeros(0, dtype=np.int64)
-    elif isinstance(idxs, np.ndarray):
-        arr = idxs
-    elif isinstance(idxs, torch.Tensor):
-        arr = idxs.detach().cpu().numpy()
-    else:
-        raise TypeError(f"cannot select rows with {type(idxs).__name__}; use a list, numpy array or tensor")
-    if arr.ndim != 1:
-        raise IndexError(f"row index must be 1-D, got shape {arr.shape}")
-    if arr.dtype != bool and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
-    if arr.dtype != bool:
-        arr = arr.astype(np.int64, copy=False)
-    return torch.from_numpy(np.ascontiguousarray(arr)), arr
-
-
-class DataProto(DataProtoExtras):
+class DataProto:
     """Tensors, non-tensor columns and meta info for one batch of rows."""
 
     def __init__(
@@ -134,7 +70,7 @@ class DataProto(DataProtoExtras):
         meta_info: Mapping[str, Any] | None = None,
     ) -> None:
         self.batch = batch  # type: ignore[assignment]
-        self.non_tensor_batch = {k: _as_column(k, v) for k, v in (non_tensor_batch or {}).items()}
+        self.non_tensor_batch = {k: as_column(k, v) for k, v in (non_tensor_batch or {}).items()}
         self.meta_info = dict(meta_info or {})
         self.check_consistency()
 
@@ -150,7 +86,7 @@ class DataProto(DataProtoExtras):
 
     @batch.setter
     def batch(self, value: Any) -> None:
-        self._batch = _as_batch(value)
+        self._batch = as_batch(value)
 
     # -- construction ------------------------------------------------------------
 
@@ -168,7 +104,7 @@ class DataProto(DataProtoExtras):
         if num_batch_dims != 1:
             raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
         tensors = dict(tensors or {})
-        non_tensors = {k: _as_column(k, v) for k, v in (non_tensors or {}).items()}
+        non_tensors = {k: as_column(k, v) for k, v in (non_tensors or {}).items()}
         lengths = {f"tensors[{k!r}]": (v.shape[0] if v.dim() else None) for k, v in tensors.items()}
         lengths.update({f"non_tensors[{k!r}]": (v.shape[0] if v.ndim else None) for k, v in non_tensors.items()})
         if len(set(lengths.values())) > 1 or None in lengths.values():
@@ -198,6 +134,16 @@ class DataProto(DataProtoExtras):
             else:
                 raise TypeError(f"from_single_dict: {key!r} is a {type(value).__name__}, not a tensor or ndarray")
         return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
+
+    @classmethod
+    def from_tensordict(
+        cls,
+        tensor_dict: Any = None,
+        meta_info: Mapping[str, Any] | None = None,
+        num_batch_dims: int = 1,
+    ) -> Self:
+        """Build from a TensorDict laid out as :meth:`to_tensordict` writes it (needs tensordict)."""
+        return from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
 
     # -- checks and info -----------------------------------------------------------
 
@@ -237,6 +183,26 @@ class DataProto(DataProtoExtras):
             f"{type(self).__name__}(len={len(self)}, batch_keys={keys}, "
             f"non_tensor_keys={list(self.non_tensor_batch)}, meta_keys={list(self.meta_info)})"
         )
+
+    def print_size(self, prefix: str = "") -> None:
+        """Print the tensor and numpy sizes in GB (verl's format)."""
+        tensor_bytes = sum(t.element_size() * t.numel() for t in (self.batch.values() if self.batch else ()))
+        numpy_bytes = sum(a.nbytes for a in self.non_tensor_batch.values())
+        message = (
+            f"Size of tensordict: {tensor_bytes / 1024**3} GB, size of non_tensor_batch: {numpy_bytes / 1024**3} GB"
+        )
+        print(f"{prefix}, {message}" if prefix else message)
+
+    def get_data_info(self) -> str:
+        """A readable listing of columns (shape, dtype, device) and meta types."""
+        lines = ["batch"]
+        for key, t in self.batch.items() if self.batch is not None else ():
+            lines.append(f"  {key}: {tuple(t.shape)} ({t.dtype}) {t.device}")
+        lines.append("non_tensor_batch")
+        lines += [f"  {k}: ndarray{a.shape} ({a.dtype})" for k, a in self.non_tensor_batch.items()]
+        lines.append("meta_info")
+        lines += [f"  {k}: {type(v).__name__}" for k, v in self.meta_info.items()]
+        return "\n".join(lines)
 
     # -- indexing ----------------------------------------------------------------
 
@@ -289,14 +255,14 @@ class DataProto(DataProtoExtras):
 
     def _take(self, index: np.ndarray) -> Self:
         """Rows at ``index`` (int array) as a gathered copy."""
-        idx_t, idx_np = _as_index(index)
+        idx_t, idx_np = as_index(index)
         batch = self.batch[idx_t] if self.batch is not None else None
         non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor, dict(self.meta_info))
 
     def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
         """Rows picked by an int index or bool mask (list, numpy array or tensor)."""
-        idx_t, idx_np = _as_index(idxs)
+        idx_t, idx_np = as_index(idxs)
         length = len(self)
         if idx_np.dtype == bool:
             if idx_np.shape[0] != length:
@@ -467,6 +433,18 @@ class DataProto(DataProtoExtras):
         self.batch = reordered.batch
         self.non_tensor_batch = reordered.non_tensor_batch
 
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> Self:
+        """Each row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
+        return repeat_rows(self, repeat_times, interleave)
+
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
+        """Row i repeated ``repeat_times[i]`` times (interleaved)."""
+        return repeat_rows_per_sample(self, repeat_times)
+
+    def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> Self:
+        """Split dim 1 of ``split_keys`` into ``n_split`` rows each; other columns repeat."""
+        return unfold_column_chunks(self, n_split, split_keys)
+
     # -- devices, iteration, persistence ----------------------------------------------
 
     def to(self, device: torch.device | str, **kwargs: Any) -> Self:
@@ -474,6 +452,35 @@ class DataProto(DataProtoExtras):
         if self.batch is not None:
             self.batch = self.batch.to(device, **kwargs)
         return self
+
+    def make_iterator(
+        self,
+        mini_batch_size: int,
+        epochs: int,
+        seed: int | None = None,
+        dataloader_kwargs: dict[str, Any] | None = None,
+    ) -> Iterator[Self]:
+        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs.
+
+        ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
+        ``shuffle=True``); ``seed`` seeds its generator.
+        """
+        return iterate_minibatches(self, mini_batch_size, epochs, seed, dataloader_kwargs)
+
+    def to_tensordict(self) -> Any:
+        """A TensorDict of the tensors, non-tensor columns and meta info (needs tensordict)."""
+        return to_tensordict(self)
+
+    def save_to_disk(self, filepath: str | os.PathLike[str]) -> None:
+        """Pickle self to ``filepath``."""
+        with open(filepath, "wb") as f:
+            pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def load_from_disk(filepath: str | os.PathLike[str]) -> DataProto:
+        """Read a DataProto written by :meth:`save_to_disk`."""
+        with open(filepath, "rb") as f:
+            return pickle.load(f)
 
     # -- pickling -------------------------------------------------------------------
 
@@ -489,3 +496,8 @@ class DataProto(DataProtoExtras):
         self._batch = None if state["batch"] is None else batch_from_state(state["batch"])
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
+
+
+def collate_fn(x: list[DataProtoItem]) -> DataProto:
+    """Stack row items back into a DataProto (verl's ``collate_fn`` for a DataLoader)."""
+    return collate_rows(x, DataProto)

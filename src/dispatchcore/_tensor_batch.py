@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from dispatchcore._errors import BatchSizeError
-from ._row_buffers import cat_rows
 from dispatchcore._serialization import rebuild_tensor, reduce_tensor
+
+from ._row_buffers import cat_rows
 
 __all__ = ["TensorBatch", "is_tensordict"]
 

@@ -29,7 +29,7 @@ from .. import (
     available_backends,
     create_colocated_worker_cls,
 )
-from .._dataproto_ops import PADDING_ROWS_KEY
+from .._padding import PADDING_ROWS_KEY
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from .._dataproto import DataProto
-from .._dataproto_ops import PADDING_ROWS_KEY
 from .._modes import Dispatch, Execute
 from .._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from .._padding import PADDING_ROWS_KEY
 from .._register import register
 from .._worker import Worker
 
