@@ -69,3 +69,87 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     command = readme[marker + 2]  # the line after the opening fence
     assert command.startswith("pip install") and "pytest" in command
     assert command in (root / ".ci" / "run").read_text().splitlines()
+
+
+def _private_core_uses(source: str) -> list[tuple[int, str]]:
+    """Imports of private core modules, and private attributes of core objects."""
+    import ast
+
+    core_private = {"_executor", "_prefix", "_check_open", "_broken"}
+    core_bases = {"WorkerGroup", "Executor", "RayWorkerGroup"}
+    tree = ast.parse(source)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("dispatchcore._"):
+            found.append((node.lineno, f"imports {node.module}"))
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"imports {a.name}") for a in node.names if a.name.startswith("dispatchcore._")]
+        if isinstance(node, ast.Attribute) and node.attr == "_dispatchcore_roles":
+            found.append((node.lineno, "reads _dispatchcore_roles"))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        bases = {getattr(b, "id", getattr(b, "attr", "")) for b in cls.bases}
+        for node in ast.walk(cls):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+                continue
+            owner, attr = node.value.id, node.attr
+            if owner in {"wg", "group", "worker_group"} and attr in core_private:
+                found.append((node.lineno, f"uses {owner}.{attr}"))
+            elif owner == "self" and attr == "_executor" and bases & {"WorkerGroup", "RayWorkerGroup"}:
+                found.append((node.lineno, "uses WorkerGroup._executor"))
+            elif owner == "self" and attr in core_private - {"_executor"} and bases & core_bases:
+                found.append((node.lineno, f"uses self.{attr}"))
+    return found
+
+
+def test_executors_use_only_public_core_names() -> None:
+    """DESIGN §6: the built-in executors and the example plugin need nothing private."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    folders = [*sorted((root / "src").glob("executors_*")), root / "examples" / "executor_plugin"]
+    found = [
+        f"{path.relative_to(root)}:{line}: {what}"
+        for folder in folders
+        for path in sorted(folder.rglob("*.py"))
+        for line, what in _private_core_uses(path.read_text())
+    ]
+    assert not found, "private core names used by an executor:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_finds_each_kind() -> None:
+    bad = """
+import dispatchcore._isolation
+from dispatchcore._executor import timeout_error
+from ._executor import Fine
+
+class Group(RayWorkerGroup):
+    def f(self):
+        return self._executor, self._prefix, self._check_open()
+
+class Mine(Executor):
+    def f(self, wg):
+        return self._broken, wg._executor, self._executor_of_mine, self.worker_cls._dispatchcore_roles
+"""
+    found = [what for _, what in _private_core_uses(bad)]
+    assert sorted(found) == sorted(
+        [
+            "imports dispatchcore._isolation",
+            "imports dispatchcore._executor",
+            "uses WorkerGroup._executor",
+            "uses self._prefix",
+            "uses self._check_open",
+            "uses self._broken",
+            "uses wg._executor",
+            "reads _dispatchcore_roles",
+        ]
+    ), found
+
+
+def test_executor_contract_modules_export_what_they_document() -> None:
+    import dispatchcore.executor as executor
+    import dispatchcore.wire as wire
+
+    for module in (executor, wire):
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert not missing, f"{module.__name__} lacks {missing}"
+    assert executor.Executor is dispatchcore.Executor and executor.WorkerHost is dispatchcore.WorkerHost
