@@ -40,7 +40,16 @@ def liveness_poll(death_timeout: float) -> float:
 
 
 def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
-    """The one wording of a call timeout, naming the ranks still running."""
+    """The one wording of a call timeout, naming the ranks still running.
+
+    ``method == "__init__"`` is the start-up of the ranks, bounded by the
+    group's ``start_timeout`` option rather than a call timeout.
+    """
+    if method == "__init__":
+        return DispatchTimeoutError(
+            f"workers did not finish __init__ within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
+            "Raise the bound with WorkerGroup(..., start_timeout=...)"
+        )
     return DispatchTimeoutError(
         f"call {method!r} did not finish within {timeout:g} s; still waiting on "
         f"rank(s) {waiting_on}. Raise the bound with "
