@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import Dispatch, Worker, WorkerGroup, available_backends, register
-from executors_torchrun._spawn import LOCALHOST, start_store
+from dispatchcore.executor import LOOPBACK
+from executors_torchrun._spawn import start_store
 from executors_torchrun._transport import _gloo_group
 
 pytestmark = [
@@ -173,8 +174,8 @@ def test_store_is_bound_to_loopback() -> None:
     """Regression: ``TCPStore(host, 0, is_master=True)`` listens on every interface."""
     store = start_store()
     port = store.port
-    assert [address for address, p in listening(os.getpid()) if p == port] == [LOCALHOST]
-    client = dist.TCPStore(LOCALHOST, port, None, False, timedelta(seconds=10))
+    assert [address for address, p in listening(os.getpid()) if p == port] == [LOOPBACK]
+    client = dist.TCPStore(LOOPBACK, port, None, False, timedelta(seconds=10))
     client.set("k", "v")
     assert store.get("k") == b"v"
     del client, store

@@ -2,7 +2,11 @@
 
 ``WorkerGroup(Actor, backend="torchrun")`` under ``torchrun --nproc-per-node=N
 driver.py`` puts worker ``i`` on process rank ``i`` (worker 0 on a thread of
-the driver); outside torchrun the group starts its ranks itself.
+the driver); outside torchrun the group starts its ranks itself.  Under the
+torchrun launcher only, the driver installs a SIGTERM handler (if SIGTERM
+still has its default disposition) so that the agent's SIGTERM after a rank
+died ends the driver with a ``WorkerDiedError`` naming that rank (see
+``_worlds``).
 
 The executor class loads lazily, so importing the plugin entry point
 (``executors_torchrun.plugin``) never imports torch.distributed.

@@ -1,18 +1,18 @@
-"""How the program was launched, and the environment a rank is given.
+"""How the program was launched, and the CUDA device a rank uses.
 
 Under torchrun every process already has ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``... and ``TORCHELASTIC_RUN_ID``; the executor only reads them.
-Outside torchrun the executor starts the ranks itself and hands each child
-the same variables, never writing them into the driver's own ``os.environ``
-(a notebook that later calls ``init_process_group`` must not find a stale
-``RANK=0`` there).
+Self-started ranks get the same variables from
+:func:`dispatchcore.executor.rank_environment` (see ``_spawn``), never
+written into the driver's own ``os.environ``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
+
+import torch
 
 #: Set by torchrun's elastic agent in every process it starts.
 TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
@@ -43,21 +43,11 @@ def run_id() -> str:
     return f"{os.environ.get(TORCHRUN_MARKER, 'none')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for the workers' own ``init_process_group``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def set_local_device() -> None:
+    """Make the rank's ``LOCAL_RANK`` GPU current on the calling thread (DESIGN §4, devices).
 
-
-def child_env(rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
-    """The torchrun-style variables one self-started rank gets (and only it)."""
-    return {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "GROUP_RANK": "0",
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-    }
+    Run on a rank's serving thread before any worker exists: each rank
+    process's main loop, and worker 0's thread in the torchrun driver.
+    """
+    if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())

@@ -1,138 +1,71 @@
 """``TorchrunExecutor``: ranks as torch.distributed processes.
 
+Everything generic comes from the public contract
+(:mod:`dispatchcore.executor`, :mod:`dispatchcore.wire`); this package holds
+only what is specific to torchrun: how ranks start (``_worlds``, ``_spawn``),
+how bytes move (``_protocol``, ``_wire``, ``_transport``, ``_rows``) and how
+death is seen (``_hub``).
+
 Rank 0 (the driver) is the hub: each call's per-rank arguments are pickled
 once per distinct object (``Call.unique_values``), their tensors posted as
 gloo sends straight from the caller's memory, and a command pushed on each
-rank's store queue.  Ranks answer on their status queues; the hub's reader
-threads drain results as they come: into one buffer per tensor key when the
-collect step concatenates (see ``_rows``), else into fresh buffers.  Under torchrun,
-worker 0 lives in the driver on its own thread; self-started worlds (no
-torchrun) put every worker in a child process.
+rank's store queue.  The hub's reader threads deliver each rank's answer to
+the call's :class:`~dispatchcore.executor.RankCallHandle` as it comes: into
+the handle's :class:`~dispatchcore.wire.RowBuffers` when the collect step
+concatenates, else into fresh buffers.  Under torchrun, worker 0 lives in
+the driver on a :class:`~dispatchcore.executor.RankThread` and gets what a
+pickle round trip would give it (:func:`~dispatchcore.executor.run_isolated`);
+self-started worlds (no torchrun) put every worker in a child process.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from typing import Any
 
-from dispatchcore import (
+from dispatchcore import DispatchError
+from dispatchcore.executor import (
     Call,
-    CallHandle,
-    DispatchError,
     Executor,
     GroupSpec,
-    RemoteFailure,
-    WorkerDiedError,
+    RankCallHandle,
+    RankThread,
     WorkerHost,
+    check_options,
+    run_isolated,
 )
-from dispatchcore._executor import timeout_error
-from dispatchcore._isolation import ATOMS, isolated_copy
-from dispatchcore._worker_host import first_failure
+from dispatchcore.wire import RowBuffers
 
 from . import _env
 from ._hub import Hub
-from ._local_rank import LocalRank
 from ._rows import RowPlan
 from ._wire import Packed, pack
 from ._worlds import SpawnedWorld, torchrun_hub
 
-_OPTIONS = ("start_timeout", "ranks", "transport_timeout")
-#: How often a waiting caller checks worker 0's thread.
-_POLL_S = 0.5
+_DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0}
 
 
-class _Handle(CallHandle):
-    """One call's per-rank answers; filled by reader threads and worker 0's thread."""
+class _Handle(RankCallHandle):
+    """One call: the hub's readers and worker 0's thread deliver; the base owns every bound."""
 
-    def __init__(
-        self, executor: TorchrunExecutor, method: str, ranks: tuple[int, ...], place_rows: bool = False
-    ) -> None:
-        self._executor = executor
-        #: Set when the collect step concatenates: results land in shared row buffers.
-        self.rows = RowPlan(len(ranks)) if place_rows else None
-        self._method = method
-        self._ranks = ranks
-        self._results: list[Any] = [None] * len(ranks)
-        self._failures: dict[int, RemoteFailure] = {}
-        self._deaths: dict[int, str] = {}
-        self._finished = [False] * len(ranks)
-        self._pending = len(ranks)
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        if not ranks:
-            self._event.set()
+    def __init__(self, executor: TorchrunExecutor, call: Call) -> None:
+        super().__init__(call, death_timeout=executor.spec.death_timeout, on_broken=executor.mark_broken)
+        self._gone = executor.gone_reason
+        self._rows: RowPlan | None = None
+        if call.results_are_copied:
+            self.row_buffers = RowBuffers()
+            self._rows = RowPlan(len(call.ranks), self.row_buffers)
 
-    def sink(self, position: int) -> _Sink:
-        return _Sink(self, position)
+    def targets(self, position: int, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
+        """Where the hub receives a DataProto result's rows (see ``_rows``); ``None``: fresh memory."""
+        return None if self._rows is None else self._rows.targets(position, layout)
 
-    def finish(self, position: int, ok: bool, value: Any, died: str | None = None) -> None:
-        with self._lock:
-            if self._finished[position]:
-                return
-            self._finished[position] = True
-            if died is not None:
-                self._deaths[position] = died
-            elif ok:
-                self._results[position] = value
-            else:
-                if isinstance(value, RemoteFailure) and value.rank < 0:
-                    value.rank = self._ranks[position]
-                self._failures[position] = value
-            self._pending -= 1
-            if self._pending == 0:
-                self._event.set()
-
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def result(self, timeout: float | None = None) -> list[Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._event.is_set():
-            wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
-            if wait > 0 and self._event.wait(wait):
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                waiting = self._waiting()
-                self._executor.mark_broken(
-                    f"call {self._method!r} timed out on rank(s) {waiting}, which may still be running it"
-                )
-                raise timeout_error(self._method, timeout, waiting)
-            self._executor.check_local(self)
-        if self._deaths:
-            position = min(self._deaths)
-            rank = self._ranks[position]
-            self._executor.mark_broken(f"rank {rank} died")
-            raise WorkerDiedError(rank, self._deaths[position], self._method)
-        if self._failures:
-            raise first_failure(self._failures, self._ranks)
-        return self._results
-
-    def _waiting(self) -> list[int]:
-        with self._lock:
-            return [r for p, r in enumerate(self._ranks) if not self._finished[p]]
-
-    def local_position(self, rank: int) -> int | None:
-        return self._ranks.index(rank) if rank in self._ranks and not self._finished[self._ranks.index(rank)] else None
-
-
-class _Sink:
-    __slots__ = ("handle", "position")
-
-    def __init__(self, handle: _Handle, position: int) -> None:
-        self.handle = handle
-        self.position = position
-
-    def deliver(self, ok: bool, value: Any) -> None:
-        self.handle.finish(self.position, ok, value)
-
-    def died(self, detail: str) -> None:
-        self.handle.finish(self.position, False, None, died=detail)
-
-    def targets(self, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
-        rows = self.handle.rows
-        return None if rows is None else rows.targets(self.position, layout)
+    def check_alive(self, waiting: list[int]) -> None:
+        for position in waiting:
+            detail = self._gone(self.call.ranks[position])
+            if detail is not None:
+                self.rank_died(position, detail)
 
 
 class TorchrunExecutor(Executor):
@@ -141,7 +74,8 @@ class TorchrunExecutor(Executor):
     Options: ``ranks`` (world ranks hosting this group, under torchrun;
     default ``0..world_size-1``), ``start_timeout`` (seconds for the ranks to
     come up and build their workers, default 120), ``transport_timeout``
-    (bound on one tensor transfer, default 1800).
+    (bound on one tensor transfer, default 1800).  Under torchrun the launch's
+    transport is built by the first group, with its timeouts.
     """
 
     name = "torchrun"
@@ -154,34 +88,25 @@ class TorchrunExecutor(Executor):
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
-        options = dict(spec.options)
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(f"unknown option(s) for the torchrun backend: {unknown}; it takes {list(_OPTIONS)}")
-        start_timeout = float(options.get("start_timeout", 120.0))
-        transport_timeout = float(options.get("transport_timeout", 1800.0))
-        self._isolate = spec.isolate
-
+        options = check_options(self.name, spec.options, _DEFAULTS)
+        start_timeout = float(options["start_timeout"])
+        transport_timeout = float(options["transport_timeout"])
         self._closed = False
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
-        self._local: LocalRank | None = None
+        self._local: RankThread | None = None
         self._world: SpawnedWorld | None = None
         self._submit_lock = threading.Lock()
-        ranks = _check_ranks(options.get("ranks"), spec.world_size)
+        ranks = _check_ranks(options["ranks"], spec.world_size)
         if _env.under_torchrun():
             size = int(_env.torchrun_world_size() or 0)
-            self._hub: Hub = torchrun_hub(
-                start_timeout=start_timeout, transport_timeout=transport_timeout, death_timeout=spec.death_timeout
-            )
+            self._hub: Hub = torchrun_hub(start_timeout=start_timeout, transport_timeout=transport_timeout)
             if max(ranks) >= size:
                 raise ValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
+            #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
         else:
             self._world = SpawnedWorld(
-                spec.world_size,
-                start_timeout=start_timeout,
-                transport_timeout=transport_timeout,
-                death_timeout=spec.death_timeout,
+                spec.world_size, start_timeout=start_timeout, transport_timeout=transport_timeout
             )
             self._hub = self._world.hub
             self._data_ranks = [self._world.data_rank(g) for g in range(spec.world_size)]
@@ -194,15 +119,14 @@ class TorchrunExecutor(Executor):
     # -- start ----------------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         spec = self.spec
-        handle = _Handle(self, "__init__", tuple(range(spec.world_size)))
+        ranks = tuple(range(spec.world_size))
+        handle = _Handle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
+        if 0 in self._data_ranks:
+            rank = self._data_ranks.index(0)
+            host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
+            self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
+            self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
-        if len(remote) < spec.world_size:
-            host = WorkerHost(
-                spec.worker_cls, self._data_ranks.index(0), spec.world_size, spec.init_args, dict(spec.init_kwargs)
-            )
-            self._local = LocalRank(host, f"dispatchcore-{spec.name}-rank0")
-            position = self._data_ranks.index(0)
-            self._local.put(lambda: handle.finish(position, *_started(host)))
         if remote:
             packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
             with self._submit_lock:
@@ -211,86 +135,93 @@ class TorchrunExecutor(Executor):
                     first = self._hub.send_value(packed, d)
                     cid = self._hub.next_cid()
                     message = ("start", cid, self._gid, g, spec.world_size, packed.header, first)
-                    self._hub.command(d, message, handle.sink(g), cid)
+                    self._hub.command(d, message, (handle, g), cid)
         handle.result(timeout)
 
     # -- calls ------------------------------------------------------------------------
-    def submit(self, call: Call) -> CallHandle:
+    def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
-        handle = _Handle(self, call.method, call.ranks, place_rows=call.results_are_copied)
+        handle = _Handle(self, call)
         unique = call.unique_values()
         remote = [(p, self._data_ranks[g]) for p, g in enumerate(call.ranks) if self._data_ranks[g] != 0]
-        local = [p for p, g in enumerate(call.ranks) if self._data_ranks[g] == 0]
-        needed = [
-            sorted(set(unique.arg_slots[p]) | set(unique.kwarg_slots[p].values())) for p in range(len(call.ranks))
-        ]
+        needed = {p: sorted({*unique.arg_slots[p], *unique.kwarg_slots[p].values()}) for p, _ in remote}
         packed: dict[int, Packed] = {}
-        for p, _ in remote:
-            for slot in needed[p]:
+        for slots in needed.values():
+            for slot in slots:
                 if slot not in packed:
                     packed[slot] = _pack_or_explain(unique.values[slot], call.method)
         with self._submit_lock:
             for p, d in remote:
                 values = [(slot, packed[slot].header, self._hub.send_value(packed[slot], d)) for slot in needed[p]]
                 cid = self._hub.next_cid()
-                message = ("call", cid, self._gid, call.method, values, unique.arg_slots[p], unique.kwarg_slots[p])
-                self._hub.command(d, message, handle.sink(p), cid)
-        for p in local:
-            self._run_local(call, handle, p, unique, needed[p])
+                message = (
+                    "call",
+                    cid,
+                    self._gid,
+                    call.method,
+                    values,
+                    unique.arg_slots[p],
+                    unique.kwarg_slots[p],
+                    call.timed,
+                )
+                self._hub.command(d, message, (handle, p), cid)
+        for p, g in enumerate(call.ranks):
+            if self._data_ranks[g] == 0:
+                self._run_local(call, handle, p)
         return handle
 
-    def _run_local(self, call: Call, handle: _Handle, position: int, unique: Any, slots: list[int]) -> None:
-        """Queue worker 0's part; with isolation it gets a private copy (what a remote rank would get).
-
-        The copies are the core's :func:`~dispatchcore._isolation.isolated_copy`, made on worker 0's
-        own thread, as the local executor does.
-        """
+    def _run_local(self, call: Call, handle: RankCallHandle, position: int) -> None:
+        """Queue worker 0's part on its thread, isolated as a remote rank would be."""
         assert self._local is not None
         host = self._local.host
-        copy = isolated_copy if self._isolate else (lambda value: value)
-        copy_result = self._isolate and not call.results_are_copied
+        isolate = self.spec.isolate
+        args, kwargs = call.args[position], call.kwargs[position]
 
         def task() -> None:
-            try:
-                resolved: list[Any] = [None] * len(unique.values)
-                for slot in slots:
-                    resolved[slot] = copy(unique.values[slot])
-                args, kwargs = unique.rebuild(position, resolved)
-            except BaseException as exc:  # noqa: BLE001
-                handle.finish(position, False, RemoteFailure.capture(host.rank, call.method, exc))
-                return
-            ok, value = host.run(call.method, args, kwargs)
-            if ok and copy_result and type(value) not in ATOMS:
-                try:
-                    value = isolated_copy(value)
-                except Exception as exc:  # noqa: BLE001
-                    ok, value = False, RemoteFailure.capture(host.rank, call.method, exc)
-                    value.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
-            handle.finish(position, ok, value)
+            outcome = run_isolated(
+                host,
+                call.method,
+                args,
+                kwargs,
+                isolate_inputs=isolate,
+                isolate_result=isolate and not call.results_are_copied,
+                timed=call.timed,
+            )
+            handle.deliver(position, *outcome)
 
         self._local.put(task)
 
-    def check_local(self, handle: _Handle) -> None:
-        """Fail a call whose worker-0 thread is gone (it can only die with the driver's help)."""
-        if self._local is not None and not self._local.thread.is_alive():
-            position = handle.local_position(self._local.host.rank)
-            if position is not None:
-                handle.finish(position, False, None, died="worker 0's thread is no longer running")
+    def gone_reason(self, group_rank: int) -> str | None:
+        """Why the rank hosting ``group_rank`` is known to be gone, or ``None``."""
+        d = self._data_ranks[group_rank]
+        if d != 0:
+            return self._hub.dead_reason(d)
+        if self._local is not None and not self._local.is_alive():
+            return "worker 0's thread is no longer running"
+        return None
 
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
-        stuck = self._broken is not None
+        stuck = self.broken is not None
         if self._world is not None:
             self._world.stop(wait=0.5 if stuck else 10.0)
         elif not self._hub.closed:
             for d in set(self._data_ranks) - {0}:
                 self._hub.command(d, ("close", self._gid))
         if self._local is not None:
-            self._local.stop(0.0 if stuck else 2.0)
+            self._local.request_stop()
+            self._local.join(0.0 if stuck else 2.0)
+
+
+def _start_local(handle: RankCallHandle, position: int, host: WorkerHost) -> None:
+    """Build worker 0 on its own thread, with the rank's GPU current there."""
+    _env.set_local_device()
+    failure = host.start()
+    handle.deliver(position, failure is None, failure)
 
 
 def _check_ranks(ranks: Any, world_size: int) -> list[int]:
@@ -306,11 +237,6 @@ def _check_ranks(ranks: Any, world_size: int) -> list[int]:
             f"ranks {out} name {len(out)} processes but world_size is {world_size}; pass world_size=len(ranks)"
         )
     return out
-
-
-def _started(host: WorkerHost) -> tuple[bool, Any]:
-    failure = host.start()
-    return (True, None) if failure is None else (False, failure)
 
 
 def _pack_or_explain(value: Any, method: str) -> Packed:

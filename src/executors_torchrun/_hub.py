@@ -3,10 +3,17 @@
 One :class:`Hub` per world (the whole torchrun launch, or one set of
 self-started ranks).  Each other rank gets a reader thread that pops its
 statuses from the store in order and drains the results' payloads at once,
-so a rank is never left blocked sending a result nobody asked for yet, and
-a monitor thread that turns a dead process (or, under torchrun, a silent
-heartbeat) into a ``dead`` status on that rank's queue, which fails every
-call waiting on it.
+so a rank is never left blocked sending a result nobody asked for yet.
+Answers go to a :class:`Receiver` (a call handle) at the position the
+command named.
+
+Liveness: a monitor thread turns a dead process (its exit code, or the torn
+canary connection) into a ``dead`` status on that rank's queue, which fails
+every call waiting on it.  Under torchrun ranks are not children, so it also
+reads their heartbeats; a silent rank fails only the calls whose own
+``death_timeout`` has passed (each receiver carries its group's), so groups
+sharing the launch's hub never change each other's bound.  Heartbeats are
+read as often as the shortest bound waiting needs.
 """
 
 from __future__ import annotations
@@ -20,24 +27,29 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from dispatchcore.executor import liveness_poll
+
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
 from ._transport import TagCounter, Transport
 from ._wire import Packed, adopt_views, unpack
 
 #: How often the monitor polls self-started processes (seconds).
 PROCESS_POLL_S = 0.1
-#: How often it reads heartbeats under torchrun.
+#: How often it reads heartbeats under torchrun, at most (shorter bounds waiting read more often).
 HEARTBEAT_POLL_S = 1.0
 
 
-class Sink(Protocol):
-    """Where one rank's answer to one command goes."""
+class Receiver(Protocol):
+    """Where the answers to one command go (a call handle); ``position`` is the rank's place in the call."""
 
-    def deliver(self, ok: bool, value: Any) -> None: ...
+    #: Seconds of heartbeat silence after which this call gives the rank up.
+    death_timeout: float
 
-    def died(self, detail: str) -> None: ...
+    def deliver(self, position: int, ok: bool, value: Any) -> None: ...
 
-    def targets(self, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
+    def rank_died(self, position: int, detail: str) -> None: ...
+
+    def targets(self, position: int, layout: Any) -> tuple[dict[int, Any], dict[str, Any]] | None:
         """Where to receive a DataProto result's tensor buffers, and the views they become."""
         ...
 
@@ -55,16 +67,16 @@ class Hub:
         transport: Transport,
         *,
         processes: dict[int, subprocess.Popen[bytes]] | None = None,
-        death_timeout: float = 60.0,
     ) -> None:
         self.store = store
         self.transport = transport
         self.size = transport.size
         self.remote = list(range(1, self.size))
         self._processes = processes
-        self.death_timeout = death_timeout
         self._lock = threading.Lock()
-        self._pending: dict[int, dict[int, Sink]] = {d: {} for d in self.remote}
+        self._pending: dict[int, dict[int, tuple[Receiver, int]]] = {d: {} for d in self.remote}
+        #: Per rank: (heartbeat count, when it last changed), under torchrun.
+        self._beats: dict[int, tuple[int, float]] = {}
         self._dead: dict[int, str] = {}
         self._stopped = {d: threading.Event() for d in self.remote}
         self._closing = threading.Event()
@@ -98,21 +110,21 @@ class Hub:
     def dead_reason(self, rank: int) -> str | None:
         return self._dead.get(rank)
 
-    def command(self, rank: int, message: tuple[Any, ...], sink: Sink | None = None, cid: int | None = None) -> None:
-        """Queue ``message`` for ``rank``; ``sink`` hears the answer to ``cid``."""
+    def command(
+        self, rank: int, message: tuple[Any, ...], answer: tuple[Receiver, int] | None = None, cid: int | None = None
+    ) -> None:
+        """Queue ``message`` for ``rank``; ``answer`` (receiver, position) hears the answer to ``cid``."""
         with self._lock:
             reason = self._dead.get(rank)
-            if reason is not None:
-                if sink is not None:
-                    sink.died(reason)
+            if reason is None and self._stop_requested:
+                reason = "the world was stopped (driver exiting)"
+            if reason is None:
+                if answer is not None and cid is not None:
+                    self._pending[rank][cid] = answer
+                self.store.queue_push(cmd_key(rank), encode(message))
                 return
-            if self._stop_requested:
-                if sink is not None:
-                    sink.died("the world was stopped (driver exiting)")
-                return
-            if sink is not None and cid is not None:
-                self._pending[rank][cid] = sink
-            self.store.queue_push(cmd_key(rank), encode(message))
+        if answer is not None:
+            answer[0].rank_died(answer[1], reason)
 
     def send_value(self, packed: Packed, rank: int) -> int:
         """Post a value's payload to ``rank``; returns the first tag to name in the command."""
@@ -145,10 +157,11 @@ class Hub:
 
     def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int, layout: Any = None) -> None:
         with self._lock:
-            sink = self._pending[rank].pop(cid, None)
+            answer = self._pending[rank].pop(cid, None)
         value = payload
         if ok:
-            placed = sink.targets(layout) if sink is not None and layout else None
+            # Drained even when nobody waits any more, so the rank is never left blocked sending.
+            placed = answer[0].targets(answer[1], layout) if answer is not None and layout else None
             targets, views = placed if placed is not None else (None, None)
             try:
                 if payload.sizes or payload.device_specs:
@@ -159,37 +172,88 @@ class Hub:
                 if views:
                     adopt_views(value, views)
             except Exception as exc:  # noqa: BLE001 - a torn connection: the rank is dying
-                self._fail_rank(rank, f"its result could not be received ({exc})")
-                if sink is not None:
-                    sink.died(f"its result could not be received ({exc})")
+                detail = f"its result could not be received ({exc})"
+                self._fail_rank(rank, detail)
+                if answer is not None:
+                    answer[0].rank_died(answer[1], detail)
                 return
-        if sink is not None:
-            sink.deliver(ok, value)
+        if answer is not None:
+            answer[0].deliver(answer[1], ok, value)
 
     def _fail_rank(self, rank: int, detail: str) -> None:
         with self._lock:
             self._dead.setdefault(rank, detail)
-            sinks = list(self._pending[rank].values())
+            answers = list(self._pending[rank].values())
             self._pending[rank].clear()
         self._stopped[rank].set()
-        for sink in sinks:
-            sink.died(detail)
+        for receiver, position in answers:
+            receiver.rank_died(position, detail)
 
     def _watch(self) -> None:
-        """Turn a dead process or a silent heartbeat into a ``dead`` status."""
+        """Turn a dead process into a ``dead`` status; under torchrun, read heartbeats too."""
         store = self.store.clone()
-        beats: dict[int, tuple[int, float, float]] = {}
+        beats_read = 0.0
         while not self._closing.wait(PROCESS_POLL_S):
             for rank in self.remote:
                 if rank in self._dead:
                     continue
-                detail = self._check(store, rank, beats)
+                detail = self._gone_reason(rank)
                 if detail is not None:
                     self._dead.setdefault(rank, detail)
                     try:
                         store.queue_push(status_key(rank), encode(("dead", detail)))
                     except Exception:  # noqa: BLE001
                         self._fail_rank(rank, detail)
+            now = time.monotonic()
+            if self._processes is None and not self._stop_requested and now - beats_read >= self._beat_poll():
+                beats_read = now
+                self._read_heartbeats(store)
+
+    def _gone_reason(self, rank: int) -> str | None:
+        """Why ``rank``'s process is certainly gone, or ``None``."""
+        if self._stop_requested:
+            return None
+        gone = self._gone.get(rank)
+        if gone is not None:
+            return gone
+        if self._processes is not None:
+            code = self._processes[rank].poll()
+            if code is not None and not self._stopped[rank].is_set():
+                return f"its process exited with code {code}"
+        return None
+
+    def _beat_poll(self) -> float:
+        """Seconds between heartbeat reads: often enough for the shortest bound of a waiting call."""
+        with self._lock:
+            bounds = [receiver.death_timeout for answers in self._pending.values() for receiver, _ in answers.values()]
+        return min(HEARTBEAT_POLL_S, liveness_poll(min(bounds))) if bounds else HEARTBEAT_POLL_S
+
+    def _read_heartbeats(self, store: dist.Store) -> None:
+        """Note each rank's heartbeat; fail the calls that waited past their own ``death_timeout``."""
+        now = time.monotonic()
+        expired: list[tuple[Receiver, int, str]] = []
+        for rank in self.remote:
+            if rank in self._dead:
+                continue
+            try:
+                latest = int(store.add(heartbeat_key(rank), 0))
+            except Exception as exc:  # noqa: BLE001
+                self._dead.setdefault(rank, f"the store is unreachable ({exc})")
+                self._fail_rank(rank, self._dead[rank])
+                continue
+            count, changed_at = self._beats.get(rank, (-1, now))
+            if latest != count:
+                changed_at = now
+            self._beats[rank] = (latest, changed_at)
+            silence = now - changed_at
+            with self._lock:
+                pending = self._pending[rank]
+                for cid, (receiver, position) in list(pending.items()):
+                    if silence > receiver.death_timeout:
+                        del pending[cid]
+                        expired.append((receiver, position, f"no heartbeat for {silence:.0f} s"))
+        for receiver, position, detail in expired:
+            receiver.rank_died(position, detail)
 
     def _canary(self, rank: int, work: Any) -> None:
         """Wait on the rank's canary receive: it ends only when the rank leaves or dies."""
@@ -210,32 +274,6 @@ class Hub:
             pass
         finally:
             self._exited[rank].set()
-
-    def _check(self, store: dist.Store, rank: int, beats: dict[int, tuple[int, float, float]]) -> str | None:
-        if self._stop_requested:
-            return None
-        gone = self._gone.get(rank)
-        if gone is not None:
-            return gone
-        if self._processes is not None:
-            code = self._processes[rank].poll()
-            if code is not None and not self._stopped[rank].is_set():
-                return f"its process exited with code {code}"
-            return None
-        now = time.monotonic()
-        count, changed_at, read_at = beats.get(rank, (-1, now, 0.0))
-        if now - read_at < HEARTBEAT_POLL_S:
-            return None
-        try:
-            latest = int(store.add(heartbeat_key(rank), 0))
-        except Exception as exc:  # noqa: BLE001
-            return f"the store is unreachable ({exc})"
-        if latest != count:
-            changed_at = now
-        beats[rank] = (latest, changed_at, now)
-        if now - changed_at > self.death_timeout:
-            return f"no heartbeat for {now - changed_at:.0f} s"
-        return None
 
     @property
     def closed(self) -> bool:

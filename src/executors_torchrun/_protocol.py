@@ -9,7 +9,9 @@ their first tag named in the message.
 Commands (hub to rank)::
 
     ("start", cid, gid, group_rank, group_size, header, first_tag)
-    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots)
+    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, timed)
+                                               timed: a traced call (``Call.timed``); the value
+                                               comes back as a ``TimedResult``
     ("close", gid)
     ("stop",)
 

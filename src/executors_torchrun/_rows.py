@@ -4,8 +4,9 @@ When the collect step concatenates every rank's ``DataProto`` (the core sets
 ``Call.results_are_copied``), receiving each rank's rows into fresh memory
 and then copying them into the result costs a fresh allocation plus a copy
 per byte.  Instead the hub receives each rank's tensor straight into its
-rows of one buffer per key (allocated by :func:`dispatchcore._row_concat.joinable_rows`),
-and the concatenation returns a view spanning them.
+rows of one buffer per key, allocated from the call handle's
+:class:`~dispatchcore.wire.RowBuffers`, and the concatenation (which gets
+those buffers with the results) returns a view spanning them.
 
 Row counts are not known before results arrive, so the first rank's answer
 sets the plan: every position is assumed to return as many rows as it did.
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dispatchcore._row_concat import joinable_rows
+from dispatchcore.wire import RowBuffers
 
 #: (dtype, trailing shape, rows per position, output buffer) of one key.
 _KeyPlan = tuple[torch.dtype, tuple[int, ...], int, torch.Tensor]
@@ -30,8 +31,9 @@ _KeyPlan = tuple[torch.dtype, tuple[int, ...], int, torch.Tensor]
 class RowPlan:
     """Row placement of one call's DataProto results (one per call handle)."""
 
-    def __init__(self, positions: int) -> None:
+    def __init__(self, positions: int, buffers: RowBuffers) -> None:
         self._positions = positions
+        self._buffers = buffers
         self._lock = threading.Lock()
         self._keys: dict[str, _KeyPlan] | None = None
 
@@ -40,7 +42,12 @@ class RowPlan:
         with self._lock:
             if self._keys is None:
                 self._keys = {
-                    key: (dtype, shape[1:], shape[0], joinable_rows((shape[0] * self._positions, *shape[1:]), dtype))
+                    key: (
+                        dtype,
+                        shape[1:],
+                        shape[0],
+                        self._buffers.allocate((shape[0] * self._positions, *shape[1:]), dtype),
+                    )
                     for _, key, dtype, shape in layout
                 }
             keys = self._keys

@@ -13,11 +13,11 @@ import threading
 import time
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from dispatchcore import RemoteFailure, WorkerHost
+from dispatchcore.executor import RemoteFailure, WorkerHost
 
+from ._env import set_local_device
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
 from ._transport import TagCounter, Transport
 from ._wire import NONE, batch_layout, pack, unpack
@@ -42,7 +42,7 @@ class Server:
 
     def serve(self) -> None:
         """Run commands until ``stop``; then release the workers and the transport."""
-        _set_local_device()
+        set_local_device()
         threading.Thread(target=self._heartbeat, name="dispatchcore-heartbeat", daemon=True).start()
         key = cmd_key(self._rank)
         try:
@@ -87,6 +87,7 @@ class Server:
         values: list[tuple[int, Any, int]],
         arg_slots: tuple[int, ...],
         kwarg_slots: dict[str, int],
+        timed: bool,
     ) -> None:
         host = self._hosts.get(gid)
         rank = -1 if host is None else host.rank
@@ -100,7 +101,7 @@ class Server:
         args = tuple(resolved[s] for s in arg_slots)
         kwargs = {k: resolved[s] for k, s in kwarg_slots.items()}
         del resolved
-        ok, value = host.run(method, args, kwargs)
+        ok, value = host.run(method, args, kwargs, timed=timed)
         del args, kwargs
         self._reply(cid, ok, value, method=method, rank=rank)
 
@@ -158,9 +159,3 @@ class Server:
             if stopping_since is not None and time.monotonic() - stopping_since > STOP_GRACE_S:
                 # The driver is done and this rank is stuck in a call: leave.
                 os._exit(0)
-
-
-def _set_local_device() -> None:
-    """On GPU machines the rank's ``LOCAL_RANK`` device is current before any worker exists."""
-    if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())

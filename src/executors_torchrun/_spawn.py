@@ -24,12 +24,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from ._env import child_env, free_port
+from dispatchcore.executor import LOOPBACK, free_port, rank_environment
+
 from ._protocol import READY_KEY
 
 BOOT_ENV = "DISPATCHCORE_TORCHRUN_BOOT"
 _CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
-LOCALHOST = "127.0.0.1"
 
 
 def start_store() -> dist.TCPStore:
@@ -43,11 +43,11 @@ def start_store() -> dist.TCPStore:
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind((LOCALHOST, 0))
+        sock.bind((LOOPBACK, 0))
         sock.listen(socket.SOMAXCONN)
         port = int(sock.getsockname()[1])
         store = dist.TCPStore(
-            LOCALHOST,
+            LOOPBACK,
             port,
             None,
             True,
@@ -67,11 +67,11 @@ def spawn_ranks(
     world_size: int, store_port: int, prefix: str, transport_timeout: float
 ) -> dict[int, subprocess.Popen[bytes]]:
     """Start ``world_size`` ranks; the child of group rank ``g`` is data rank ``g + 1``."""
-    master_port = free_port(LOCALHOST)
+    master_port = free_port(LOOPBACK)
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(world_size):
         boot = {
-            "host": LOCALHOST,
+            "host": LOOPBACK,
             "port": store_port,
             "prefix": prefix,
             "data_rank": rank + 1,
@@ -79,7 +79,8 @@ def spawn_ranks(
             "timeout": transport_timeout,
             "path": [p for p in sys.path if p],
         }
-        env = {**os.environ, **child_env(rank, world_size, LOCALHOST, master_port), BOOT_ENV: json.dumps(boot)}
+        ranks = rank_environment(rank, world_size, master_addr=LOOPBACK, master_port=master_port)
+        env = {**os.environ, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(boot)}
         processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-c", _CHILD_CODE], env=env, stdin=subprocess.PIPE, close_fds=True
         )

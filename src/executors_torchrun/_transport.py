@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dispatchcore.executor import LOOPBACK
+
 from ._wire import Header, Packed, empty_buffers, empty_device_tensors
 
 #: gloo tags are int32; senders on the hub use even tags, the other ranks odd.
@@ -26,8 +28,6 @@ _TAG_SPACE = 1 << 29
 #: A one-byte message each rank sends the hub when it leaves; the hub keeps a
 #: receive for it posted, so a rank that dies is seen within ~0.1 s (torn socket).
 CANARY_TAG = (1 << 31) - 1
-#: The address a self-started world's gloo connections listen on.
-LOOPBACK = "127.0.0.1"
 
 
 class TagCounter:

@@ -1,15 +1,19 @@
-"""Values on the wire: a small pickle stream plus tensors moved by torch.distributed.
+"""Values on the wire: a small pickle stream in the store message, tensor bytes point to point.
 
-A value is pickled once (protocol 5, cloudpickle so classes and lambdas from
-the driver script travel by value).  CPU tensors become out-of-band buffers
-that are *views* of the caller's memory (a ``chunk()`` view ships only its
-rows); they go over a gloo process group with ``send``/``recv`` into
-preallocated ``uint8`` tensors, never through the store or pickle.  CUDA
-tensors are kept aside (``persistent_id``) and go over an NCCL process group,
-arriving on the receiving rank's current device.
+A value is pickled once by :func:`dispatchcore.wire.dumps` (protocol 5;
+classes and lambdas from the driver script travel by value).  Its CPU
+tensors become out-of-band buffers that are *views* of the caller's memory
+(a ``chunk()`` view ships only its rows); payloads up to
+:data:`dispatchcore.wire.INLINE_LIMIT` ride inside the store message, larger
+ones go over gloo ``send``/``recv`` into fresh receive buffers.  The pickle
+stream (a :class:`Header`) travels in the command or status message.
 
-The small pickle stream (a :class:`Header`) travels inside the command or
-status message through the c10d store.
+CUDA tensors: ``wire.dumps`` would move them through host memory, so a
+process where CUDA is initialised (the only kind that can hold CUDA tensors)
+pickles with :class:`_DevicePickler`, which sets them aside for the NCCL
+group; the receiver hands them back as the stream's persistent objects
+(``Serialized.shared``), so :func:`dispatchcore.wire.loads` rebuilds every
+value.
 """
 
 from __future__ import annotations
@@ -20,13 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
-import numpy as np
 import torch
 
 from dispatchcore import DataProto
-from dispatchcore._serialization import reduce_tensor
-
-PROTOCOL = 5
+from dispatchcore.executor import TimedResult
+from dispatchcore.wire import INLINE_LIMIT, PROTOCOL, Serialized, dumps, loads, receive_buffer, reduce_tensor
 
 
 @dataclass
@@ -66,12 +68,8 @@ def _rebuild_dataproto(
     return DataProto(batch=tensors, non_tensor_batch=non_tensors, meta_info=meta)
 
 
-def _has_cuda(data: DataProto) -> bool:
-    return data.batch is not None and any(t.is_cuda for _, t in data.batch.items())
-
-
-class _Pickler(cloudpickle.CloudPickler):
-    """cloudpickle with tensors reduced to their own bytes and CUDA tensors set aside."""
+class _DevicePickler(cloudpickle.CloudPickler):  # type: ignore[misc]
+    """``wire.dumps``'s layout, with CUDA tensors set aside as persistent ids (see module doc)."""
 
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], device: list[torch.Tensor]) -> None:
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
@@ -86,21 +84,11 @@ class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized:
             return reduce_tensor(obj)
-        if type(obj) is DataProto and _has_cuda(obj):
-            # DataProto's own state turns tensors into host bytes; keep them
-            # as tensors so the CUDA ones reach persistent_id.
-            batch = None if obj.batch is None else dict(obj.batch.items())
-            return _rebuild_dataproto, (batch, obj.non_tensor_batch, obj.meta_info)
+        if type(obj) is DataProto and obj.batch is not None and any(t.is_cuda for _, t in obj.batch.items()):
+            # DataProto's own reduction turns tensors into host bytes; keep
+            # them as tensors so the CUDA ones reach persistent_id.
+            return _rebuild_dataproto, (dict(obj.batch.items()), obj.non_tensor_batch, obj.meta_info)
         return super().reducer_override(obj)
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, buffers: list[Any], device: list[torch.Tensor]) -> None:
-        super().__init__(file, buffers=buffers)
-        self._device = device
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self._device[pid]
 
 
 def _as_bytes_tensor(buf: pickle.PickleBuffer) -> torch.Tensor:
@@ -113,24 +101,23 @@ def _as_bytes_tensor(buf: pickle.PickleBuffer) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8)
 
 
-#: Payloads up to this many bytes travel inside the store message: a gloo
-#: send/recv pair costs several thread wake-ups per rank, which dominates
-#: small calls on a busy machine (8 KB echo: ~5 ms through gloo).
-INLINE_BYTES = 64 * 1024
-
-
 def pack(value: Any) -> Packed:
     """Pickle ``value`` once; tensors stay views of the caller's memory (or ride inline when small)."""
-    file = io.BytesIO()
-    raw: list[pickle.PickleBuffer] = []
     device: list[torch.Tensor] = []
-    _Pickler(file, raw, device).dump(value)
-    if sum(b.raw().nbytes for b in raw) <= INLINE_BYTES:
-        specs = [(tuple(t.shape), t.dtype) for t in device]
-        return Packed(Header(file.getvalue(), [], specs, inline=[bytes(b.raw()) for b in raw]), [], device)
-    buffers = [_as_bytes_tensor(b) for b in raw]
+    if torch.cuda.is_initialized():
+        file = io.BytesIO()
+        raw: list[pickle.PickleBuffer] = []
+        _DevicePickler(file, raw, device).dump(value)
+        serialized = Serialized(file.getvalue(), raw)
+    else:
+        serialized = dumps(value)
     specs = [(tuple(t.shape), t.dtype) for t in device]
-    return Packed(Header(file.getvalue(), [b.numel() for b in buffers], specs), buffers, device)
+    if sum(b.raw().nbytes for b in serialized.buffers) <= INLINE_LIMIT:
+        return Packed(
+            Header(serialized.data, [], specs, inline=[bytes(b.raw()) for b in serialized.buffers]), [], device
+        )
+    buffers = [_as_bytes_tensor(b) for b in serialized.buffers]
+    return Packed(Header(serialized.data, [b.numel() for b in buffers], specs), buffers, device)
 
 
 #: The header of ``None`` (the answer of most calls without data), built once.
@@ -141,15 +128,20 @@ def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tenso
     """Rebuild a value over received buffers (they become the value's memory)."""
     if header.data == NONE.data:
         return None
-    if header.inline is not None:
-        arrays = [np.frombuffer(bytearray(b), dtype=np.uint8) for b in header.inline]
-    else:
-        arrays = [b.numpy() for b in buffers]
-    return _Unpickler(io.BytesIO(header.data), arrays, device).load()
+    if header.inline is not None:  # copied out of the message: private, writable memory
+        inline: list[Any] = list(header.inline)
+        return loads(Serialized(header.data, inline, list(device)), copy=True)
+    received: list[Any] = [b.numpy() for b in buffers]
+    return loads(Serialized(header.data, received, list(device)), copy=False)
 
 
 #: One DataProto tensor of a result: (buffer index, key, dtype, shape).
 Slot = tuple[int, str, torch.dtype, tuple[int, ...]]
+
+
+def _data(value: Any) -> Any:
+    """The rank's own value (a traced call wraps it in a ``TimedResult``)."""
+    return value.value if type(value) is TimedResult else value
 
 
 def batch_layout(value: Any, packed: Packed) -> tuple[Slot, ...] | None:
@@ -160,7 +152,8 @@ def batch_layout(value: Any, packed: Packed) -> tuple[Slot, ...] | None:
     collect step would copy again.  Only tensors that went out as their own
     memory (contiguous CPU tensors) are listed; anything else is ``None``.
     """
-    if not isinstance(value, DataProto) or value.batch is None:
+    value = _data(value)
+    if not isinstance(value, DataProto) or value.batch is None or not packed.buffers:
         return None
     where = {(int(b.data_ptr()), b.numel()): i for i, b in enumerate(packed.buffers) if b.numel()}
     slots = []
@@ -179,6 +172,7 @@ def adopt_views(value: Any, views: dict[str, torch.Tensor]) -> None:
     They hold the same bytes, but only views of the buffer itself (one
     storage) let the collect step join them without copying.
     """
+    value = _data(value)
     if not isinstance(value, DataProto) or value.batch is None:
         return
     for key, view in views.items():
@@ -188,16 +182,12 @@ def adopt_views(value: Any, views: dict[str, torch.Tensor]) -> None:
                 value.batch[key] = view
 
 
-def fresh_bytes(size: int) -> torch.Tensor:
-    """A receive buffer allocated by numpy (huge pages: fewer faults than torch's allocator)."""
-    return torch.from_numpy(np.empty(size, dtype=np.uint8))
-
-
 def empty_buffers(header: Header, targets: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Receive buffers for ``header``'s CPU payload: ``targets[i]`` where given, else fresh."""
-    if targets:
-        return [targets[i] if i in targets else fresh_bytes(size) for i, size in enumerate(header.sizes)]
-    return [fresh_bytes(size) for size in header.sizes]
+    targets = targets or {}
+    return [
+        targets[i] if i in targets else torch.from_numpy(receive_buffer(size)) for i, size in enumerate(header.sizes)
+    ]
 
 
 def empty_device_tensors(header: Header) -> list[torch.Tensor]:

@@ -6,6 +6,20 @@ runs when an exception escapes the driver).  Ranks other than 0 never
 return from their first ``WorkerGroup(...)``: they serve until told to stop
 and exit 0.  Outside torchrun each group starts its own world and stops it
 at ``shutdown()``.
+
+The launch's hub is the one piece of process-wide state, and it carries no
+group's settings: every call's liveness bound is its own group's
+``death_timeout`` (see ``_hub``).  Its transport is built once, from the
+first group's ``start_timeout`` and ``transport_timeout``.
+
+SIGTERM: under the torchrun launcher only (never in self-started worlds),
+when the first group is made on the driver's main thread and SIGTERM still
+has its default disposition, the driver installs a handler.  torchrun's
+elastic agent SIGTERMs every process when one rank dies; the handler
+restores the default disposition and raises
+:class:`~dispatchcore.WorkerDiedError` naming the dead rank (waiting up to
+1 s for the hub to see which), so the driver's traceback says why instead of
+just ending.  A program that installed its own handler first keeps it.
 """
 
 from __future__ import annotations
@@ -38,9 +52,7 @@ STOP_WAIT_S = 10.0
 class SpawnedWorld:
     """Self-started ranks owned by one group: store, children, hub."""
 
-    def __init__(
-        self, world_size: int, *, start_timeout: float, transport_timeout: float, death_timeout: float
-    ) -> None:
+    def __init__(self, world_size: int, *, start_timeout: float, transport_timeout: float) -> None:
         self.torchrun = False
         # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
         master = start_store()
@@ -53,7 +65,7 @@ class SpawnedWorld:
         except BaseException:
             reap(self.processes, 0.0)
             raise
-        self.hub = Hub(store, transport, processes=self.processes, death_timeout=death_timeout)
+        self.hub = Hub(store, transport, processes=self.processes)
         self._stopped = False
 
     def data_rank(self, group_rank: int) -> int:
@@ -93,7 +105,7 @@ def _torchrun_store(start_timeout: float) -> dist.Store:
     return dist.PrefixStore(f"dispatchcore/{_env.run_id()}/", client)
 
 
-def torchrun_hub(*, start_timeout: float, transport_timeout: float, death_timeout: float) -> Hub:
+def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
     """Rank 0: the launch's hub, made on first use.  Other ranks serve and exit 0 here."""
     global _torchrun_hub
     rank, size = _env.torchrun_rank(), int(os.environ["WORLD_SIZE"])
@@ -104,10 +116,9 @@ def torchrun_hub(*, start_timeout: float, transport_timeout: float, death_timeou
             store = _torchrun_store(start_timeout)
             _wait_count(store, size - 1, start_timeout)
             transport = _connect(store, 0, size, start_timeout, transport_timeout)
-            _torchrun_hub = Hub(store, transport, processes=None, death_timeout=death_timeout)
+            _torchrun_hub = Hub(store, transport, processes=None)
             atexit.register(_stop_torchrun_world)
             _install_sigterm_report()
-        _torchrun_hub.death_timeout = min(_torchrun_hub.death_timeout, death_timeout)
         return _torchrun_hub
 
 
@@ -140,7 +151,7 @@ def _stop_torchrun_world() -> None:
 
 
 def _install_sigterm_report() -> None:
-    """Under torchrun a dead rank makes the agent SIGTERM the driver: say which rank died."""
+    """Under torchrun a dead rank makes the agent SIGTERM the driver: say which rank died (module doc)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
