@@ -179,7 +179,8 @@ class Serialized:
     """
 
     data: bytes
-    buffers: list[pickle.PickleBuffer] = field(default_factory=list)
+    #: Out-of-band buffers: PickleBuffers when dumped, any buffer (numpy, bytes) when received.
+    buffers: list[Any] = field(default_factory=list)
     shared: list[Any] = field(default_factory=list)
 
     @property
