@@ -114,7 +114,7 @@ def test_isolate_false_hands_shared_buffers(groups):
 
 
 def test_broadcast_is_put_once(data2, monkeypatch):
-    executor = data2._executor
+    executor = data2.executor
     puts = []
     real_put = executor.ray.put
     monkeypatch.setattr(executor.ray, "put", lambda v, **kw: puts.append(1) or real_put(v, **kw))
@@ -124,7 +124,7 @@ def test_broadcast_is_put_once(data2, monkeypatch):
 
 
 def test_large_chunks_share_one_put_and_stay_isolated(data2, monkeypatch):
-    executor = data2._executor
+    executor = data2.executor
     assert executor._same_node  # a local Ray: every rank on the driver's node
     puts = []
     real_put = executor.ray.put
@@ -140,7 +140,7 @@ def test_large_chunks_share_one_put_and_stay_isolated(data2, monkeypatch):
 
 
 def test_atoms_tuples_and_unregistered_methods(data2):
-    executor = data2._executor
+    executor = data2.executor
     assert data2.pid() != data2.fail(5)  # atoms come back as they are
     assert data2.execute_all("pid") == data2.pid()  # registered: its own actor method
     with pytest.raises(WorkerError, match="registered no mesh"):  # not registered: the generic `call`
@@ -154,7 +154,7 @@ def test_atoms_tuples_and_unregistered_methods(data2):
 def test_pack_falls_back_to_cloudpickle_for_code_by_value():
     import cloudpickle
 
-    from dispatchcore._serialization import dumps
+    from dispatchcore.wire import dumps
     from executors_ray import _payload
 
     data = DataProto.from_dict({"x": torch.arange(6).reshape(3, 2)}, meta_info={"f": len})
@@ -222,7 +222,7 @@ def test_unplaceable_group_raises_after_start_timeout():
 
 def test_shutdown_kills_actors_and_is_idempotent():
     wg = WorkerGroup(DataWorker, 2, backend="ray")
-    name = wg._executor.actor_name(0)
+    name = wg.executor.actor_name(0)
     assert ray.get_actor(name) is not None
     wg.shutdown()
     wg.shutdown()

@@ -7,11 +7,12 @@ run in the actor's default concurrency group (one thread, so every call,
 thread-locals stay put).  ``ping`` runs in a separate ``control`` group so
 the driver can tell a busy rank from a dead one while a call is running.
 
-Every registered worker method also gets an actor method of its own
-(``w_<name>``, see :func:`actor_class`): each task argument costs Ray
-~0.1 ms to serialize and resolve, so a call without arguments sends none at
-all (not even the method name), and one with arguments sends a single
-layout plus the object references Ray has to resolve.
+Every method a call may name (``GroupSpec.methods``) also gets an actor
+method of its own (``w_<name>``, see :func:`actor_class`): each task
+argument costs Ray ~0.1 ms to serialize and resolve, so a call without
+arguments sends none at all (not even the method name), and one with
+arguments sends a single layout (``_tags.Layout``) plus the object
+references Ray has to resolve.
 """
 
 from __future__ import annotations
@@ -22,27 +23,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dispatchcore import RemoteFailure, WorkerHost
+from dispatchcore.executor import ATOMS, RemoteFailure, ResultShape, WorkerHost, free_port
 
-from . import _payload
-from ._runtime import cuda_device_index, free_port, node_ip
-
-#: Tags of what ``RankActor.call`` returns when the result is not an atom
-#: (``(OK_PACKED | FAILED, payload)``; atoms come back as they are).
-OK_RAW, OK_PACKED, FAILED = 0, 1, 2
-
-CONTROL_GROUP = "control"
-
-#: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
-DEDICATED_PREFIX = "w_"
-
-#: Layout of a call without arguments (sent as no argument at all).
-#: A layout is ``(arg_slots, kwarg_slots, kinds, sources, inline)``: per
-#: distinct value, its kind (``_payload``), and where it is: ``inline[i]``
-#: (source ``-1``), top-level task argument ``j`` (source ``j``, references
-#: Ray resolves) or element ``k`` of top-level argument ``j`` (``(j, k)``,
-#: one object holding several ranks' chunks).
-NO_ARGS: tuple[Any, ...] = ((), {}, (), (), ())
+from . import _forward, _payload
+from ._runtime import cuda_device_index, node_ip
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, FAILED, FORWARD, NO_ARGS, OK_PACKED, RAW, Layout
 
 
 class RankActor:
@@ -67,7 +52,7 @@ class RankActor:
             "node_id": ctx.get_node_id(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "port": free_port() if want_port else None,
+            "port": free_port("") if want_port else None,  # reachable from other nodes
         }
 
     def start(
@@ -105,7 +90,7 @@ class RankActor:
             torch.cuda.set_device(index % max(1, torch.cuda.device_count()))
 
     # -- calls -------------------------------------------------------------------
-    def call(self, method: str, layout: tuple[Any, ...] = NO_ARGS, *values: Any) -> Any:
+    def call(self, method: str, layout: Layout = NO_ARGS, *values: Any) -> Any:
         """Run ``method``; ``layout`` says how ``values`` map onto its arguments.
 
         Returns an atom result as it is (Ray stores ``None`` and small atoms
@@ -117,10 +102,10 @@ class RankActor:
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
             return FAILED, failure
-        if layout is NO_ARGS or not layout[2]:
-            ok, value = host.run(method, (), {})
-        else:
-            arg_slots, kwarg_slots, kinds, sources, inline = layout
+        arg_slots, kwarg_slots, kinds, sources, inline, timed = layout
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = {}
+        if kinds:
             try:
                 resolved = [
                     _resolve(kind, _locate(source, value, values), self._isolate)
@@ -130,10 +115,10 @@ class RankActor:
                 kwargs = {k: resolved[i] for k, i in kwarg_slots.items()}
             except BaseException as exc:  # noqa: BLE001 - reported to the driver
                 return FAILED, RemoteFailure.capture(host.rank, method, exc)
-            ok, value = host.run(method, args, kwargs)
+        ok, value = host.run(method, args, kwargs, timed=timed)
         if not ok:
             return FAILED, value
-        if value is None or type(value) in _payload.ATOM_TYPES:
+        if value is None or type(value) in ATOMS:
             return value
         try:
             kind, payload = _payload.encode_result(value)
@@ -141,7 +126,7 @@ class RankActor:
             failure = RemoteFailure.capture(host.rank, method, exc)
             failure.message = f"its result cannot be pickled ({exc}); return picklable values"
             return FAILED, failure
-        return payload if kind == _payload.RAW else (OK_PACKED, payload)
+        return payload if kind == RAW else (OK_PACKED, payload)
 
     def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """verl's ``execute_*_async``: the value itself in the object store, errors raised."""
@@ -167,11 +152,9 @@ class RankActor:
             "started": self._host is not None,
         }
 
-    def describe_results(self, refs: list[Any], timeout: float) -> list[Any]:
-        """Row counts and meta of another call's results (for forwarding futures)."""
-        from ._forward import describe_results
-
-        return describe_results(refs, timeout)
+    def describe_results(self, refs: list[Any], timeout: float) -> list[ResultShape | None]:
+        """Row counts and ``meta_info`` of another call's results (for forwarding futures)."""
+        return _forward.describe(refs, timeout)
 
     def close(self) -> None:
         if self._host is not None:
@@ -187,18 +170,18 @@ def _locate(source: Any, inline: Any, values: tuple[Any, ...]) -> Any:
 
 
 def _resolve(kind: int, value: Any, isolate: bool) -> Any:
-    if kind == _payload.FORWARD:
-        from ._forward import resolve_forwarded
-
-        return resolve_forwarded(value, isolate)
-    return _payload.decode(kind, value, copy=isolate)
+    if kind == RAW:
+        return value
+    if kind == FORWARD:
+        return _forward.resolve(value)  # a fresh join: private whatever ``isolate`` says
+    return _payload.unpack(value, copy=isolate)
 
 
 _ACTOR_CLASSES: dict[tuple[str, ...], Any] = {}
 
 
 def _dedicated(method: str) -> Any:
-    def run(self: RankActor, layout: tuple[Any, ...] = NO_ARGS, *values: Any) -> tuple[int, Any]:
+    def run(self: RankActor, layout: Layout = NO_ARGS, *values: Any) -> Any:
         return self.call(method, layout, *values)
 
     run.__name__ = run.__qualname__ = DEDICATED_PREFIX + method
@@ -223,5 +206,6 @@ def actor_class(methods: tuple[str, ...] = ()) -> Any:
             digest = hashlib.sha1(",".join(key).encode()).hexdigest()[:10]  # noqa: S324 - a name, not security
             attrs["__module__"] = __name__
             base = type(f"RankActor_{digest}", (RankActor,), attrs)
-        cls = _ACTOR_CLASSES[key] = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(base)
+        remote: Any = ray.remote  # its overloads do not list concurrency_groups
+        cls = _ACTOR_CLASSES[key] = remote(concurrency_groups={CONTROL_GROUP: 1})(base)
     return cls

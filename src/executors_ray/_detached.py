@@ -14,6 +14,7 @@ from typing import Any
 from dispatchcore import DispatchError, WorkerGroup
 
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
+from ._tags import CONTROL_GROUP
 
 
 def _actor(name: str, rank: int, namespace: str | None) -> Any:
@@ -33,7 +34,7 @@ def detached_world_size(name: str, namespace: str | None = None, timeout: float 
             f"no detached ray group named {name!r} in namespace {namespace or DETACHED_NAMESPACE!r}; create it "
             f"with WorkerGroup(..., backend='ray', detached=True, name={name!r})"
         )
-    ref = actor.identity.options(concurrency_group="control").remote()
+    ref = actor.identity.options(concurrency_group=CONTROL_GROUP).remote()
     ready, _ = ray.wait([ref], timeout=timeout)
     if not ready:
         raise DispatchError(f"detached group {name!r}: rank 0 did not answer within {timeout:g} s")

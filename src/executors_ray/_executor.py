@@ -11,7 +11,12 @@ Calls: each distinct argument is packed once (``_payload``) and every rank's
 task carries the packed values it needs, as arguments of the method's own
 actor method (``w_<name>``; none at all for a call without arguments: each
 task argument costs Ray ~0.1 ms); results come back through
-:class:`RayCallHandle`, which never waits without a bound.
+:class:`RayCallHandle`, on the core's time bounds.
+
+Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
+core the producing results' shapes without fetching them, the core plans
+each rank's rows, and :meth:`RayExecutor.forward_chunk` hands a rank the
+references it fetches its rows from (``_forward``).
 """
 
 from __future__ import annotations
@@ -21,15 +26,26 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from dispatchcore import Call, CallHandle, DataProtoFuture, DispatchError, Executor, GroupSpec, WorkerDiedError
+from dispatchcore import DispatchError, WorkerDiedError
+from dispatchcore.executor import (
+    LOOPBACK,
+    Call,
+    CallHandle,
+    ChunkPlan,
+    Executor,
+    GroupSpec,
+    ResultShape,
+    check_options,
+    local_ranks,
+    rank_environment,
+)
 
 from . import _payload
-from ._actor import DEDICATED_PREFIX, actor_class
+from ._actor import actor_class
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-
-PROTECTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, TIMED_NO_ARGS, Forwarded, Layout
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -45,7 +61,7 @@ OPTIONS: dict[str, Any] = {
     "namespace": None,  # Ray namespace of the actors (detached groups: "dispatchcore")
     "attach": False,  # attach to the running detached group called `name`
     "start_timeout": 300.0,  # bound on placing the actors and on building the workers
-    "poll_interval": 1.0,  # seconds between liveness checks while a call runs
+    "poll_interval": None,  # cap on the seconds between liveness checks (default: the core's)
 }
 
 
@@ -58,16 +74,13 @@ class RayExecutor(Executor):
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
-        unknown = sorted(set(spec.options) - set(OPTIONS))
-        if unknown:
-            raise TypeError(f"unknown option(s) for the ray backend: {unknown}; it takes {sorted(OPTIONS)}")
-        opts = {**OPTIONS, **spec.options}
+        opts = check_options(self.name, spec.options, OPTIONS)
         self.options = opts
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
         if self._pool is not None and not isinstance(self._pool, RayResourcePool):
             raise TypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
-        self.poll_interval = min(float(opts["poll_interval"]), spec.death_timeout / 4)
+        self.poll_interval = None if opts["poll_interval"] is None else float(opts["poll_interval"])
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"])
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
@@ -80,6 +93,8 @@ class RayExecutor(Executor):
         self._closed = False
         self._pool_acquired = False
         self.ray = ensure_ray(opts)
+        #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
+        self.job_id = self.ray.get_runtime_context().get_job_id()
         try:
             if opts["attach"]:
                 self._attach()
@@ -94,7 +109,7 @@ class RayExecutor(Executor):
         ray, spec = self.ray, self.spec
         deadline = time.monotonic() + self._start_timeout
         actor_opts = self._actor_options()
-        cls = actor_class(_method_names(spec.worker_cls))
+        cls = actor_class(spec.methods)
         for options in actor_opts:
             self._actors.append(cls.options(**options).remote())
         infos = self._wait(
@@ -156,25 +171,14 @@ class RayExecutor(Executor):
         return per_rank
 
     def _rank_env(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
-        """torch.distributed's variables per rank; LOCAL_* count ranks on the same node."""
-        n = self.spec.world_size
-        by_node: dict[str, list[int]] = {}
-        for rank, info in enumerate(infos):
-            by_node.setdefault(info["node_id"], []).append(rank)
-        out = []
-        for rank, info in enumerate(infos):
-            peers = by_node[info["node_id"]]
-            env = {
-                **self._env,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(n),
-                "LOCAL_RANK": str(peers.index(rank)),
-                "LOCAL_WORLD_SIZE": str(len(peers)),
-                "MASTER_ADDR": str(infos[0]["ip"]),
-                "MASTER_PORT": str(infos[0]["port"]),
-            }
-            out.append(env)
-        return out
+        """torch.distributed's variables per rank; rank 0's node and port are the rendezvous."""
+        n, addr, port = self.spec.world_size, str(infos[0]["ip"]), int(infos[0]["port"])
+        return [
+            rank_environment(
+                rank, n, master_addr=addr, master_port=port, local_rank=local, local_world_size=size, extra=self._env
+            )
+            for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos]))
+        ]
 
     def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
         """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
@@ -220,7 +224,7 @@ class RayExecutor(Executor):
                     f"name={self.spec.name!r})"
                 ) from exc
         deadline = time.monotonic() + self._start_timeout
-        refs = [a.identity.options(concurrency_group="control").remote() for a in self._actors]
+        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in self._actors]
         for rank, ident in enumerate(self._wait(refs, deadline, "reach the detached actors")):
             if ident["world_size"] != self.spec.world_size or not ident["started"]:
                 raise DispatchError(
@@ -234,7 +238,11 @@ class RayExecutor(Executor):
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if not any(call.args) and not any(call.kwargs):
             # No arguments anywhere: no task argument either (the common control call).
-            return RayCallHandle(self, call, [self._method(rank, call.method)() for rank in call.ranks])
+            if call.timed:
+                refs = [self._method(rank, call.method)(TIMED_NO_ARGS) for rank in call.ranks]
+            else:
+                refs = [self._method(rank, call.method)() for rank in call.ranks]
+            return RayCallHandle(self, call, refs)
         unique = call.unique_values()
         try:
             encoded = _payload.encode_all(unique.values, self.ray.put, bundle=self._same_node)
@@ -249,7 +257,10 @@ class RayExecutor(Executor):
             kwarg_slots = unique.kwarg_slots[position]
             needed = sorted({*arg_slots, *kwarg_slots.values()})
             local = {slot: i for i, slot in enumerate(needed)}
-            kinds, sources, inline, tops = [], [], [], []
+            kinds: list[int] = []
+            sources: list[Any] = []
+            inline: list[Any] = []
+            tops: list[Any] = []
             top_index: dict[int, int] = {}
             for slot in needed:
                 kind, where, value = encoded[slot]
@@ -265,12 +276,13 @@ class RayExecutor(Executor):
                     tops.append(ref)
                 sources.append(j if member is None else (j, member))
                 inline.append(None)
-            layout = (
+            layout: Layout = (
                 tuple(local[s] for s in arg_slots),
                 {k: local[s] for k, s in kwarg_slots.items()},
                 tuple(kinds),
                 tuple(sources),
                 tuple(inline),
+                call.timed,
             )
             refs.append(self._method(rank, call.method)(layout, *tops))
         return RayCallHandle(self, call, refs)
@@ -286,10 +298,38 @@ class RayExecutor(Executor):
             cache[method] = remote
         return remote
 
-    def forward_future(self, future: DataProtoFuture, chunks: int) -> tuple[list[Any], int, int] | None:
-        from ._forward import forward_future
+    # -- futures forwarded rank to rank -----------------------------------------------
+    def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
+        """Shapes of a Ray call's results, learnt by one of this group's actors: no rows reach the driver.
 
-        return forward_future(self, future, chunks)
+        Declines (``None``: the core resolves on the driver, which reports any
+        error) for handles of another backend or Ray, results already on the
+        driver, a producer shut down or failed, or a wait past the producing
+        call's bound; a dead producer is seen within ``death_timeout``.
+        """
+        if not isinstance(handle, RayCallHandle) or self._closed or not self._actors:
+            return None
+        producer = handle.executor
+        if producer.job_id != self.job_id or producer.closed or handle.fetched_any():
+            return None
+        try:
+            handle.readiness().result()
+        except DispatchError:
+            return None
+        ray, timeout = self.ray, self.spec.death_timeout
+        ref = self._actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(handle.refs, timeout)
+        ready, _ = ray.wait([ref], timeout=timeout)
+        if not ready:
+            return None
+        try:
+            return list(ray.get(ready[0]))
+        except Exception:  # noqa: BLE001 - a failed producer: the driver path reports it
+            return None
+
+    def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
+        """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
+        assert isinstance(handle, RayCallHandle)  # noqa: S101 - describe_results declined any other
+        return Forwarded({p: handle.refs[p] for p in plan.sources}, plan)
 
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
@@ -302,6 +342,11 @@ class RayExecutor(Executor):
     def actors(self) -> list[Any]:
         """The actor handles, in rank order."""
         return list(self._actors)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`shutdown` ran (the actors are gone, or let go of if detached)."""
+        return self._closed
 
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""
@@ -324,26 +369,11 @@ class RayExecutor(Executor):
             self._pool.release()
 
 
-def _method_names(worker_cls: type) -> tuple[str, ...]:
-    """Names a group of ``worker_cls`` calls: its registered methods, role-prefixed for colocated classes."""
-    from dispatchcore._register import registered_methods
-
-    names = set(registered_methods(worker_cls))
-    roles = getattr(worker_cls, "_dispatchcore_roles", None) or {}
-    for role, cls in roles.items():
-        names.update(f"{role}_{name}" for name in registered_methods(cls))
-    return tuple(sorted(names))
-
-
 def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
+    """The user's worker environment, checked now rather than after the actors started."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
-    clash = sorted(set(env) & set(PROTECTED_ENV))
-    if clash:
-        raise ValueError(
-            f"env sets {clash}, which the ray backend sets for torch.distributed on every rank "
-            f"({', '.join(PROTECTED_ENV)}); remove them from env"
-        )
+    rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
     return {str(k): str(v) for k, v in env.items()}

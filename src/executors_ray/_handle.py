@@ -1,11 +1,17 @@
-"""Waiting for a call's results on Ray, always with a bound.
+"""A Ray call's results: one object reference per rank, pulled by the core's call handle.
 
-``ray.get`` is never called on a reference that is not ready.  The handle
-waits with ``ray.wait(timeout=...)`` in short slices; a dead actor fails its
-pending reference (``RayActorError``) and becomes :class:`WorkerDiedError`.
-A rank still running after a slice is pinged in its actor's ``control``
-concurrency group: a ping that fails, or goes unanswered for the group's
-``death_timeout``, also means the rank is gone (a hung node, a lost process).
+:class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
+module only says how results arrive and how death is seen on Ray:
+
+* :meth:`RayCallHandle.wait_for_progress` first tries one bounded
+  ``ray.get`` of every reference (the common case in one round trip), then
+  waits with ``ray.wait`` and fetches each result as it lands, so a dead
+  rank's failed reference (``RayActorError``) is seen at once;
+* :meth:`RayCallHandle.check_alive` pings ranks still running in their
+  actor's ``control`` concurrency group: a failed ping, or one unanswered
+  for ``death_timeout``, means the rank is gone (a hung node, a lost process).
+
+``ray.get`` is never called on a reference that is not ready without a bound.
 """
 
 from __future__ import annotations
@@ -13,194 +19,163 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from dispatchcore import Call, CallHandle, RemoteFailure, WorkerDiedError
-from dispatchcore._executor import timeout_error
-from dispatchcore._worker_host import first_failure
+from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
 
 from . import _payload
-from ._actor import CONTROL_GROUP, FAILED, OK_PACKED
+from ._tags import CONTROL_GROUP, FAILED
 
 if TYPE_CHECKING:
     from ._executor import RayExecutor
 
-_UNSET = object()
 
+class RayCallHandle(RankCallHandle):
+    """One submitted call: a result reference per rank of the call.
 
-class RayCallHandle(CallHandle):
-    """One submitted call: a result reference per rank of the call."""
+    With ``fetch=False`` the handle only waits until every result sits in the
+    object store and delivers ``None`` for each (see :meth:`readiness`).
+    """
 
-    def __init__(self, executor: RayExecutor, call: Call, refs: list[Any]) -> None:
-        self._executor = executor
-        self._call = call
+    def __init__(self, executor: RayExecutor, call: Call, refs: list[Any], *, fetch: bool = True) -> None:
+        super().__init__(
+            call,
+            death_timeout=executor.spec.death_timeout,
+            on_broken=executor.mark_broken if fetch else _ignore,
+        )
+        if executor.poll_interval is not None:
+            self.poll = min(self.poll, executor.poll_interval)
+        self.executor = executor
         self.refs = refs
-        self._values: list[Any] = [_UNSET] * len(refs)
-        self._failures: dict[int, RemoteFailure] = {}
-        self._results: list[Any] | None = None
+        self.submitted = time.monotonic()
+        self._fetch = fetch
+        self._copy = executor.spec.isolate and not call.results_are_copied
+        self._fast_tried = not fetch
         self._pings: dict[int, tuple[Any, float]] = {}
-        self._copy_results = executor.spec.isolate and not call.results_are_copied
-        self._submitted = time.monotonic()
-        self._ready: set[int] = set()
 
-    @property
-    def resolved(self) -> bool:
-        """Whether the results were already fetched to the driver."""
-        return self._results is not None
-
-    @property
-    def source_ray(self) -> Any:
-        return self._executor.ray
-
-    def done(self) -> bool:
-        if self._results is not None:
-            return True
-        import ray
-
-        pending = self._pending_refs()
-        if not pending:
-            return True
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
-        return len(ready) == len(pending)
-
-    def _pending_refs(self) -> list[Any]:
-        return [ref for pos, ref in enumerate(self.refs) if self._values[pos] is _UNSET]
-
-    def result(self, timeout: float | None = None) -> list[Any]:
-        if self._results is not None:
-            return self._results
-        if not self._ready and self._fast_get(timeout):
-            return self._finish()
-        self._wait_all(timeout, fetch=True)
-        missing = [pos for pos, v in enumerate(self._values) if v is _UNSET]
-        if missing:
-            self._take(missing)
-        return self._finish()
-
-    def _fast_get(self, timeout: float | None) -> bool:
-        """One bounded ``ray.get`` of every result: the common case in one round trip.
-
-        Bounded by the poll interval, so liveness checks (``_wait_all``) cost
-        nothing unless a call outlasts it.
-        """
-        executor = self._executor
-        wait = executor.poll_interval if timeout is None else min(timeout, executor.poll_interval)
-        try:
-            values = executor.ray.get(self.refs, timeout=wait)
-        except Exception:  # noqa: BLE001 - timed out, or a rank failed: the slow path says which
-            return False
-        self._values = list(values)
-        return True
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until every rank's result sits in the object store, fetching none of it."""
-        if self._results is None:
-            self._wait_all(timeout, fetch=False)
-
-    def _wait_all(self, timeout: float | None, fetch: bool) -> None:
-        """Return once every result is ready; bounded by ``timeout`` and liveness checks."""
-        import ray
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = self._executor.poll_interval
-        while True:
-            pending = [pos for pos, v in enumerate(self._values) if v is _UNSET and pos not in self._ready]
-            if not pending:
+    # -- results -----------------------------------------------------------------
+    def wait_for_progress(self, seconds: float) -> None:
+        ray = self.executor.ray
+        deadline = time.monotonic() + seconds
+        if not self._fast_tried:
+            self._fast_tried = True
+            try:
+                values = ray.get(self.refs, timeout=seconds)
+            except Exception:  # noqa: BLE001 - timed out, or a rank died: the waits below say which
+                pass
+            else:
+                for position, value in enumerate(values):
+                    self._accept(position, value)
                 return
-            wait = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
-            refs = [self.refs[pos] for pos in pending]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait, fetch_local=fetch)
-            if ready:
-                got = set(ready)
-                self._ready.update(pos for pos in pending if self.refs[pos] in got)
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
-                waiting = [self._call.ranks[p] for p in pending]
-                self._maybe_break(waiting)
-                raise timeout_error(self._call.method, timeout, waiting)
-            self._check_alive(pending)
-
-    def _maybe_break(self, waiting: list[int]) -> None:
-        """A call past its own bound leaves its actors busy: refuse later calls.
-
-        A shorter wait (``future.get(timeout=...)`` polling a call without a
-        bound, or before its bound) leaves the group usable.
-        """
-        bound = self._call.timeout
-        if bound is not None and time.monotonic() - self._submitted >= bound * 0.99:
-            self._executor.mark_broken(
-                f"call {self._call.method!r} outlived its {bound:g} s timeout and rank(s) {waiting} may still "
-                "be running it"
-            )
+        while not RankCallHandle.done(self):
+            waiting = self.waiting_positions()
+            refs = [self.refs[p] for p in waiting]
+            left = max(0.0, deadline - time.monotonic())
+            ready, rest = ray.wait(refs, num_returns=1, timeout=left, fetch_local=self._fetch)
+            if not ready:
+                return
+            if rest:  # take whatever else landed meanwhile in the same round
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0, fetch_local=self._fetch)
+                ready += more
+            landed = set(ready)
+            self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
 
     def _take(self, positions: list[int]) -> None:
-        """Fetch ready results (one ``ray.get``; per reference only if one failed)."""
-        import ray
-
-        refs = [self.refs[pos] for pos in positions]
+        """Deliver ready results (one ``ray.get``; per reference only if one failed)."""
+        if not self._fetch:
+            for position in positions:
+                self.deliver(position, True, None)
+            return
+        ray = self.executor.ray
         try:
-            values = ray.get(refs)
+            values = ray.get([self.refs[p] for p in positions])
         except Exception:  # noqa: BLE001 - find which rank it was
-            values = []
-            for pos, ref in zip(positions, refs, strict=True):
+            for position in positions:
                 try:
-                    values.append(ray.get(ref))
+                    value = ray.get(self.refs[position])
                 except Exception as exc:  # noqa: BLE001
-                    raise self._died(pos, exc) from exc
-        for pos, value in zip(positions, values, strict=True):
-            self._values[pos] = value
+                    self.rank_died(position, self._gone(position, exc))
+                else:
+                    self._accept(position, value)
+            return
+        for position, value in zip(positions, values, strict=True):
+            self._accept(position, value)
 
-    def _finish(self) -> list[Any]:
-        results: list[Any] = []
-        for pos, value in enumerate(self._values):
-            if type(value) is not tuple:  # an atom, returned as it is
-                results.append(value)
-                continue
-            status, payload = value
-            if status == FAILED:
-                self._failures[pos] = payload
-                results.append(None)
-            elif status == OK_PACKED:
-                results.append(_payload.unpack(payload, copy=self._copy_results))
-            else:
-                results.append(payload)
-        if self._failures:
-            raise first_failure(self._failures, self._call.ranks)  # values stay set: asking again raises the same
-        self._results = results
-        return results
+    def _accept(self, position: int, value: Any) -> None:
+        """Deliver one stored result: an atom as it is, a packed value unpacked, a failure as such."""
+        if type(value) is not tuple:
+            self.deliver(position, True, value)
+            return
+        tag, payload = value
+        if tag == FAILED:
+            self.deliver(position, False, payload)
+            return
+        try:
+            result = _payload.unpack(payload, copy=self._copy)
+        except Exception as exc:  # noqa: BLE001 - e.g. a class the driver cannot import
+            failure = RemoteFailure.capture(self.call.ranks[position], self.call.method, exc)
+            failure.message = f"its result cannot be unpickled on the driver ({exc})"
+            self.deliver(position, False, failure)
+            return
+        self.deliver(position, True, result)
 
-    def _died(self, position: int, exc: BaseException) -> WorkerDiedError:
-        rank = self._call.ranks[position]
-        name = self._executor.actor_name(rank)
-        detail = f"its Ray actor {name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
-        self._executor.mark_broken(f"rank {rank}'s actor {name!r} died")
-        return WorkerDiedError(rank, detail, self._call.method)
+    def done(self) -> bool:
+        if RankCallHandle.done(self):
+            return True
+        refs = [self.refs[p] for p in self.waiting_positions()]
+        ready, _ = self.executor.ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return len(ready) == len(refs)
 
-    def _check_alive(self, pending: list[int]) -> None:
-        """Ping ranks still running; raise if one is dead or silent past ``death_timeout``."""
-        import ray
+    def fetched_any(self) -> bool:
+        """Whether some result was already brought to the driver."""
+        return self._fetch and len(self.waiting_positions()) < len(self.refs)
 
+    def readiness(self) -> RayCallHandle:
+        """A handle that waits, within what is left of this call's bound, until every
+        result is stored, fetching none; its failures leave the group as it is."""
+        bound = self.call.timeout
+        left = None if bound is None else max(1e-3, bound - (time.monotonic() - self.submitted))
+        n = len(self.refs)
+        probe = Call(self.call.method, self.call.ranks, [()] * n, [{}] * n, timeout=left)
+        return RayCallHandle(self.executor, probe, self.refs, fetch=False)
+
+    # -- liveness ----------------------------------------------------------------
+    def check_alive(self, waiting: list[int]) -> None:
+        """Ping ranks still running; a failed ping, or none answered within ``death_timeout``, is a death."""
+        executor = self.executor
+        if executor.closed:
+            return  # its actors are gone: their references fail, which the waits see
+        ray = executor.ray
         now = time.monotonic()
-        for pos in pending:
-            ping = self._pings.get(pos)
+        sent = [self._pings[p][0] for p in waiting if p in self._pings]
+        answered = set(ray.wait(sent, num_returns=len(sent), timeout=0)[0]) if sent else set()
+        for position in waiting:
+            ping = self._pings.get(position)
             if ping is not None:
-                ready, _ = ray.wait([ping[0]], timeout=0)
-                if ready:
+                ref, since = ping
+                if ref in answered:
                     try:
-                        ray.get(ready[0])
+                        ray.get(ref)
                     except Exception as exc:  # noqa: BLE001
-                        raise self._died(pos, exc) from exc
+                        self.rank_died(position, self._gone(position, exc))
+                        continue
                     ping = None
-                elif now - ping[1] > self._executor.spec.death_timeout:
-                    rank = self._call.ranks[pos]
-                    self._executor.mark_broken(f"rank {rank} stopped answering")
-                    raise WorkerDiedError(
-                        rank,
-                        f"its Ray actor {self._executor.actor_name(rank)!r} has not answered a liveness "
-                        f"ping for {self._executor.spec.death_timeout:g} s (death_timeout)",
-                        self._call.method,
+                elif now - since > self.death_timeout:
+                    self.rank_died(
+                        position,
+                        f"its Ray actor {executor.actor_name(self.call.ranks[position])!r} has not answered a "
+                        f"liveness ping for {self.death_timeout:g} s (death_timeout)",
                     )
+                    continue
             if ping is None:
-                actor = self._executor.actor(self._call.ranks[pos])
-                self._pings[pos] = (actor.ping.options(concurrency_group=CONTROL_GROUP).remote(), now)
+                actor = executor.actor(self.call.ranks[position])
+                self._pings[position] = (actor.ping.options(concurrency_group=CONTROL_GROUP).remote(), now)
+
+    def _gone(self, position: int, exc: BaseException) -> str:
+        name = self.executor.actor_name(self.call.ranks[position])
+        return f"its Ray actor {name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _ignore(reason: str) -> None:
+    """``on_broken`` of a readiness probe: the real handle reports what happened."""
 
 
 def _first_line(exc: BaseException) -> str:

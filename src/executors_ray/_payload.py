@@ -1,43 +1,31 @@
 """How arguments and results cross into and out of Ray's object store.
 
-Every value is pickled once on the sending side (the C pickler, falling
-back to :func:`dispatchcore._serialization.dumps` for code that must travel
-by value): tensors become flat ``uint8`` numpy views, which Ray's own
-pickle-5 serializer writes into the object store without an extra copy and
-hands back as read-only views of shared memory (torch tensors pickled by Ray
-would go through ``torch.save`` of their whole storage instead).  A packed
-value is ``(pickle_bytes, [uint8 arrays])``.
+Pickling is :mod:`dispatchcore.wire`'s; what is Ray's is the packing around
+it.  A packed value is ``(pickle_bytes, [uint8 arrays])``: Ray's own pickle-5
+serializer writes numpy arrays into the object store without an extra copy
+and hands them back as read-only views of shared memory (a torch tensor
+pickled by Ray would go through ``torch.save`` of its whole storage).
 
 Small values ride inside each task (Ray inlines arguments under 100 KiB, the
 cheapest path); larger ones are ``ray.put`` once and every rank that needs
 them gets the same reference; when every rank shares the driver's node, all
-of a call's large values go into one object (one store round trip).  Plain atoms and Ray ``ObjectRef`` s are passed
-as they are (Ray resolves top-level references itself, as verl users expect).
+of a call's large values go into one object (one store round trip).  Plain
+atoms and Ray ``ObjectRef`` s are passed as they are (Ray resolves top-level
+references itself, as verl users expect).
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
-from dispatchcore._isolation import ATOMS
-from dispatchcore._serialization import PROTOCOL, Serialized, dumps, loads, reduce_tensor
+from dispatchcore.executor import ATOMS
+from dispatchcore.wire import INLINE_LIMIT, Serialized, dumps, loads
 
-#: Packed values smaller than this travel inside each task, larger ones by reference.
-INLINE_LIMIT = 96 * 1024
-
-#: Kinds of value a rank receives (one per distinct argument); FORWARD is a
-#: chunk of another group's result that the rank fetches itself (``_forward``).
-RAW, PACKED, FORWARD = 0, 1, 2
-
-#: Exact atom types (the core's): a rank returns these as they are (never a tuple, so never a tag).
-ATOM_TYPES = ATOMS
+from ._tags import FORWARD, PACKED, RAW, Forwarded
 
 Packed = tuple[bytes, list[Any]]  # uint8 arrays, or bytes for small payloads
 
@@ -47,28 +35,6 @@ def is_raw(value: Any) -> bool:
     if type(value) in ATOMS:
         return True
     return type(value).__name__ == "ObjectRef" and type(value).__module__.startswith("ray")
-
-
-def _reduce_tensor(t: torch.Tensor) -> Any:
-    """Plain strided CPU/GPU tensors as their own bytes; anything else as torch pickles it."""
-    if t.layout == torch.strided and not t.is_quantized and t.device.type != "meta":
-        return reduce_tensor(t)
-    return t.__reduce_ex__(PROTOCOL)
-
-
-class _CPickler(pickle.Pickler):
-    """The C pickler, tensors out of band through its dispatch table: no Python hook per object.
-
-    cloudpickle (``dumps``) calls two Python hooks for every object pickled,
-    ~50 us for one DataProto chunk, paid on the driver and again on the
-    rank for its result.  This pickler writes functions and classes by
-    reference, which is wrong only for code that has to travel by value
-    (``__main__`` and modules registered with cloudpickle); :func:`pack`
-    notices their module names in the stream and pickles again with
-    cloudpickle.
-    """
-
-    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
 
 
 def _by_value_modules() -> tuple[bytes, ...]:
@@ -81,19 +47,23 @@ def _by_value_modules() -> tuple[bytes, ...]:
 
 
 def pack(value: Any) -> Packed:
-    """``value`` as pickle bytes plus uint8 views of its out-of-band buffers (no copy)."""
-    file = io.BytesIO()
-    buffers: list[pickle.PickleBuffer] = []
+    """``value`` as pickle bytes plus uint8 views of its out-of-band buffers (no copy).
+
+    ``dumps(share_callables=True)`` takes the C pickler first (cloudpickle
+    costs ~50 us per DataProto chunk in Python hooks, paid on the driver and
+    again on the rank for its result).  Its stream crosses processes when it
+    shared nothing and names no module whose code must travel by value
+    (``__main__``, modules registered with cloudpickle); otherwise the value
+    is pickled again the portable way.
+    """
     try:
-        _CPickler(file, protocol=PROTOCOL, buffer_callback=buffers.append).dump(value)
-    except Exception:  # noqa: BLE001 - lambdas, local classes, ...: cloudpickle below
-        data = b""
-    else:
-        data = file.getvalue()
-    if not data or any(name in data for name in _by_value_modules()):
+        serialized = dumps(value, share_callables=True)
+        portable = not serialized.shared and not any(name in serialized.data for name in _by_value_modules())
+    except Exception:  # noqa: BLE001 - e.g. a tensor the fast path cannot reduce: the portable path decides
+        portable = False
+    if not portable:
         serialized = dumps(value)
-        data, buffers = serialized.data, serialized.buffers
-    return data, [np.frombuffer(b.raw(), dtype=np.uint8) for b in buffers]
+    return serialized.data, [np.frombuffer(b.raw(), dtype=np.uint8) for b in serialized.buffers]
 
 
 def packed_nbytes(packed: Packed) -> int:
@@ -107,11 +77,7 @@ def unpack(packed: Packed, copy: bool) -> Any:
     every reader, so isolation needs the copy; ``copy=False`` wraps them.
     """
     data, buffers = packed
-    if copy:
-        # numpy's allocator (hugepage-advised) copies large buffers ~3x faster
-        # than the bytearray copy ``loads(copy=True)`` would make.
-        return loads(Serialized(data, [np.frombuffer(b, dtype=np.uint8).copy() for b in buffers]), copy=False)
-    return loads(Serialized(data, list(buffers)), copy=False)
+    return loads(Serialized(data, list(buffers)), copy=copy)
 
 
 class EncodeError(Exception):
@@ -127,7 +93,7 @@ class EncodeError(Exception):
 Encoded = tuple[int, Any, Any]
 
 
-def encode_all(values: list[Any], put: Any, bundle: bool) -> list[Encoded]:
+def encode_all(values: list[Any], put: Callable[[Any], Any], bundle: bool) -> list[Encoded]:
     """Each distinct argument of a call, ready for the ranks' tasks.
 
     Small values travel inline in each task (Ray inlines small arguments,
@@ -137,13 +103,11 @@ def encode_all(values: list[Any], put: Any, bundle: bool) -> list[Encoded]:
     own chunk's buffers from it, zero-copy.  Across nodes each large value
     is its own object, so a node fetches only what its ranks need.
     """
-    from ._forward import Forwarded
-
     out: list[Encoded] = []
     large: list[int] = []
     for value in values:
         if isinstance(value, Forwarded):
-            out.append((FORWARD, None, value))
+            out.append((FORWARD, None, value))  # Ray tracks the references inside it
             continue
         try:
             if is_raw(value):
@@ -168,13 +132,6 @@ def encode_all(values: list[Any], put: Any, bundle: bool) -> list[Encoded]:
         for i in large:
             out[i] = (PACKED, (put(out[i][2]), None), None)
     return out
-
-
-def decode(kind: int, value: Any, copy: bool) -> Any:
-    """Inverse of :func:`encode` on the receiving side (references already resolved)."""
-    if kind == RAW:
-        return value
-    return unpack(value, copy)
 
 
 def encode_result(value: Any) -> tuple[int, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,13 +45,6 @@ def node_ip() -> str:
     import ray
 
     return str(ray.util.get_node_ip_address())
-
-
-def free_port() -> int:
-    """A TCP port free on this node right now (MASTER_PORT of rank 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def ip_sort_key(ip: str) -> tuple[int, int, str]:

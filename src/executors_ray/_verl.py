@@ -14,6 +14,8 @@ from typing import Any
 
 from dispatchcore import ClassWithInitArgs, WorkerGroup
 
+from ._detached import detached_world_size
+from ._executor import RayExecutor
 from ._pool import RayResourcePool
 
 
@@ -102,8 +104,6 @@ class RayWorkerGroup(WorkerGroup[Any]):
                 raise TypeError("from_detached needs name_prefix (the detached group's name)")
             name_prefix = str(worker_names[0]).rsplit("-rank", 1)[0]
         if world_size is None:
-            from ._detached import detached_world_size
-
             world_size = (
                 len(worker_names) if worker_names else detached_world_size(name_prefix, options.get("namespace"))
             )
@@ -112,14 +112,21 @@ class RayWorkerGroup(WorkerGroup[Any]):
         )
 
     # -- verl's helpers ------------------------------------------------------------
+    def _ray(self) -> RayExecutor:
+        """The :class:`RayExecutor` behind this group (and every view ``spawn`` made of it)."""
+        executor = self.executor
+        if not isinstance(executor, RayExecutor):
+            raise TypeError(f"RayWorkerGroup runs on the ray backend, not {executor.name!r}")
+        return executor
+
     @property
     def workers(self) -> list[Any]:
         """The Ray actor handles, in rank order."""
-        return self._executor.actors  # type: ignore[attr-defined, no-any-return]
+        return self._ray().actors
 
     @property
     def worker_names(self) -> list[str]:
-        return [self._executor.actor_name(r) for r in range(self.world_size)]  # type: ignore[attr-defined]
+        return [self._ray().actor_name(r) for r in range(self.world_size)]
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method_name`` on every rank and wait (verl's ALL_TO_ALL argument rule)."""
@@ -136,7 +143,8 @@ class RayWorkerGroup(WorkerGroup[Any]):
         return self._plain_refs(method_name, args, kwargs, ranks=[0])[0]
 
     def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: Any) -> list[Any]:
-        self._check_open()
+        self.ensure_usable()
+        executor, method = self._ray(), self.role_prefix + method
         n = self.world_size
         values = list(args) + list(kwargs.values())
         split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
@@ -144,5 +152,5 @@ class RayWorkerGroup(WorkerGroup[Any]):
         for rank in ranks:
             a = tuple(v[rank] for v in args) if split else args
             kw = {k: v[rank] for k, v in kwargs.items()} if split else kwargs
-            refs.append(self._executor.actor(rank).call_plain.remote(self._prefix + method, *a, **kw))  # type: ignore[attr-defined]
+            refs.append(executor.actor(rank).call_plain.remote(method, *a, **kw))
         return refs

@@ -1,0 +1,50 @@
+"""What the driver and a rank actor agree on: tags, call layouts, the forwarded-chunk placeholder.
+
+A leaf module (it imports nothing else of ``executors_ray``), so the driver
+side (``_executor``, ``_handle``) and the actor side (``_actor``,
+``_forward``) can share it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dispatchcore.executor import ChunkPlan
+
+#: What ``RankActor.call`` returns when the result is not sent as it is:
+#: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``.  Anything that
+#: is not a tuple (an atom, an ``ObjectRef``) is the result itself.
+OK_PACKED, FAILED = 1, 2
+
+#: Kinds of argument a rank receives (one per distinct value of a call):
+#: passed as it is, packed by ``_payload``, or a chunk of another call's
+#: results that the rank fetches itself (:class:`Forwarded`).
+RAW, PACKED, FORWARD = 0, 1, 2
+
+#: Concurrency group of the control methods (pings, descriptions): one thread
+#: beside the worker's, so a busy rank still answers.
+CONTROL_GROUP = "control"
+
+#: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
+DEDICATED_PREFIX = "w_"
+
+#: A call's layout: ``(arg_slots, kwarg_slots, kinds, sources, inline, timed)``.
+#: Per distinct value: its kind and where it is: ``inline[i]`` (source
+#: ``-1``), top-level task argument ``j`` (source ``j``, a reference Ray
+#: resolves) or element ``k`` of top-level argument ``j`` (``(j, k)``, one
+#: object holding several ranks' chunks).  ``timed`` is ``Call.timed``.
+Layout = tuple[tuple[int, ...], dict[str, int], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], bool]
+
+#: A call without arguments sends no task argument at all (each costs Ray ~0.1 ms).
+NO_ARGS: Layout = ((), {}, (), (), (), False)
+#: The same, traced.
+TIMED_NO_ARGS: Layout = ((), {}, (), (), (), True)
+
+
+@dataclass
+class Forwarded:
+    """One consuming rank's chunk of another call's results: the core's plan plus the references it reads."""
+
+    refs: dict[int, Any]
+    plan: ChunkPlan
