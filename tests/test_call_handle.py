@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -74,10 +73,10 @@ def test_a_death_ends_the_call_at_once_while_others_still_run() -> None:
     handle = RankCallHandle(call(), death_timeout=5, on_broken=broken)
     handle.deliver(0, True, 0)
     later(0.1, handle.rank_died, 1, "process exited with code -9")
-    started = time.monotonic()
+    # Rank 2 never answers: a WorkerDiedError (not the wait's DispatchTimeoutError)
+    # shows the death ended the call before the 20 s wait did.
     with pytest.raises(WorkerDiedError) as info:
-        handle.result(20)  # rank 2 never answers
-    assert time.monotonic() - started < 10
+        handle.result(20)
     assert info.value.rank == 1 and "-9" in str(info.value) and broken.reasons == ["rank 1 died"]
 
 
