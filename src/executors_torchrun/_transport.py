@@ -50,6 +50,10 @@ class TagCounter:
         return (number % _TAG_SPACE) * 2 + self._parity
 
 
+#: Queued after the last send: the reaper thread exits when it reaches it.
+_STOP: Any = object()
+
+
 class SendReaper:
     """Waits on posted sends in the background and then lets their buffers go.
 
@@ -59,10 +63,11 @@ class SendReaper:
     """
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[list[Any], Any]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._outstanding = 0
         self._cond = threading.Condition()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def add(self, works: list[Any], keep: Any) -> None:
         """Hold ``keep`` (the tensors being sent) until every work in ``works`` is done."""
@@ -77,9 +82,18 @@ class SendReaper:
         with self._cond:
             return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
 
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the reaper thread once the sends queued so far are done (idempotent)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
     def _run(self) -> None:
         while True:
-            works, keep = self._queue.get()
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            works, keep = item
             for work in works:
                 try:
                     work.wait()
@@ -192,6 +206,7 @@ class Transport:
         followed by interpreter exit was seen to abort ("terminate called
         without an active exception"), so the groups are released, not shut.
         """
+        self.reaper.close()
         self._nccl = None
         self.gloo = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]
