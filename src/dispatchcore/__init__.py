@@ -22,8 +22,10 @@ from ._errors import (
     WorkerError,
 )
 from ._executor import CallHandle, Executor, GroupSpec
+from ._fused import create_colocated_worker_raw_cls
 from ._futures import CallFuture, DataProtoFuture
 from ._hookspecs import hookimpl, hookspec
+from ._membership import MembershipChange
 from ._meta_info import union_numpy_dict, union_two_dict
 from ._method_proxy import MethodProxy
 from ._modes import (
@@ -68,6 +70,7 @@ __all__ = [
     "Execute",
     "Executor",
     "GroupSpec",
+    "MembershipChange",
     "MethodProxy",
     "Registration",
     "RegistrationError",
@@ -87,6 +90,7 @@ __all__ = [
     "colocate",
     "concat_outputs",
     "create_colocated_worker_cls",
+    "create_colocated_worker_raw_cls",
     "current_call",
     "direct_call",
     "fold_batch_dim",

@@ -13,6 +13,7 @@ from ._forward_plan import plan_forward
 from ._futures import DataProtoFuture
 from ._modes import Dispatch, DispatchSpec, set_builtin
 from ._padding import PADDING_ROWS_KEY, chunk_with_padding
+from ._tensordict_dispatch import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
 
 PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
 
@@ -68,8 +69,16 @@ def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
             return parts
         value = value.get()
     if isinstance(value, DataProto):
+        try:
+            value.check_consistency()  # a column mutated to another length would split out of step
+        except (BatchSizeError, TypeError) as exc:
+            raise BatchSizeError(f"call {ctx.method!r}: a DataProto argument is inconsistent: {exc}") from exc
         chunks, pad_size = chunk_with_padding(value, n, allow_padding=value.is_padding_enabled())
         _note_padding(ctx, pad_size, len(value) + pad_size)
+        return chunks
+    if is_tensordict(value):
+        chunks = chunk_tensordict(value, n)
+        _note_padding(ctx, 0, len(value))
         return chunks
     return None
 
@@ -99,7 +108,7 @@ def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[A
 
 
 def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
-    if ctx.padded_len and ctx.padded_len != padded_len:
+    if ctx.padded_len and (ctx.padded_len, ctx.pad_size) != (padded_len, pad_size):
         raise BatchSizeError(
             f"call {ctx.method!r}: DataProto arguments have different lengths "
             f"({ctx.padded_len - ctx.pad_size} and {padded_len - pad_size} rows after the same split)"
@@ -110,14 +119,34 @@ def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
 def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PerRank:
     """Chunk DataProto/future arguments ``n`` ways; broadcast everything else."""
     out_args = []
+    split = False
     for a in args:
         chunks = _chunk_value(wg, a, n)
+        split = split or chunks is not None
         out_args.append(chunks if chunks is not None else [a] * n)
     out_kwargs = {}
     for k, v in kwargs.items():
         chunks = _chunk_value(wg, v, n)
+        split = split or chunks is not None
         out_kwargs[k] = chunks if chunks is not None else [v] * n
+    if not split and (args or kwargs):
+        _refuse_nothing_to_split(args, kwargs)
     return tuple(out_args), out_kwargs
+
+
+def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A DataProto mode given arguments but no DataProto would send every rank the
+    whole of each and concatenate n copies of the answer: refuse it instead."""
+    got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+    hint = ""
+    if any(type(v).__name__ == "TensorDict" for v in (*args, *kwargs.values())):
+        hint = " (wrap a TensorDict with DataProto.from_tensordict(td))"
+    raise BatchSizeError(
+        f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
+        f"is a DataProto or DataProtoFuture (got {', '.join(got)}). Pass the batch as a DataProto, e.g. "
+        f"DataProto.from_dict({{...}}){hint}, or register the method with Dispatch.ONE_TO_ALL to send "
+        "every argument whole"
+    )
 
 
 def dispatch_dp_compute_proto(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
@@ -137,34 +166,51 @@ def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> P
 
 def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
     """Drop the rows that padding produced, never whole worker results."""
-    if pad_size <= 0 or not isinstance(result, (DataProto, torch.Tensor)):
+    if pad_size <= 0 or not (isinstance(result, (DataProto, torch.Tensor)) or is_tensordict(result)):
         return result
     total = len(result)
     if padded_len and total % padded_len == 0:
         keep = total // padded_len * (padded_len - pad_size)
     else:
         keep = total - pad_size
-    return result[:keep] if keep >= 0 else result
+    if keep < 0:
+        return result
+    return slice_rows(result, 0, keep) if is_tensordict(result) else result[:keep]
 
 
-def concat_outputs(outputs: list[Any]) -> Any:
-    """One DataProto (or tensor) from per-rank outputs, in the given order."""
-    if outputs and all(isinstance(o, DataProto) for o in outputs):
-        return DataProto.concat(outputs)
-    if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
-        return torch.cat(outputs)
+def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
+    """One DataProto (or tensor) from per-rank outputs, in the given order.
+
+    ``ranks`` names the rank of each output in error messages (default: its position).
+    """
+    ranks = list(range(len(outputs))) if ranks is None else ranks
+    try:
+        if outputs and all(isinstance(o, DataProto) for o in outputs):
+            return DataProto.concat(outputs)
+        if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
+            return torch.cat(outputs)
+        if outputs and all(is_tensordict(o) for o in outputs):
+            return concat_tensordicts(outputs)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise DispatchError(
+            f"call {current_call().method!r}: the DataProto results of ranks {ranks} cannot be concatenated "
+            f"({exc}); every rank must return the same keys, dtypes and meta_info"
+        ) from exc
     if all(o is None for o in outputs):
         return None
-    kinds = sorted({type(o).__name__ for o in outputs})
+    wrong = {r: type(o).__name__ for r, o in zip(ranks, outputs, strict=True) if not isinstance(o, DataProto)}
     raise DispatchError(
-        f"a DataProto-collecting mode needs every rank to return a DataProto (or a tensor); got {kinds}"
+        f"call {current_call().method!r} collects one DataProto from its ranks, so every rank must return a "
+        f"DataProto (or a tensor, or all None); got {', '.join(f'rank {r}: {k}' for r, k in wrong.items())}. "
+        "Return a DataProto from the worker method, or register it with Dispatch.ONE_TO_ALL or "
+        "Dispatch.DP_COMPUTE_METRIC to get the per-rank list"
     )
 
 
 def collect_dp_compute_proto(wg: Any, outputs: list[Any]) -> Any:
     ctx = current_call()
-    picked = outputs if ctx.collect_positions is None else [outputs[i] for i in ctx.collect_positions]
-    result = concat_outputs(picked)
+    positions = list(range(len(outputs))) if ctx.collect_positions is None else ctx.collect_positions
+    result = concat_outputs([outputs[i] for i in positions], positions)
     if isinstance(result, DataProto):
         result.meta_info.pop(PADDING_ROWS_KEY, None)
     return trim_padding(result, ctx.pad_size, ctx.padded_len)

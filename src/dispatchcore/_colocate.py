@@ -83,8 +83,16 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
             extra = role_kwargs.get(role) or {}
             self._dispatchcore_role_objects[role] = spec.cls(*spec.args, **{**spec.kwargs, **extra})
 
+    def on_membership_change(self: Any, change: Any) -> None:
+        # Every role's hook, in the order the roles were given.
+        for role in specs:
+            hook = getattr(self._dispatchcore_role_objects[role], "on_membership_change", None)
+            if hook is not None:
+                hook(change)
+
     namespace: dict[str, Any] = {
         "__init__": __init__,
+        "on_membership_change": on_membership_change,
         "_dispatchcore_roles": {role: spec.cls for role, spec in specs.items()},
         "__module__": __name__,
     }
@@ -106,10 +114,10 @@ def method_names(worker_cls: type) -> tuple[str, ...]:
 
     The ``@register`` methods (a colocated class's role-prefixed ones among
     them, and those of each role class under its prefix), plus the core's
-    mesh query.  Executors that bind entry points per method read it from
+    mesh query and rejoin call.  Executors that bind entry points per method read it from
     :attr:`GroupSpec.methods`.
     """
-    names = set(registered_methods(worker_cls)) | {"_dispatchcore_mesh_info"}
+    names = set(registered_methods(worker_cls)) | {"_dispatchcore_mesh_info", "_dispatchcore_rejoin"}
     roles: dict[str, type] = getattr(worker_cls, "_dispatchcore_roles", None) or {}
     for role, cls in roles.items():
         names.update(f"{role}_{name}" for name in registered_methods(cls))

@@ -24,9 +24,11 @@ from __future__ import annotations
 import importlib.util
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from ._errors import DispatchError
 
 if TYPE_CHECKING:
     from ._call import Call
@@ -129,6 +131,25 @@ class Executor(ABC):
         (e.g. with :func:`~dispatchcore.executor.assemble_chunk`).
         """
         raise NotImplementedError(f"{type(self).__name__} describes results but cannot forward chunks")
+
+    # -- optional: replacing dead ranks (WorkerGroup.replace_rank) ----------------
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Start new ranks ``ranks`` in place of dead (or hung: kill them first) ones.
+
+        Run the worker's ``__init__`` on each new rank (with the rank
+        variables of :func:`rank_environment` and a fresh rendezvous), point
+        later calls at it, and return the rendezvous variables
+        (``MASTER_ADDR``, ``MASTER_PORT``) every rank adopts to rebuild a
+        ``torch.distributed`` world.  The core then replays setup calls and
+        runs the membership hook, and clears the broken state.  Raise
+        :class:`~dispatchcore.DispatchError` saying why when the backend
+        cannot (the default).
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
+
+    def mark_usable(self) -> None:
+        """Take calls again after :meth:`replace_ranks` restored every rank."""
+        self._broken = None
 
     def mark_broken(self, reason: str) -> None:
         """Refuse every later call (the first reason given is kept and reported)."""

@@ -9,8 +9,9 @@ pulls the batch; otherwise the core resolves it on the driver.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -50,6 +51,43 @@ class CallFuture(Generic[T]):
     def done(self) -> bool:
         """Whether :meth:`get` would return without waiting."""
         return self._value is not _UNRESOLVED or self._is_done()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        """``await future`` in an asyncio driver: waits without blocking the event loop.
+
+        A resolved future answers at once; otherwise :meth:`get` runs on a
+        daemon thread (the call's own bounds apply; a hung rank never keeps
+        the interpreter from exiting) and hands its value or exception to
+        the loop.  Independent futures resolve concurrently under
+        ``asyncio.gather``.
+        """
+        if self._value is not _UNRESOLVED:
+            return self._value  # type: ignore[no-any-return]
+        return (yield from self._resolve_in_thread().__await__())
+
+    def _resolve_in_thread(self) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
+
+        def settle(outcome: Callable[[], None]) -> None:
+            if not waiter.done():  # cancelled meanwhile: nobody wants the value
+                outcome()
+
+        def wait() -> None:
+            try:
+                value = self.get()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                error = exc
+                post = lambda: settle(lambda: waiter.set_exception(error))  # noqa: E731
+            else:
+                post = lambda: settle(lambda: waiter.set_result(value))  # noqa: E731
+            try:
+                loop.call_soon_threadsafe(post)
+            except RuntimeError:  # the loop closed while the call ran
+                pass
+
+        threading.Thread(target=wait, name="dispatchcore-await", daemon=True).start()
+        return waiter
 
 
 class DataProtoFuture(CallFuture["DataProto"]):

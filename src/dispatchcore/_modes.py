@@ -11,9 +11,27 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from ._errors import RegistrationError
+
+if TYPE_CHECKING:
+    from ._dataproto import DataProto
+    from ._futures import CallFuture, DataProtoFuture
+    from ._typed_method import (
+        CollectsAs,
+        CollectsList,
+        CollectsListLater,
+        CollectsRankZero,
+        CollectsRankZeroLater,
+        ExecuteAll,
+        ExecuteRankZero,
+        ScattersList,
+        ScattersListLater,
+        TypedDispatch,
+    )
+
+T = TypeVar("T")
 
 DispatchFn = Callable[..., tuple[tuple[list[Any], ...], dict[str, list[Any]]]]
 CollectFn = Callable[[Any, list[Any]], Any]
@@ -92,9 +110,23 @@ def _member_or_placeholder(cls: Any, name: str, value: int) -> Any:
 class Dispatch(_DynamicEnum):
     """How a call's arguments are split over ranks and results gathered."""
 
+    if TYPE_CHECKING:  # what each mode's driver call returns (see ``_typed_method``)
+        RANK_ZERO: ClassVar[TypedDispatch[CollectsRankZero, CollectsRankZeroLater]]
+        ONE_TO_ALL: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        ALL_TO_ALL: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        DP_COMPUTE: ClassVar[TypedDispatch[ScattersList, ScattersListLater]]
+        DP_COMPUTE_PROTO: ClassVar[TypedDispatch[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]]
+        DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[TypedDispatch[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]]
+        DP_COMPUTE_METRIC: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        DIRECT_ROLLOUT_METHOD: ClassVar[TypedDispatch[CollectsAs[NoReturn], CollectsAs[NoReturn]]]
+
 
 class Execute(_DynamicEnum):
     """Which ranks run a call: ``ALL`` or ``RANK_ZERO`` (result unwrapped)."""
+
+    if TYPE_CHECKING:
+        ALL: ClassVar[ExecuteAll]
+        RANK_ZERO: ClassVar[ExecuteRankZero]
 
 
 BUILTIN_DISPATCH = (
@@ -151,12 +183,16 @@ def set_builtin(mode: Dispatch, spec: DispatchSpec) -> None:
     _table[mode.name] = spec
 
 
-def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> Dispatch:
+def register_dispatch_mode(
+    name: str, dispatch_fn: DispatchFn, collect_fn: Callable[[Any, list[Any]], T]
+) -> TypedDispatch[CollectsAs[T], CollectsAs[CallFuture[T]]]:
     """Add ``Dispatch.<name>`` with its functions; a duplicate name is refused.
 
     ``dispatch_fn(wg, *args, **kwargs)`` returns ``(args, kwargs)`` whose every
     value is a list with one entry per rank; ``collect_fn(wg, outputs)`` turns
-    the per-rank outputs into the caller's result.
+    the per-rank outputs into the caller's result.  Keep the returned member
+    (``MY_MODE = register_dispatch_mode(...)``): type checkers read the call's
+    result type off it, from ``collect_fn``'s annotated return type.
     """
     _check_fns(f"register_dispatch_mode({name!r})", dispatch_fn, collect_fn)
     with _lock:
@@ -165,7 +201,7 @@ def register_dispatch_mode(name: str, dispatch_fn: DispatchFn, collect_fn: Colle
                 f"dispatch mode {name!r} already exists; use update_dispatch_mode to replace "
                 "its functions or unregister_dispatch_mode to remove it"
             )
-        mode = Dispatch._add(name)
+        mode: TypedDispatch[CollectsAs[T], CollectsAs[CallFuture[T]]] = Dispatch._add(name)
         _table[name] = DispatchSpec(dispatch_fn, collect_fn, name=name)
     return mode
 

@@ -9,12 +9,17 @@ driver asks once and caches the answer on the group.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._builtin_modes import PerRank, collect_dp_compute_proto, split_dataprotos
 from ._call_context import current_call
 from ._errors import DispatchError
 from ._modes import DispatchSpec
+
+if TYPE_CHECKING:
+    from ._dataproto import DataProto
+    from ._futures import DataProtoFuture
+    from ._typed_method import CollectsAs, TypedSpec
 
 
 def mesh_layout(mesh_name: str, info: list[tuple[int, bool]]) -> tuple[int, list[int]]:
@@ -41,7 +46,9 @@ def mesh_layout(mesh_name: str, info: list[tuple[int, bool]]) -> tuple[int, list
 
 
 @functools.cache
-def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchSpec:
+def make_nd_compute_dataproto_dispatch_fn(
+    mesh_name: str,
+) -> TypedSpec[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]:
     """A ``dispatch_mode`` splitting DataProto arguments by dp rank on ``mesh_name``."""
     if not isinstance(mesh_name, str) or not mesh_name:
         raise ValueError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
@@ -56,4 +63,6 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchSpec:
         return tuple(spread(a) for a in per_dp_args), {k: spread(v) for k, v in per_dp_kwargs.items()}
 
     dispatch.__name__ = dispatch.__qualname__ = f"dispatch_nd_{mesh_name}"
-    return DispatchSpec(dispatch, collect_dp_compute_proto, returns_dataproto=True, name=f"nd_compute[{mesh_name}]")
+    spec = DispatchSpec(dispatch, collect_dp_compute_proto, returns_dataproto=True, name=f"nd_compute[{mesh_name}]")
+    # A plain DispatchSpec: its type arguments exist for checkers only.
+    return cast("TypedSpec[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]", spec)

@@ -104,7 +104,10 @@ def _existing_padding(data: DataProto) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int | np.integer) or not 0 <= value <= len(data):
-        raise ValueError(f"meta_info[{PADDING_ROWS_KEY!r}]={value!r} is not a row count within 0..{len(data)}")
+        raise BatchSizeError(
+            f"meta_info[{PADDING_ROWS_KEY!r}]={value!r} is not a row count within 0..{len(data)}; "
+            f"it says how many trailing rows are padding: set it to such a count or delete the key"
+        )
     return int(value)
 
 

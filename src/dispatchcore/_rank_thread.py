@@ -39,7 +39,12 @@ def run_isolated(
             args = tuple(isolated_copy(a) for a in args)
             kwargs = {k: isolated_copy(v) for k, v in kwargs.items()}
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            return False, RemoteFailure.capture(host.rank, method, exc)
+            failure = RemoteFailure.capture(host.rank, method, exc)
+            failure.message = (
+                f"its arguments cannot be pickled for isolation ({exc}); pass picklable values, or "
+                "WorkerGroup(..., isolate=False) to share them uncopied"
+            )
+            return False, failure
     ok, value = host.run(method, args, kwargs, timed=timed)
     if ok and isolate_result and type(value) not in ATOMS:
         try:

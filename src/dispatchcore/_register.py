@@ -8,14 +8,34 @@ worker module is imported, not at the first call.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from ._errors import RegistrationError
 from ._modes import Dispatch, Execute, validate_mode
 
+if TYPE_CHECKING:
+    from ._method_proxy import MethodProxy
+    from ._typed_method import (
+        CollectsAs,
+        CollectsList,
+        CollectsListLater,
+        CollectsRankZero,
+        CollectsRankZeroLater,
+        ExecuteAll,
+        ExecuteRankZero,
+        ModeTypes,
+        RegisteredMethod,
+    )
+
 F = TypeVar("F", bound=Callable[..., Any])
+# For the typed overloads of ``register`` (see ``_typed_method``).
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
+B = TypeVar("B")
+L = TypeVar("L")
 
 #: Attribute under which ``@register`` stores a method's :class:`Registration`.
 REGISTRATION_ATTR = "__dispatchcore_registration__"
@@ -30,19 +50,123 @@ class Registration:
     blocking: bool
     materialize_futures: bool
     is_async: bool = False
+    #: A setup call: recorded when it succeeds and replayed, in order, on a
+    #: rank that replaces a dead one (see ``WorkerGroup.replace_rank``).
+    setup: bool = False
+    #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
+    #: by a rank's death is retried once on the rebuilt group.
+    retry: bool = False
 
 
+# The overloads only tell type checkers what a driver call returns per mode
+# (``_typed_method``); at run time ``register`` returns the function itself.
+# Bare ``@register``: ALL_TO_ALL, one result per rank.
 @overload
-def register(dispatch_mode: F) -> F: ...
+def register(
+    dispatch_mode: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
+) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, list[R]]]: ...
+@overload
+def register(
+    dispatch_mode: Callable[Concatenate[S, P], R], /
+) -> RegisteredMethod[S, P, R, MethodProxy[P, list[R]]]: ...
 
 
+# A mode that carries its result types (built-in members, nd meshes, register_dispatch_mode's).
+@overload
+def register(
+    dispatch_mode: ModeTypes[B, L],
+    execute_mode: ExecuteAll | None = ...,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> B: ...
+@overload
+def register(
+    dispatch_mode: ModeTypes[B, L],
+    execute_mode: ExecuteAll | None = ...,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> L: ...
+
+
+# The default mode, ALL_TO_ALL.
+@overload
+def register(
+    dispatch_mode: None = ...,
+    execute_mode: ExecuteAll | None = ...,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsList: ...
+@overload
+def register(
+    dispatch_mode: None = ...,
+    execute_mode: ExecuteAll | None = ...,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsListLater: ...
+
+
+# Execute.RANK_ZERO, whatever the mode: rank 0's value.
+@overload
+def register(
+    dispatch_mode: Any,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsRankZero: ...
+@overload
+def register(
+    dispatch_mode: Any = ...,
+    *,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsRankZero: ...
+@overload
+def register(
+    dispatch_mode: Any,
+    execute_mode: ExecuteRankZero,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsRankZeroLater: ...
+@overload
+def register(
+    dispatch_mode: Any = ...,
+    *,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsRankZeroLater: ...
+
+
+# Anything else (a dict mode, a member looked up at run time, a non-literal flag): Any.
 @overload
 def register(
     dispatch_mode: Any = ...,
     execute_mode: Any = ...,
     blocking: bool = ...,
     materialize_futures: bool = ...,
-) -> Callable[[F], F]: ...
+    setup: bool = ...,
+    retry: bool = ...,
+) -> CollectsAs[Any]: ...
 
 
 def register(
@@ -50,13 +174,18 @@ def register(
     execute_mode: Any = None,
     blocking: bool = True,
     materialize_futures: bool = True,
+    setup: bool = False,
+    retry: bool = False,
 ) -> Any:
     """Mark a worker method as callable through a ``WorkerGroup``.
 
     ``dispatch_mode`` (default ``Dispatch.ALL_TO_ALL``) says how arguments are
     split over ranks and results gathered; ``execute_mode`` (default
     ``Execute.ALL``) which ranks run it; ``blocking=False`` makes the call
-    return a future at once.  Usable bare (``@register``) or with options.
+    return a future at once.  ``setup=True`` marks a call that builds a
+    rank's state (replayed on a replacement rank); ``retry=True`` one that is
+    safe to run twice (retried once after a rank is replaced).  Usable bare
+    (``@register``) or with options.
     """
     if inspect.isfunction(dispatch_mode) and execute_mode is None:
         return register()(dispatch_mode)
@@ -65,7 +194,8 @@ def register(
     validate_mode(mode)
     if not isinstance(execute, Execute):
         raise RegistrationError(f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute!r}")
-    for label, flag in (("blocking", blocking), ("materialize_futures", materialize_futures)):
+    flags = (("blocking", blocking), ("materialize_futures", materialize_futures), ("setup", setup), ("retry", retry))
+    for label, flag in flags:
         if not isinstance(flag, bool):
             raise RegistrationError(f"{label} must be True or False, got {flag!r}")
 
@@ -76,7 +206,13 @@ def register(
         if hasattr(target, REGISTRATION_ATTR):
             raise RegistrationError(f"{target.__qualname__} is already decorated with @register")
         registration = Registration(
-            mode, execute, blocking, materialize_futures, is_async=inspect.iscoroutinefunction(target)
+            mode,
+            execute,
+            blocking,
+            materialize_futures,
+            is_async=inspect.iscoroutinefunction(target),
+            setup=setup,
+            retry=retry,
         )
         setattr(target, REGISTRATION_ATTR, registration)
         return func

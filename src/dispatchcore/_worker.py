@@ -13,7 +13,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ._dispatch_collect import DispatchCollectInfo
+
+if TYPE_CHECKING:
+    from ._membership import MembershipChange
 
 _context = threading.local()
 
@@ -37,8 +42,13 @@ def current_rank_context() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-class Worker:
-    """Base class of every worker; subclass it and decorate methods with ``@register``."""
+class Worker(DispatchCollectInfo):
+    """Base class of every worker; subclass it and decorate methods with ``@register``.
+
+    Mesh declarations for nd dispatch (``_register_dispatch_collect_info``,
+    ``get_dispatch_collect`` / ``set_dispatch_collect``) come from
+    :class:`~dispatchcore._dispatch_collect.DispatchCollectInfo`.
+    """
 
     _rank: int
     _world_size: int
@@ -60,26 +70,34 @@ class Worker:
         """Number of ranks in this worker's group."""
         return self._world_size
 
-    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
-        """Declare this rank's data-parallel rank on ``mesh_name`` (verl's name).
+    def on_membership_change(self, change: MembershipChange) -> None:
+        """Runs on every rank after ranks were replaced (``WorkerGroup.replace_rank``).
 
-        The nd dispatch mode of that mesh gives every rank with the same
-        ``dp_rank`` the same chunk and collects only from ``is_collect`` ranks.
+        Override it to rebuild what spans ranks: tear down and re-create a
+        ``torch.distributed`` world (``os.environ`` already holds the new
+        ``MASTER_ADDR``/``MASTER_PORT``), and bring the new ranks' state in
+        line with the survivors' (copy it from ``change.source_rank``, or
+        reload a checkpoint).  On a new rank it runs after the setup calls
+        were replayed.  The default does nothing.
         """
-        if not isinstance(dp_rank, int) or dp_rank < 0:
-            raise ValueError(f"dp_rank must be an int >= 0, got {dp_rank!r}")
-        self._dispatch_collect_info[mesh_name] = (dp_rank, bool(is_collect))
 
-    register_mesh = _register_dispatch_collect_info
+    def _dispatchcore_rejoin(
+        self, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]
+    ) -> None:
+        """The core's rejoin call (see :mod:`dispatchcore._membership`)."""
+        from ._membership import rejoin
 
-    def _dispatchcore_mesh_info(self, mesh_name: str) -> tuple[int, bool]:
-        """What the driver asks once per mesh: (dp_rank, is_collect)."""
-        try:
-            return self._dispatch_collect_info[mesh_name]
-        except KeyError:
-            known = sorted(self._dispatch_collect_info)
-            raise LookupError(
-                f"rank {self.rank} registered no mesh {mesh_name!r} (known: {known}); call "
-                f"self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect) "
-                "in the worker before using its nd dispatch mode"
-            ) from None
+        rejoin(self, change, replay)
+
+    @property
+    def fused_worker_dict(self) -> dict[str, Any]:
+        """The role objects of the fused worker hosting this one, by role (verl's name; ``{}`` if none)."""
+        return self.__dict__.setdefault("_dispatchcore_fused", {})
+
+    @fused_worker_dict.setter
+    def fused_worker_dict(self, roles: dict[str, Any]) -> None:
+        self.__dict__["_dispatchcore_fused"] = roles
+
+    def get_fused_worker_by_name(self, worker_name: str) -> Any:
+        """The role object ``worker_name`` of the fused worker hosting this one, or ``None`` (verl's name)."""
+        return self.fused_worker_dict.get(worker_name)

@@ -13,19 +13,22 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, Generic, TypeVar, cast
 
 from ._builtin_modes import collect_list, dispatch_all_to_all
 from ._call import Call
+from ._call_checks import per_rank_values, submit_call
 from ._call_context import CallContext, call_context
 from ._call_context import enter_call as _enter_call
 from ._call_context import leave_call as _leave_call
 from ._colocate import method_names
-from ._errors import DispatchError, RegistrationError
+from ._errors import DispatchError, RegistrationError, WorkerDiedError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
-from ._method_proxy import DEFAULT, proxy_class
+from ._group_view import select_by_index, select_ranks
+from ._membership import ON_RANK_DEATH, MembershipChange, SetupLog, run_replacement
+from ._method_proxy import DEFAULT, MethodNamespace, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
@@ -79,6 +82,7 @@ class WorkerGroup(Generic[W]):
         call_timeout: float | None = None,
         death_timeout: float = 60.0,
         isolate: bool = True,
+        on_rank_death: str = "raise",
         **backend_options: Any,
     ) -> None:
         if not isinstance(worker_cls, type):
@@ -98,6 +102,15 @@ class WorkerGroup(Generic[W]):
             raise TypeError(f"isolate must be True or False, got {isolate!r}")
         if not isinstance(init_args, (tuple, list)):
             raise TypeError(f"init_args must be a tuple, got {type(init_args).__name__}")
+        if on_rank_death not in ON_RANK_DEATH:
+            raise ValueError(
+                f"on_rank_death must be one of {list(ON_RANK_DEATH)}, got {on_rank_death!r}; 'replace' "
+                "starts a new rank in place of a dead one (backends that can: ray) and retries retry=True calls"
+            )
+        self._on_rank_death = on_rank_death
+        self._setup_log = SetupLog()
+        self._generation = 0
+        self._recover_lock = threading.Lock()
         self._call_timeout = _check_timeout("call_timeout", call_timeout)
         death = _check_timeout("death_timeout", death_timeout, allow_none=False)
         methods = registered_methods(worker_cls)
@@ -154,19 +167,20 @@ class WorkerGroup(Generic[W]):
         for name, registration in self._methods.items():
             setattr(self, name, proxy_class(name)(self, name, registration))
 
-    def _view(self, worker_cls: type, prefix: str) -> WorkerGroup[Any]:
-        """A group sharing this one's ranks, calling methods named ``prefix + name``."""
+    def _view(self, worker_cls: type, prefix: str, ranks: tuple[int, ...] | None = None) -> WorkerGroup[Any]:
+        """A group sharing this one's ranks (or ``ranks`` of them), calling methods named ``prefix + name``."""
+        ranks = self._all_ranks if ranks is None else ranks
         view: WorkerGroup[Any] = object.__new__(type(self))
         view.__dict__.update(
             _backend=self._backend,
             _executor=self._executor,
             _call_timeout=self._call_timeout,
             _worker_cls=worker_cls,
-            _world_size=self._world_size,
-            _all_ranks=self._all_ranks,
-            _methods=registered_methods(worker_cls),
+            _world_size=len(ranks),
+            _all_ranks=ranks,
+            _methods=self._methods if worker_cls is self._worker_cls else registered_methods(worker_cls),
             _prefix=prefix,
-            _parent=self,
+            _parent=self._parent or self,
             _mesh_cache={},
             _closed=False,
             _lock=threading.Lock(),
@@ -188,6 +202,38 @@ class WorkerGroup(Generic[W]):
             raise KeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
         return {role: self._view(roles[role], f"{self._prefix}{role}_") for role in wanted}
 
+    # -- sub-group views -----------------------------------------------------------
+    def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
+        """A view calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[::2]``, ``wg[3]``.
+
+        Dispatch is computed for the view's size (a DP split over ``wg[0:2]``
+        makes two chunks); the view shares these ranks (their state, their
+        processes), and its rank numbers are positions in this group.
+        """
+        return self._view(self._worker_cls, self._prefix, select_by_index(self._all_ranks, index))
+
+    def ranks(self, ranks: Iterable[int]) -> WorkerGroup[W]:
+        """A view calling only ``ranks`` (distinct numbers of this group), in the order given."""
+        return self._view(self._worker_cls, self._prefix, select_ranks(self._all_ranks, ranks))
+
+    @property
+    def rank_ids(self) -> tuple[int, ...]:
+        """The ranks of the whole group this group calls, in order (``0..world_size-1`` unless a view)."""
+        return self._all_ranks
+
+    # -- typed calls ---------------------------------------------------------------
+    @property
+    def call(self) -> type[W]:
+        """The registered methods, typed for checkers: ``wg.call.update_actor(batch)``.
+
+        At run time this is a namespace of the same proxies as
+        ``wg.update_actor``.  It is *typed* as the worker class so that a type
+        checker reads each method's driver signature off its ``@register``
+        declaration (parameters kept, result per the mode, see
+        ``dispatchcore._typed_method``) and reports misspelled names.
+        """
+        return cast("type[W]", MethodNamespace(self))
+
     # -- for executors' adapters (public, so they need nothing private) -------------
     @property
     def executor(self) -> Executor:
@@ -198,6 +244,56 @@ class WorkerGroup(Generic[W]):
     def role_prefix(self) -> str:
         """``"<role>_"`` for a view from :meth:`spawn` (its methods' names on the ranks), else ``""``."""
         return self._prefix
+
+    @property
+    def setup_log(self) -> SetupLog:
+        """The setup calls (``@register(..., setup=True)``) a replacement rank replays, in order."""
+        return (self._parent or self)._setup_log
+
+    @property
+    def call_timeout(self) -> float | None:
+        """The group's default call bound (``None``: calls may run as long as they need)."""
+        return self._call_timeout
+
+    def replace_rank(self, *ranks: int) -> MembershipChange:
+        """Start new processes for ``ranks`` (dead ones, or hung ones: killed first) and rebuild the group.
+
+        Each new rank runs the worker's ``__init__``, replays the setup calls
+        it took part in, in order; then every rank runs
+        ``Worker.on_membership_change`` (see ``dispatchcore._membership``).
+        Returns what changed.  Backends that cannot start ranks (local
+        threads, ranks started by the torchrun launcher) raise
+        :class:`DispatchError`.
+        """
+        root = self._parent or self
+        if root._closed:
+            raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
+        wanted = tuple(sorted(set(ranks)))
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self._world_size]
+        if not wanted or bad:
+            raise ValueError(f"replace_rank needs rank numbers in 0..{self._world_size - 1}, got {list(ranks)}")
+        with root._recover_lock:
+            root._generation += 1
+            return run_replacement(root, wanted, root._generation)
+
+    def _recover(self, dead: int, generation: int) -> None:
+        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
+
+        ``generation`` is the group's when the failed call began: if another
+        caller replaced ranks since, there is nothing left to do.
+        """
+        with self._recover_lock:
+            if self._generation != generation:
+                return
+            pending = (dead,)
+            for _ in range(self._world_size):
+                self._generation += 1
+                try:
+                    run_replacement(self, pending, self._generation)
+                    return
+                except WorkerDiedError as again:
+                    pending = (again.rank,)
+            raise DispatchError(f"{self!r}: ranks kept dying while being replaced; giving up")
 
     def ensure_usable(self) -> None:
         """Raise :class:`DispatchError` if the group is shut down or broken."""
@@ -213,7 +309,13 @@ class WorkerGroup(Generic[W]):
             raise DispatchError(f"{self!r} can take no more calls: {reason}. Shut it down and create a new one")
 
     def _call_method(
-        self, name: str, registration: Registration, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: Any
+        self,
+        name: str,
+        registration: Registration,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: Any,
+        retried: bool = False,
     ) -> Any:
         spec = resolve_mode(registration.dispatch_mode)
         if spec.direct:
@@ -222,6 +324,10 @@ class WorkerGroup(Generic[W]):
                 "directly, not through the WorkerGroup"
             )
         self._check_open()
+        requested_timeout = timeout
+        call_args, call_kwargs = args, kwargs
+        root = self._parent or self
+        generation = root._generation
         if timeout is DEFAULT:
             timeout = self._call_timeout
         unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
@@ -232,7 +338,7 @@ class WorkerGroup(Generic[W]):
         try:
             if registration.materialize_futures and not spec.returns_dataproto and (args or kwargs):
                 args, kwargs = _materialize(args, kwargs)
-            per_rank_args, per_rank_kwargs = spec.dispatch_fn(self, *args, **kwargs)
+            per_rank_args, per_rank_kwargs = per_rank_values(spec.dispatch_fn(self, *args, **kwargs), spec.name, name)
         finally:
             _leave_call(token)
         call = self._make_call(
@@ -250,11 +356,29 @@ class WorkerGroup(Generic[W]):
             name = f"{self._prefix[:-1]}.{name}" if self._prefix else name  # role-qualified in the trace
             tracer.slice("driver", f"{name} dispatch", started, submitted, phase="dispatch", method=name, call=call_id)
             call.timed = True
-        handle = self._executor.submit(call)
+        handle = submit_call(self._executor, call, self._backend)
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def resolve(wait: float | None) -> Any:
-            results = handle.result(remaining(deadline) if wait is None else wait)
+            try:
+                results = handle.result(remaining(deadline) if wait is None else wait)
+            except WorkerDiedError as exc:
+                if root._on_rank_death != "replace" or retried:
+                    raise
+                root._recover(exc.rank, generation)
+                if not registration.retry:
+                    exc.add_note(
+                        f"rank {exc.rank} was replaced (on_rank_death='replace') and the group takes calls "
+                        f"again; {call.method!r} was not retried: register it with retry=True if it is safe "
+                        "to run twice"
+                    )
+                    raise
+                again = self._call_method(
+                    call.method[len(self._prefix) :], registration, call_args, call_kwargs, requested_timeout, True
+                )
+                return again if registration.blocking else again.get()
+            if registration.setup:
+                root._setup_log.record(call)
             if tracer is not None:
                 results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if unwrap:
@@ -335,13 +459,15 @@ class WorkerGroup(Generic[W]):
                     f"dispatch function of mode {mode_name!r} returned {where} of {name!r} as {size}; "
                     f"it must be a list with one entry per rank ({n})"
                 )
-        ranks = (0,) if rank_zero else self._all_ranks
+        # Per-rank lists are indexed by position in this group; the call names real ranks (views).
+        positions = range(1) if rank_zero else range(n)
+        ranks = tuple(self._all_ranks[p] for p in positions)
         if per_rank_args:
-            args = [tuple(a[r] for a in per_rank_args) for r in ranks]
+            args = [tuple(a[p] for a in per_rank_args) for p in positions]
         else:
             args = [()] * len(ranks)
         if per_rank_kwargs:
-            kwargs = [{k: v[r] for k, v in per_rank_kwargs.items()} for r in ranks]
+            kwargs = [{k: v[p] for k, v in per_rank_kwargs.items()} for p in positions]
         else:
             kwargs = [{} for _ in ranks]
         return Call(self._prefix + name, ranks, args, kwargs, timeout, copied)
@@ -351,7 +477,7 @@ class WorkerGroup(Generic[W]):
         with call_context(CallContext(method=name, world_size=self._world_size)):
             per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)
         call = self._make_call(name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero, self._call_timeout)
-        return self._executor.submit(call).result(self._call_timeout)
+        return submit_call(self._executor, call, self._backend).result(self._call_timeout)
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
@@ -368,6 +494,10 @@ class WorkerGroup(Generic[W]):
         if cached is None:
             answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
             cached = [(int(dp), bool(c)) for dp, c in answers]
+            if len(self._all_ranks) < (self._parent or self)._world_size:
+                # A view over some dp ranks splits over those only, renumbered 0..k-1.
+                present = {dp: i for i, dp in enumerate(sorted({dp for dp, _ in cached}))}
+                cached = [(present[dp], c) for dp, c in cached]
             with self._lock:
                 self._mesh_cache[mesh_name] = cached
         return cached

@@ -1,12 +1,17 @@
 """Ray executor: one actor per rank, resource pools, detached groups, verl adapters.
 
+The colocation helpers are re-exported so ``verl.single_controller.ray`` imports
+port by renaming the module only.
+
 Importing this package does not import ray; the first group does.
 """
+
+from dispatchcore import create_colocated_worker_cls, create_colocated_worker_raw_cls
 
 from ._detached import attach_detached, detached_world_size, kill_detached
 from ._executor import RayExecutor
 from ._pool import PlacementError, RayResourcePool, split_resource_pool
-from ._verl import RayClassWithInitArgs, RayWorkerGroup
+from ._verl import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls_fused
 
 __all__ = [
     "PlacementError",
@@ -15,6 +20,9 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "attach_detached",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
     "detached_world_size",
     "kill_detached",
     "split_resource_pool",

@@ -22,8 +22,9 @@ references it fetches its rows from (``_forward``).
 from __future__ import annotations
 
 import functools
+import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from dispatchcore import DispatchError, WorkerDiedError
@@ -62,6 +63,7 @@ OPTIONS: dict[str, Any] = {
     "attach": False,  # attach to the running detached group called `name`
     "start_timeout": 300.0,  # bound on placing the actors and on building the workers
     "poll_interval": None,  # cap on the seconds between liveness checks (default: the core's)
+    "spare_ranks": 0,  # actors started ahead, to replace dead ranks without waiting for a process
 }
 
 
@@ -89,6 +91,13 @@ class RayExecutor(Executor):
         #: Every rank on the driver's node: several ranks' chunks may share one object.
         self._same_node = False
         self._names = [f"{spec.name}-rank{rank}" for rank in range(spec.world_size)]
+        self._spare_count = _spare_count(opts["spare_ranks"], self._pool is not None, self._detached)
+        #: Started actors with no rank yet: (actor, its describe() answer, its name), oldest first.
+        self._spares: list[tuple[Any, Any, str]] = []
+        self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
+        self._infos: list[dict[str, Any]] = []
+        self._actor_opts: list[dict[str, Any]] = []
+        self._packed_spec: Any = None
 
         self._closed = False
         self._pool_acquired = False
@@ -108,17 +117,21 @@ class RayExecutor(Executor):
     def _launch(self) -> None:
         ray, spec = self.ray, self.spec
         deadline = time.monotonic() + self._start_timeout
-        actor_opts = self._actor_options()
+        actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class(spec.methods)
         for options in actor_opts:
             self._actors.append(cls.options(**options).remote())
+        self._add_spares(self._spare_count)
         infos = self._wait(
             [a.describe.remote(rank == 0) for rank, a in enumerate(self._actors)], deadline, "place and start"
         )
+        self._infos = infos
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
-        packed_spec = ray.put(_payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs))))
+        packed_spec = self._packed_spec = ray.put(
+            _payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs)))
+        )
         refs = [
             a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name)
             for rank, a in enumerate(self._actors)
@@ -130,6 +143,85 @@ class RayExecutor(Executor):
             if len(errors) > 1:
                 error.add_note(f"rank(s) {[f.rank for f in errors[1:]]} failed to start too")
             raise error
+
+    # -- replacing dead ranks ------------------------------------------------------
+    def _add_spares(self, count: int) -> None:
+        """Start ``count`` spare actors (no rank, no worker yet); returns at once."""
+        cls = actor_class(self.spec.methods)
+        for _ in range(count):
+            options = {**self._actor_opts[0], "name": next(self._spare_names)}
+            actor = cls.options(**options).remote()
+            self._spares.append((actor, actor.describe.remote(False), options["name"]))
+
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """New actors for ``ranks`` (spares first), workers built, rendezvous moved to a fresh port.
+
+        The old actors are killed first (a hung rank is replaced too).  A
+        used spare is topped up in the background.
+        """
+        if self._closed:
+            raise DispatchError(f"ray group {self.spec.name!r} is shut down")
+        if self._detached:
+            raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
+        ray, spec = self.ray, self.spec
+        deadline = time.monotonic() + self._start_timeout
+        for rank in ranks:
+            try:
+                ray.kill(self._actors[rank], no_restart=True)
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
+        cls = actor_class(spec.methods)
+        fresh: dict[int, tuple[Any, Any, str]] = {}
+        used_spares = 0
+        for rank in ranks:
+            if self._spares:
+                fresh[rank] = self._spares.pop(0)
+                used_spares += 1
+                continue
+            options = self._actor_opts[rank]
+            actor = self._create_named(cls, options, deadline)
+            fresh[rank] = (actor, actor.describe.remote(False), options["name"])
+        infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
+        for rank, info in zip(fresh, infos, strict=True):
+            self._actors[rank], _, self._names[rank] = fresh[rank]
+            self._remotes[rank] = {}
+            self._infos[rank] = info
+        here = ray.get_runtime_context().get_node_id()
+        self._same_node = all(info["node_id"] == here for info in self._infos)
+        # A fresh port on rank 0's node: the old world's store may still hold the old one.
+        port = self._wait(
+            [self._actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
+            deadline,
+            "pick a rendezvous port",
+        )[0]["port"]
+        self._infos[0] = {**self._infos[0], "port": port}
+        env = self._rank_env(self._infos)
+        packed, n = self._packed_spec, spec.world_size
+        refs = [self._actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name) for r in ranks]
+        failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
+        if failures:
+            raise failures[0].to_error()
+        if used_spares:
+            self._add_spares(used_spares)
+        return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
+
+    def spares_ready(self, timeout: float | None = None) -> int:
+        """Wait up to ``timeout`` seconds for the spare actors' processes; how many are up."""
+        if not self._spares:
+            return 0
+        refs = [info for _, info, _ in self._spares]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        return len(ready)
+
+    def _create_named(self, cls: Any, options: dict[str, Any], deadline: float) -> Any:
+        """A new actor under a dead rank's name (Ray frees a dead actor's name shortly after)."""
+        while True:
+            try:
+                return cls.options(**options).remote()
+            except ValueError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def _actor_options(self) -> list[dict[str, Any]]:
         spec, opts = self.spec, self.options
@@ -173,12 +265,15 @@ class RayExecutor(Executor):
     def _rank_env(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
         """torch.distributed's variables per rank; rank 0's node and port are the rendezvous."""
         n, addr, port = self.spec.world_size, str(infos[0]["ip"]), int(infos[0]["port"])
-        return [
-            rank_environment(
+        envs = []
+        for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos])):
+            env = rank_environment(
                 rank, n, master_addr=addr, master_port=port, local_rank=local, local_world_size=size, extra=self._env
             )
-            for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos]))
-        ]
+            # verl's Ray workers read these too (its rollout workers size themselves by RAY_LOCAL_WORLD_SIZE).
+            env.update(RAY_LOCAL_RANK=str(local), RAY_LOCAL_WORLD_SIZE=str(size))
+            envs.append(env)
+        return envs
 
     def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
         """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
@@ -357,6 +452,8 @@ class RayExecutor(Executor):
 
     def _release(self, kill: bool) -> None:
         actors, self._actors = self._actors, []
+        actors += [actor for actor, _, _ in self._spares]
+        self._spares = []
         self._remotes = [{} for _ in self._remotes]
         if kill and self.ray.is_initialized():
             for actor in actors:
@@ -369,6 +466,17 @@ class RayExecutor(Executor):
             self._pool.release()
 
 
+def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"spare_ranks must be an int >= 0, got {value!r}")
+    if value and (pooled or detached):
+        raise ValueError(
+            "spare_ranks works for groups without a resource_pool and not detached (a pool's bundles are its "
+            "ranks'); leave spare_ranks=0 there: replacing a rank then starts a new actor in the dead one's bundle"
+        )
+    return value
+
+
 def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     """The user's worker environment, checked now rather than after the actors started."""
     if env is None:
@@ -376,4 +484,7 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
     rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
+    ray_local = sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env))
+    if ray_local:
+        raise ValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}

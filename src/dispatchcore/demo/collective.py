@@ -64,6 +64,20 @@ class GradientReducer:
         else:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
 
+    def rebuild(self) -> None:
+        """After ranks were replaced: leave the old world and join the new one (rendezvous env updated)."""
+        if self.mode != "gloo" or self.world_size == 1:
+            return
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("gloo")
+
+    def broadcast_objects(self, objects: list[object], src: int) -> None:
+        """Replace ``objects`` on every rank by ``src``'s (picklable objects; process backends only)."""
+        if self.world_size == 1 or self.thread_group is not None:
+            return
+        dist.broadcast_object_list(objects, src=src)
+
     def close(self) -> None:
         if self.mode == "gloo" and dist.is_initialized():
             dist.destroy_process_group()

@@ -35,6 +35,8 @@ class DemoConfig:
     kl_coef: float = 0.01
     seed: int = 0
     checkpoint: str | None = None
+    #: "replace": a dead rank is replaced and the interrupted call retried (backends that can).
+    on_rank_death: str = "raise"
     backend_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,7 +98,7 @@ def run_demo(
     generator = torch.Generator().manual_seed(config.seed)
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
-    options = dict(config.backend_options)
+    options = {"on_rank_death": config.on_rank_death, **config.backend_options}
     with trace(trace_path) as tracer:
         with (
             WorkerGroup(actor_ref_cls, n, backend=config.backend, **options) as actor_ref,

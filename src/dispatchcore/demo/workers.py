@@ -18,6 +18,7 @@ from .. import (
     PADDING_ROWS_KEY,
     DataProto,
     Dispatch,
+    MembershipChange,
     Worker,
     make_nd_compute_dataproto_dispatch_fn,
     register,
@@ -62,9 +63,14 @@ def _build_policy(config: ModelConfig) -> TinyPolicy:
 
 
 class ActorWorker(Worker):
-    """Generates responses and trains the policy data-parallel."""
+    """Generates responses and trains the policy data-parallel.
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    ``init_model`` is a setup call (replayed on a rank that replaces a dead
+    one); :meth:`on_membership_change` rebuilds the gradient all-reduce and
+    copies the trained weights and optimizer state from a surviving rank.
+    """
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
     def init_model(self, config: ModelConfig) -> int:
         self.config = config
         self.policy = _build_policy(config)
@@ -74,14 +80,16 @@ class ActorWorker(Worker):
         self.reducer = GradientReducer(config.collective, self.rank, self.world_size, config.group_key)
         return sum(p.numel() for p in self.policy.parameters())
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         responses = self.policy.generate(prompts.batch["prompts"], self.generator)
         with torch.no_grad():
             old_log_prob = self.policy.log_probs(prompts.batch["prompts"], responses)
         return DataProto.from_dict({"responses": responses, "old_log_prob": old_log_prob})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    # Safe to retry: a rank dying mid-step fails the all-reduce on the others
+    # before their optimizer steps, and the hook copies the survivors' state.
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC, retry=True)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """One policy-gradient step on the whole batch (gradients summed over ranks)."""
         real = real_rows(data)
@@ -115,11 +123,26 @@ class ActorWorker(Worker):
     def shutdown_collective(self) -> None:
         self.reducer.close()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_digest(self) -> float:
+        """A checksum of this rank's weights (every rank holds the same after a step)."""
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.policy.parameters()))
+
+    def on_membership_change(self, change: MembershipChange) -> None:
+        # Survivors rejoin the rebuilt world; the new rank joined it in init_model (replayed).
+        if not change.is_new(self.rank):
+            self.reducer.rebuild()
+        state = [{"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}]
+        self.reducer.broadcast_objects(state, change.source_rank)
+        self.policy.load_state_dict(state[0]["policy"])
+        self.optimizer.load_state_dict(state[0]["optimizer"])
+
 
 class ReferenceWorker(Worker):
     """The frozen initial policy; scores responses for the KL penalty."""
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
     def init_model(self, config: ModelConfig, replicas: int) -> None:
         self.policy = _build_policy(config).requires_grad_(False)
         # ``replicas`` consecutive ranks hold one data shard (think tensor parallel).
@@ -127,7 +150,7 @@ class ReferenceWorker(Worker):
             REF_MESH, dp_rank=self.rank // replicas, is_collect=self.rank % replicas == 0
         )
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(REF_MESH))
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(REF_MESH), retry=True)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         with torch.no_grad():
             ref = self.policy.log_probs(data.batch["prompts"], data.batch["responses"])
@@ -137,11 +160,11 @@ class ReferenceWorker(Worker):
 class RewardWorker(Worker):
     """Checks responses against the task's answer."""
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
     def init_task(self, shift: int) -> None:
         self.shift = shift
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
     def compute_reward(self, data: DataProto) -> DataProto:
         scores = rewards(data.batch["prompts"], data.batch["responses"], self.shift)
         return DataProto.from_dict({"rewards": scores})

@@ -1,9 +1,93 @@
-"""Testing kit: Hypothesis strategies, a conformance suite for executors, a pytest plugin.
+"""Testing kit: test your workers, your dispatch modes and your driver without GPUs or clusters.
 
-A third-party executor runs the whole conformance suite against itself with::
+* :mod:`~dispatchcore.testing.strategies`: Hypothesis strategies
+  (:func:`dataprotos`, :func:`world_sizes`, ...).
+* :mod:`~dispatchcore.testing.modes`: :func:`check_dispatch_mode` holds your
+  own dispatch mode to the round-trip, order and padding properties, no
+  group needed.
+* :mod:`~dispatchcore.testing.faults`: ``backend="faulty"`` wraps any backend
+  and makes chosen ranks raise, hang, die or be slow (:class:`Fault`).
+* :mod:`~dispatchcore.testing.pytest_plugin`: the ``make_group`` fixture and
+  the ``--dispatchcore-backend`` option (loaded automatically by pytest).
+* :mod:`~dispatchcore.testing.conformance`: a third-party executor runs the
+  whole conformance suite against itself with::
 
-    from dispatchcore.testing.conformance import ExecutorConformance
+      from dispatchcore.testing.conformance import ExecutorConformance
 
-    class TestMyExecutor(ExecutorConformance):
-        backend = "mybackend"
+      class TestMyExecutor(ExecutorConformance):
+          backend = "mybackend"
+
+Names load on first use: importing this package needs neither Hypothesis nor
+pytest (the ``faulty`` backend's entry point imports it).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .assertions import assert_dataproto_equal
+    from .faults import Fault, FaultyExecutor, FiredFault, InjectedFault
+    from .modes import ModePropertyError, assert_mode_properties, check_dispatch_mode
+    from .strategies import (
+        ALL_DTYPES,
+        dataprotos,
+        meta_infos,
+        nd_meshes,
+        non_tensor_columns,
+        tensor_dtypes,
+        trailing_shapes,
+        world_sizes,
+    )
+
+_WHERE = {
+    "assert_dataproto_equal": "assertions",
+    "Fault": "faults",
+    "FaultyExecutor": "faults",
+    "FiredFault": "faults",
+    "InjectedFault": "faults",
+    "ModePropertyError": "modes",
+    "assert_mode_properties": "modes",
+    "check_dispatch_mode": "modes",
+    "ALL_DTYPES": "strategies",
+    "dataprotos": "strategies",
+    "meta_infos": "strategies",
+    "nd_meshes": "strategies",
+    "non_tensor_columns": "strategies",
+    "tensor_dtypes": "strategies",
+    "trailing_shapes": "strategies",
+    "world_sizes": "strategies",
+}
+
+__all__ = [
+    "ALL_DTYPES",
+    "Fault",
+    "FaultyExecutor",
+    "FiredFault",
+    "InjectedFault",
+    "ModePropertyError",
+    "assert_dataproto_equal",
+    "assert_mode_properties",
+    "check_dispatch_mode",
+    "dataprotos",
+    "meta_infos",
+    "nd_meshes",
+    "non_tensor_columns",
+    "tensor_dtypes",
+    "trailing_shapes",
+    "world_sizes",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

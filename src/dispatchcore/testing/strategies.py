@@ -1,34 +1,99 @@
-"""Hypothesis strategies for DataProtos.
+"""Hypothesis strategies for DataProtos, their columns and world sizes.
 
-``dataprotos()`` draws batches the way real RL data looks: int64 token ids,
-float32 / bfloat16 values, bool masks with assorted trailing shapes (empty
-dims included), an object column of strings, and meta info.  Tensor values
-come from a drawn seed, so large batches stay cheap to generate; the shape,
-dtypes, strings and meta info shrink normally.
+``dataprotos()`` draws batches the way real RL data looks, and the corners
+real data hits: any length (0 included), tensors of every common dtype with
+assorted trailing shapes (empty dims included), non-tensor columns of every
+kind ``non_tensor_batch`` holds (strings, ragged lists, ragged numpy arrays,
+dicts and ``None`` in object arrays, plain numeric arrays of one or more
+dims), and meta info.  Tensor values come from a drawn seed, so large
+batches stay cheap to generate; lengths, shapes, dtypes, column kinds, object
+values and meta info shrink normally.
+
+Use them in your own property tests::
+
+    from hypothesis import given
+    from dispatchcore.testing.strategies import dataprotos, world_sizes
+
+    @given(dataprotos(auto_padding=True), world_sizes())
+    def test_my_split(data, n): ...
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from dispatchcore._dataproto import DataProto
+from dispatchcore import DataProto
 from dispatchcore.testing.assertions import assert_dataproto_equal
 
 __all__ = [
+    "ALL_DTYPES",
     "DEFAULT_DTYPES",
+    "OBJECT_KINDS",
     "assert_dataproto_equal",
     "dataprotos",
     "meta_infos",
+    "nd_meshes",
+    "non_tensor_columns",
+    "tensor_dtypes",
     "trailing_shapes",
+    "world_sizes",
 ]
 
+#: The dtypes ``dataprotos()`` draws by default (what RL batches hold).
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (torch.int64, torch.float32, torch.bool, torch.bfloat16)
 
+#: Every dtype DataProto carries through chunk, concat, pickle and the wire.
+ALL_DTYPES: tuple[torch.dtype, ...] = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+)
+
+#: Kinds of non-tensor column :func:`non_tensor_columns` draws.
+OBJECT_KINDS: tuple[str, ...] = ("text", "ragged_lists", "ragged_arrays", "mixed_objects", "numeric")
+
 _KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
+
+
+def world_sizes(min_size: int = 1, max_size: int = 16) -> st.SearchStrategy[int]:
+    """Numbers of ranks to dispatch over (shrinks towards ``min_size``)."""
+    if min_size < 1 or max_size < min_size:
+        raise ValueError(f"world_sizes needs 1 <= min_size <= max_size, got {min_size}..{max_size}")
+    return st.integers(min_size, max_size)
+
+
+@st.composite
+def nd_meshes(draw: st.DrawFn, mesh_name: str, world_size: int) -> dict[str, list[tuple[int, bool]]]:
+    """Any nd layout of ``world_size`` ranks on ``mesh_name``: ``{mesh_name: [(dp_rank, is_collect), ...]}``.
+
+    The data-parallel size divides the world; each dp rank's replicas sit
+    anywhere in it and exactly one of them collects.  Pass it to
+    :func:`dispatchcore.direct_call` as ``mesh=``, or to
+    :func:`~dispatchcore.testing.modes.check_dispatch_mode` as
+    ``meshes=lambda n: nd_meshes("dp", n)``.
+    """
+    dp = draw(st.sampled_from([d for d in range(1, world_size + 1) if world_size % d == 0]))
+    replicas = world_size // dp
+    slots = draw(st.permutations(list(range(world_size))))
+    return {mesh_name: [(slots[r] // replicas, slots[r] % replicas == 0) for r in range(world_size)]}
+
+
+def tensor_dtypes(dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> st.SearchStrategy[torch.dtype]:
+    """One of ``dtypes`` (default: every dtype in :data:`ALL_DTYPES`)."""
+    return st.sampled_from(tuple(dtypes))
 
 
 def trailing_shapes(max_dims: int = 2, max_side: int = 3) -> st.SearchStrategy[tuple[int, ...]]:
@@ -37,20 +102,73 @@ def trailing_shapes(max_dims: int = 2, max_side: int = 3) -> st.SearchStrategy[t
 
 
 def meta_infos() -> st.SearchStrategy[dict[str, Any]]:
-    """Small JSON-like meta dicts (ints, floats without NaN, strings, lists)."""
+    """Small meta dicts: ints, floats without NaN, strings, bools, None, lists and nested dicts."""
     leaf = st.one_of(
         st.integers(-(2**31), 2**31),
         st.floats(allow_nan=False, allow_infinity=False, width=32),
         st.text(max_size=6),
         st.booleans(),
+        st.none(),
     )
-    value = st.one_of(leaf, st.lists(leaf, max_size=3))
+    value = st.recursive(
+        leaf,
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=2)),
+        max_leaves=6,
+    )
     return st.dictionaries(_KEYS.map(lambda k: "m_" + k), value, max_size=3)
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    """A 1-D object array holding ``values`` as elements (never broadcast into 2-D)."""
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
+
+
+def _ragged_array(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 100, size=int(rng.integers(0, 5)), dtype=np.int64)
+
+
+_OBJECT_VALUES: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
+    "text": lambda: st.text(max_size=4),
+    "ragged_lists": lambda: st.lists(st.integers(-5, 5), max_size=4),
+    "ragged_arrays": lambda: st.integers(0, 2**32 - 1).map(_ragged_array),
+    "mixed_objects": lambda: st.one_of(
+        st.none(), st.integers(), st.text(max_size=3), st.dictionaries(_KEYS, st.integers(), max_size=2)
+    ),
+}
+
+
+@st.composite
+def non_tensor_columns(draw: st.DrawFn, length: int, kinds: Sequence[str] = OBJECT_KINDS) -> np.ndarray:
+    """One ``non_tensor_batch`` column of ``length`` rows, of a kind drawn from ``kinds``.
+
+    Object kinds (numpy ``dtype=object``): ``"text"``, ``"ragged_lists"``
+    (lists of varying length), ``"ragged_arrays"`` (int64 arrays of varying
+    length), ``"mixed_objects"`` (None, ints, strings, dicts).  ``"numeric"``:
+    a plain int32 / float64 array, 1-D or with a trailing dim.
+    """
+    unknown = set(kinds) - set(OBJECT_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"unknown non-tensor column kinds {sorted(unknown)}; choose from {OBJECT_KINDS}")
+    kind = draw(st.sampled_from(tuple(kinds)))
+    if kind == "numeric":
+        dtype = draw(st.sampled_from((np.int32, np.float64)))
+        shape = (length, *draw(st.lists(st.integers(0, 3), max_size=1)))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        return (rng.standard_normal(shape) * 100).astype(dtype)
+    values = draw(st.lists(_OBJECT_VALUES[kind](), min_size=length, max_size=length))
+    return _object_array(values)
 
 
 def _make_tensor(rng: np.random.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.from_numpy(rng.random(shape) < 0.5)
+    if dtype.is_complex:
+        parts = rng.standard_normal((*shape, 2)).astype(np.float32)
+        return torch.view_as_complex(torch.from_numpy(parts)).to(dtype)
     if dtype.is_floating_point:
         values = rng.standard_normal(shape).astype(np.float32)
         return torch.from_numpy(values).to(dtype)
@@ -65,43 +183,46 @@ def dataprotos(
     min_len: int = 0,
     max_len: int = 32,
     *,
-    dtypes: tuple[torch.dtype, ...] = DEFAULT_DTYPES,
+    dtypes: Sequence[torch.dtype] = DEFAULT_DTYPES,
     max_tensor_keys: int = 3,
+    max_dims: int = 2,
+    max_side: int = 3,
     with_tensors: bool | None = True,
     with_non_tensors: bool | None = None,
+    non_tensor_kinds: Sequence[str] = OBJECT_KINDS,
+    max_non_tensor_keys: int = 2,
     with_meta: bool = True,
     auto_padding: bool | None = False,
 ) -> DataProto:
-    """A DataProto of ``min_len..max_len`` rows.
+    """A DataProto of ``min_len..max_len`` rows (0 allowed).
 
     ``with_tensors`` / ``with_non_tensors``: True always, False never, None
-    drawn.  With neither, an object column is added so the length is
-    carried.  ``auto_padding=None`` draws the padding flag.
+    drawn.  With neither, a non-tensor column is added so the length is
+    carried.  Tensors have one of ``dtypes`` (pass :data:`ALL_DTYPES` for
+    every dtype) and a per-row shape of up to ``max_dims`` dims of up to
+    ``max_side``; non-tensor columns are of ``non_tensor_kinds`` (see
+    :func:`non_tensor_columns`).  ``auto_padding=None`` draws the padding flag.
     """
+    if min_len < 0 or max_len < min_len:
+        raise ValueError(f"dataprotos needs 0 <= min_len <= max_len, got {min_len}..{max_len}")
     length = draw(st.integers(min_len, max_len))
     has_tensors = draw(st.booleans()) if with_tensors is None else with_tensors
     has_objects = draw(st.booleans()) if with_non_tensors is None else with_non_tensors
     if not has_tensors and not has_objects:
         has_objects = True
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
 
     tensors: dict[str, torch.Tensor] = {}
     if has_tensors:
-        n_keys = draw(st.integers(1, max(1, max_tensor_keys)))
-        for i in range(n_keys):
-            dtype = draw(st.sampled_from(dtypes))
-            shape = draw(trailing_shapes())
+        for i in range(draw(st.integers(1, max(1, max_tensor_keys)))):
+            dtype = draw(tensor_dtypes(dtypes))
+            shape = draw(trailing_shapes(max_dims, max_side))
             tensors[f"t{i}_{str(dtype).removeprefix('torch.')}"] = _make_tensor(rng, dtype, (length, *shape))
 
     non_tensors: dict[str, np.ndarray] = {}
     if has_objects:
-        words = draw(st.lists(st.text(max_size=4), min_size=length, max_size=length))
-        column = np.empty(length, dtype=object)
-        column[:] = words
-        non_tensors["text"] = column
-        if draw(st.booleans()):
-            non_tensors["uid"] = rng.integers(0, 1000, size=length).astype(np.int32)
+        for i in range(draw(st.integers(1, max(1, max_non_tensor_keys)))):
+            non_tensors[f"n{i}"] = draw(non_tensor_columns(length, non_tensor_kinds))
 
     meta = draw(meta_infos()) if with_meta else {}
     padding = draw(st.booleans()) if auto_padding is None else auto_padding

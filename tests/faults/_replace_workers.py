@@ -1,0 +1,39 @@
+"""Workers for the rank-replacement tests (importable by Ray and torchrun ranks)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dispatchcore import Dispatch, MembershipChange, Worker, register
+
+
+class Restartable(Worker):
+    """Trivial ``__init__``; records what setup replay and the membership hook did."""
+
+    def __init__(self) -> None:
+        self.log: list[Any] = ["init"]
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(Dispatch.ONE_TO_ALL, setup=True)
+    def configure(self, value: str) -> None:
+        self.log.append(("configure", value))
+
+    @register(Dispatch.ALL_TO_ALL, setup=True)
+    def configure_each(self, value: str) -> None:
+        self.log.append(("configure_each", value))
+
+    @register(Dispatch.ONE_TO_ALL, retry=True)
+    def state(self) -> tuple[int, list[Any], str | None]:
+        return self.rank, list(self.log), os.environ.get("MASTER_PORT")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def state_once(self) -> tuple[int, list[Any]]:
+        """Not retry-safe: under on_rank_death="replace" a death still raises (after the replacement)."""
+        return self.rank, list(self.log)
+
+    def on_membership_change(self, change: MembershipChange) -> None:
+        self.log.append(("change", change.replaced, change.source_rank, change.is_new(self.rank)))
