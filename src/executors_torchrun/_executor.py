@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from dispatchcore import DispatchError
 from dispatchcore.executor import (
+    LOOPBACK,
     Call,
     Executor,
     GroupSpec,
@@ -33,6 +35,8 @@ from dispatchcore.executor import (
     RankThread,
     WorkerHost,
     check_options,
+    free_port,
+    rank_environment,
     run_isolated,
 )
 from dispatchcore.wire import RowBuffers
@@ -43,7 +47,7 @@ from ._rows import RowPlan
 from ._wire import Packed, pack
 from ._worlds import SpawnedWorld, torchrun_hub
 
-_DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0}
+_DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0, "spare_ranks": 0}
 
 
 class _Handle(RankCallHandle):
@@ -89,8 +93,11 @@ class TorchrunExecutor(Executor):
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
         options = check_options(self.name, spec.options, _DEFAULTS)
-        start_timeout = float(options["start_timeout"])
+        start_timeout = self._start_timeout = float(options["start_timeout"])
         transport_timeout = float(options["transport_timeout"])
+        spares = options["spare_ranks"]
+        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+            raise ValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
         self._closed = False
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
         self._local: RankThread | None = None
@@ -98,6 +105,11 @@ class TorchrunExecutor(Executor):
         self._submit_lock = threading.Lock()
         ranks = _check_ranks(options["ranks"], spec.world_size)
         if _env.under_torchrun():
+            if spares:
+                raise ValueError(
+                    "spare_ranks needs self-started ranks: under the torchrun launcher its agent owns every "
+                    "process; run the driver without torchrun to have spares"
+                )
             size = int(_env.torchrun_world_size() or 0)
             self._hub: Hub = torchrun_hub(start_timeout=start_timeout, transport_timeout=transport_timeout)
             if max(ranks) >= size:
@@ -106,7 +118,7 @@ class TorchrunExecutor(Executor):
             self._data_ranks = list(ranks)
         else:
             self._world = SpawnedWorld(
-                spec.world_size, start_timeout=start_timeout, transport_timeout=transport_timeout
+                spec.world_size, start_timeout=start_timeout, transport_timeout=transport_timeout, spares=spares
             )
             self._hub = self._world.hub
             self._data_ranks = [self._world.data_rank(g) for g in range(spec.world_size)]
@@ -115,6 +127,51 @@ class TorchrunExecutor(Executor):
         except BaseException:
             self.shutdown()
             raise
+
+    # -- replacing dead ranks -------------------------------------------------------
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Hand ``ranks`` to spare processes (self-started worlds with ``spare_ranks``).
+
+        The spares already belong to the executor's transport, so nothing
+        else changes; the old processes are killed first (a hung rank too).
+        """
+        if self._closed:
+            raise DispatchError("this torchrun group is shut down")
+        if self._world is None:
+            raise DispatchError(
+                "ranks started by the torchrun launcher cannot be replaced: its agent owns every process (its "
+                "--max-restarts restarts the whole launch). The driver exits naming the dead rank; for in-place "
+                "replacement run the driver without torchrun (self-started ranks) with spare_ranks=k"
+            )
+        if len(self._world.spares) < len(ranks):
+            raise DispatchError(
+                f"no spare process left to replace rank(s) {list(ranks)}: self-started torchrun ranks are "
+                "replaced from spares; create the group with spare_ranks=k"
+            )
+        spec = self.spec
+        port = free_port(LOOPBACK)
+        taken: dict[int, int] = {}
+        for g in ranks:
+            self._world.kill(self._data_ranks[g])
+            d = self._world.take_spare()
+            if d is None:
+                raise DispatchError(f"every spare process is gone; cannot replace rank {g}")
+            taken[g] = d
+        for g, d in taken.items():
+            self._data_ranks[g] = d
+        positions = tuple(taken)
+        handle = _Handle(self, Call("__init__", positions, [()] * len(positions), [{}] * len(positions)))
+        packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
+        with self._submit_lock:
+            for p, (g, d) in enumerate(taken.items()):
+                env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
+                first = self._hub.send_value(packed, d)
+                cid = self._hub.next_cid()
+                self._hub.command(
+                    d, ("start", cid, self._gid, g, spec.world_size, packed.header, first, env), (handle, p), cid
+                )
+        handle.result(self._start_timeout)
+        return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
 
     # -- start ----------------------------------------------------------------------
     def _start(self, timeout: float) -> None:

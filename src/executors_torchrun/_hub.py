@@ -260,8 +260,7 @@ class Hub:
         try:
             work.wait()
         except Exception as exc:  # noqa: BLE001 - the torn connection is the news
-            text = str(exc).strip().splitlines()
-            self._gone[rank] = f"its process is gone ({text[-1] if text else type(exc).__name__})"
+            self._gone[rank] = f"its process is gone (connection to the driver closed: {_gloo_reason(exc)})"
             self._exited[rank].set()
             return
         self._gone[rank] = "it left without being told to stop"
@@ -328,3 +327,12 @@ class Hub:
     def release_store(self) -> None:
         """After ``stop``: let go of the store, so a self-started world's store port closes now."""
         self.store = None  # type: ignore[assignment]
+
+
+def _gloo_reason(exc: BaseException) -> str:
+    """gloo's error text without its source location and sign-off ("... [file:line] Connection closed ...")."""
+    lines = str(exc).strip().splitlines()
+    text = lines[-1] if lines else type(exc).__name__
+    if "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ")[0].strip()

@@ -67,7 +67,11 @@ class Server:
             self._finish()
 
     # -- commands ---------------------------------------------------------------
-    def _start(self, cid: int, gid: str, rank: int, size: int, header: Any, first: int) -> None:
+    def _start(
+        self, cid: int, gid: str, rank: int, size: int, header: Any, first: int, env: dict[str, str] | None = None
+    ) -> None:
+        if env:  # a spare taking over a rank: its rank variables come now
+            os.environ.update(env)
         try:
             worker_cls, args, kwargs = self._receive(header, first)
         except BaseException as exc:  # noqa: BLE001 - reported as the group's failure

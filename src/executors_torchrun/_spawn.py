@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LOOPBACK, free_port, rank_environment
+from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, free_port, rank_environment
 
 from ._protocol import READY_KEY
 
@@ -64,23 +65,32 @@ def start_store() -> dist.TCPStore:
 
 
 def spawn_ranks(
-    world_size: int, store_port: int, prefix: str, transport_timeout: float
+    world_size: int, store_port: int, prefix: str, transport_timeout: float, spares: int = 0
 ) -> dict[int, subprocess.Popen[bytes]]:
-    """Start ``world_size`` ranks; the child of group rank ``g`` is data rank ``g + 1``."""
+    """Start ``world_size`` ranks plus ``spares``; the child of group rank ``g`` is data rank ``g + 1``.
+
+    Spares (data ranks ``world_size + 1 ..``) get no rank variables: the
+    driver sends them with the rank they take over (``start`` command).
+    """
     master_port = free_port(LOOPBACK)
     processes: dict[int, subprocess.Popen[bytes]] = {}
-    for rank in range(world_size):
+    inherited = {k: v for k, v in os.environ.items() if k not in RANK_ENV_KEYS}
+    for rank in range(world_size + spares):
         boot = {
             "host": LOOPBACK,
             "port": store_port,
             "prefix": prefix,
             "data_rank": rank + 1,
-            "data_size": world_size + 1,
+            "data_size": world_size + spares + 1,
             "timeout": transport_timeout,
             "path": [p for p in sys.path if p],
         }
-        ranks = rank_environment(rank, world_size, master_addr=LOOPBACK, master_port=master_port)
-        env = {**os.environ, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(boot)}
+        ranks = (
+            rank_environment(rank, world_size, master_addr=LOOPBACK, master_port=master_port)
+            if rank < world_size
+            else {}
+        )
+        env = {**inherited, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(boot)}
         processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             [sys.executable, "-c", _CHILD_CODE], env=env, stdin=subprocess.PIPE, close_fds=True
         )
@@ -135,6 +145,9 @@ def _watch_driver() -> None:
 def child_main() -> None:
     """Entry point of a self-started rank."""
     boot = json.loads(os.environ.pop(BOOT_ENV))
+    # A terminal's Ctrl-C reaches this process too (same process group): it is the driver's to
+    # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S

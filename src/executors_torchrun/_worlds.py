@@ -52,16 +52,18 @@ STOP_WAIT_S = 10.0
 class SpawnedWorld:
     """Self-started ranks owned by one group: store, children, hub."""
 
-    def __init__(self, world_size: int, *, start_timeout: float, transport_timeout: float) -> None:
+    def __init__(self, world_size: int, *, start_timeout: float, transport_timeout: float, spares: int = 0) -> None:
         self.torchrun = False
         # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
         master = start_store()
         prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(prefix, master)
-        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout)
+        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares)
+        #: Data ranks of started processes that host no rank yet (see ``take_spare``).
+        self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
             wait_ready(store, self.processes, start_timeout)
-            transport = _connect(store, 0, world_size + 1, start_timeout, transport_timeout, loopback=True)
+            transport = _connect(store, 0, world_size + spares + 1, start_timeout, transport_timeout, loopback=True)
         except BaseException:
             reap(self.processes, 0.0)
             raise
@@ -71,12 +73,27 @@ class SpawnedWorld:
     def data_rank(self, group_rank: int) -> int:
         return group_rank + 1
 
+    def take_spare(self) -> int | None:
+        """A live spare's data rank, now no longer spare; ``None`` when none is left."""
+        while self.spares:
+            d = self.spares.pop(0)
+            if self.processes[d].poll() is None and self.hub.dead_reason(d) is None:
+                return d
+        return None
+
+    def kill(self, data_rank: int) -> None:
+        """End a rank's process (a hung one being replaced); the hub sees it gone."""
+        proc = self.processes.get(data_rank)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
     def stop(self, wait: float = STOP_WAIT_S) -> None:
         if self._stopped:
             return
         self._stopped = True
-        self.hub.stop(wait)
-        reap(self.processes, min(wait, 2.0))
+        # Children are reaped before the hub drops its transport: a canary receive
+        # still waiting on a live child when the gloo group goes aborts the driver at exit.
+        self.hub.stop(wait, on_stopped=lambda: reap(self.processes, min(wait, 2.0)))
         self.hub.release_store()
 
 

@@ -1,7 +1,8 @@
 """Replacing a dead rank in place: setup replay, the membership hook, retry, and the demo surviving.
 
-Ray is the backend that can start ranks again here; the others refuse with
-a clear error.  Deaths are real: ``SIGKILL`` of the rank's process.
+Ray starts new actors (or takes spares); self-started torchrun ranks are
+replaced from spare processes; local threads cannot die and refuse.
+Deaths are real: ``SIGKILL`` of the rank's process.
 """
 
 from __future__ import annotations
@@ -85,6 +86,29 @@ def test_death_to_answer_with_a_spare(ray_session: Any, record: Any) -> None:
     record(
         "replace/ray",
         case="policy replace, 1 spare (median of 5)",
+        death_to_answer_s=round(statistics.median(times), 3),
+        max_s=round(max(times), 3),
+    )
+
+
+def test_torchrun_replaces_from_spares(record: Any) -> None:
+    """Self-started torchrun: 5 spares, 5 deaths (median); a sixth death finds none left."""
+    times = []
+    with WorkerGroup(Restartable, 2, backend="torchrun", death_timeout=5, on_rank_death="replace", spare_ranks=5) as wg:
+        wg.configure("cfg")
+        wg.configure_each(["for-0", "for-1"])
+        for _ in range(5):
+            died_at = kill(wg.pid()[1])
+            (r0, _, port0), (r1, log1, port1) = wg.state()
+            times.append(time.monotonic() - died_at)
+            assert (r0, r1) == (0, 1) and port0 == port1
+            assert log1[:3] == ["init", ("configure", "cfg"), ("configure_each", "for-1")]
+        kill(wg.pid()[1])
+        with pytest.raises(DispatchError, match="no spare process left"):
+            wg.state()
+    record(
+        "replace/torchrun",
+        case="policy replace, spares (median of 5)",
         death_to_answer_s=round(statistics.median(times), 3),
         max_s=round(max(times), 3),
     )
