@@ -22,7 +22,7 @@ import itertools
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -93,39 +93,60 @@ class MultiprocessExecutor(Executor):
         self._closed = False
         self._ids = itertools.count()
         self._ranks: list[_Rank] = []
+        self._options = options
+        #: Ranks of processes that were replaced (reaped at shutdown with the rest).
+        self._retired: list[_Rank] = []
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
         try:
-            self._spawn(options)
-            ranks = tuple(range(spec.world_size))
-            boot = wire.dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
-            started = self._send(
-                Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)), START, lambda p: ([boot], (), {})
-            )
-            started.result(float(options["start_timeout"]))
+            port = free_port(LOOPBACK)
+            self._ranks = [self._spawn(rank, port) for rank in range(spec.world_size)]
+            self._start_workers(tuple(range(spec.world_size)))
         except BaseException:
             self.shutdown()
             raise
 
-    def _spawn(self, options: dict[str, Any]) -> None:
+    def _start_workers(self, ranks: tuple[int, ...]) -> None:
+        """Build the worker on ``ranks`` (its ``__init__``), bounded by ``start_timeout``."""
+        spec = self.spec
+        boot = wire.dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+        started = self._send(
+            Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)), START, lambda p: ([boot], (), {})
+        )
+        started.result(float(self._options["start_timeout"]))
+
+    def _spawn(self, rank: int, port: int) -> _Rank:
         ctx = multiprocessing.get_context("spawn")
-        port, size = free_port(LOOPBACK), self.spec.world_size
-        for rank in range(size):
-            env = rank_environment(rank, size, master_addr=LOOPBACK, master_port=port, extra=options["env"])
-            ours, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(
-                target=rank_main, args=(theirs, rank, size, env), name=f"dispatchcore-{self.spec.name}-rank{rank}"
-            )
-            try:
-                proc.start()
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()  # the child has its own copy; ours must go for EOF to mean "gone"
-            state = _Rank(proc, ours)
-            self._ranks.append(state)
-            state.reader = threading.Thread(target=self._read, args=(state,), name=f"{proc.name}-reader", daemon=True)
-            state.reader.start()
+        size = self.spec.world_size
+        env = rank_environment(rank, size, master_addr=LOOPBACK, master_port=port, extra=self._options["env"])
+        ours, theirs = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=rank_main, args=(theirs, rank, size, env), name=f"dispatchcore-{self.spec.name}-rank{rank}"
+        )
+        try:
+            proc.start()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()  # the child has its own copy; ours must go for EOF to mean "gone"
+        state = _Rank(proc, ours)
+        state.reader = threading.Thread(target=self._read, args=(state,), name=f"{proc.name}-reader", daemon=True)
+        state.reader.start()
+        return state
+
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """A new process for each of ``ranks`` (the old one killed first), with a fresh rendezvous port."""
+        if self._closed:
+            raise DispatchError("this multiprocess group is shut down")
+        port = free_port(LOOPBACK)
+        for rank in ranks:
+            old = self._ranks[rank]
+            if old.proc.is_alive():
+                old.proc.kill()
+            self._retired.append(old)
+            self._ranks[rank] = self._spawn(rank, port)
+        self._start_workers(tuple(ranks))
+        return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
 
     # -- calls ---------------------------------------------------------------
     def submit(self, call: Call) -> RankCallHandle:
@@ -215,26 +236,29 @@ class MultiprocessExecutor(Executor):
                     _pipe.send(state.conn, None, [])
             except OSError:
                 pass
+        everyone = self._ranks + self._retired
         for stop in (None, "terminate", "kill"):
             if stop is not None:
                 with self._lock:
-                    for state in self._ranks:
+                    for state in everyone:
                         if state.proc.is_alive():
                             getattr(state.proc, stop)()
-            if self._all_exited(STOP_GRACE_S):
+            if self._all_exited(everyone, STOP_GRACE_S):
                 break
-        for state in self._ranks:
+        for state in everyone:
             if state.reader is not None:
                 state.reader.join(STOP_GRACE_S)
             with self._lock:
-                state.proc.join(0)
+                # Its pipe closes a moment before the process can be reaped: wait for that,
+                # or close() is skipped and its two pipe descriptors stay open.
+                state.proc.join(STOP_GRACE_S)
                 if state.proc.exitcode is not None:
                     state.proc.close()
             state.conn.close()
 
-    def _all_exited(self, seconds: float) -> bool:
+    def _all_exited(self, ranks: list[_Rank], seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        sentinels = [state.proc.sentinel for state in self._ranks]
+        sentinels = [state.proc.sentinel for state in ranks if state.proc.exitcode is None]
         while sentinels and (left := deadline - time.monotonic()) > 0:
             for ready in wait(sentinels, left):
                 sentinels.remove(ready)  # type: ignore[arg-type]
