@@ -174,7 +174,11 @@ class RankCallHandle(CallHandle):
             position = min(self._deaths)
             rank = self.call.ranks[position]
             self._on_broken(f"rank {rank} died")
-            raise WorkerDiedError(rank, self._deaths[position], self.call.method)
+            error = WorkerDiedError(rank, self._deaths[position], self.call.method)
+            others = sorted(self.call.ranks[p] for p in self._deaths if p != position)
+            if others:
+                error.add_note(f"rank(s) {others} died too")
+            raise error
         if self._failures:
             raise first_failure(self._failures, self.call.ranks)
         return self._results
