@@ -118,7 +118,11 @@ class TorchrunExecutor(Executor):
             self._data_ranks = list(ranks)
         else:
             self._world = SpawnedWorld(
-                spec.world_size, start_timeout=start_timeout, transport_timeout=transport_timeout, spares=spares
+                spec.world_size,
+                start_timeout=start_timeout,
+                transport_timeout=transport_timeout,
+                spares=spares,
+                group=spec.name,
             )
             self._hub = self._world.hub
             self._data_ranks = [self._world.data_rank(g) for g in range(spec.world_size)]
@@ -159,6 +163,7 @@ class TorchrunExecutor(Executor):
             taken[g] = d
         for g, d in taken.items():
             self._data_ranks[g] = d
+            self._world.assign(d, g)
         positions = tuple(taken)
         handle = _Handle(self, Call("__init__", positions, [()] * len(positions), [{}] * len(positions)))
         packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")

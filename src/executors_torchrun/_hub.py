@@ -135,7 +135,7 @@ class Hub:
 
     # -- receiving ------------------------------------------------------------------
     def _read(self, rank: int) -> None:
-        store = self.store.clone()
+        store = self.store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         key = status_key(rank)
         while True:
             try:
@@ -191,7 +191,7 @@ class Hub:
 
     def _watch(self) -> None:
         """Turn a dead process into a ``dead`` status; under torchrun, read heartbeats too."""
-        store = self.store.clone()
+        store = self.store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         beats_read = 0.0
         while not self._closing.wait(PROCESS_POLL_S):
             for rank in self.remote:
@@ -296,7 +296,7 @@ class Hub:
             return
         self._stop_requested = True
         try:
-            self.store.set(STOPPING_KEY, b"1")
+            self.store.set(STOPPING_KEY, b"1")  # type: ignore[arg-type]  # the binding takes bytes; the stub says str
             for rank in self.remote:
                 if rank not in self._dead:
                     self.store.queue_push(cmd_key(rank), encode(("stop",)))

@@ -59,4 +59,5 @@ def encode(message: tuple[Any, ...]) -> bytes:
 
 
 def decode(raw: bytes) -> tuple[Any, ...]:
-    return pickle.loads(raw)  # noqa: S301 - peers of one job, through its own store
+    message: tuple[Any, ...] = pickle.loads(raw)  # noqa: S301 - peers of one job, through its own store
+    return message

@@ -151,7 +151,7 @@ class Server:
 
     def _heartbeat(self) -> None:
         """Tell the hub this process is alive; leave if the hub stopped long ago."""
-        store = self._store.clone()
+        store = self._store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         stopping_since: float | None = None
         while not self._done.wait(HEARTBEAT_S):
             try:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -64,8 +65,61 @@ def start_store() -> dist.TCPStore:
     return store
 
 
+class OutputRelay:
+    """Copies each child's stdout/stderr lines to the driver's, prefixed ``(group rank g)``.
+
+    Ray prefixes actor output the same way; here a spare's lines say
+    ``spare`` until it takes over a rank (:meth:`label`).  One daemon thread
+    per stream; each ends at end of file (the child exited) and closes it.
+    """
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+        self._labels: dict[int, str] = {}
+        self.threads: list[threading.Thread] = []
+
+    def label(self, data_rank: int, text: str) -> None:
+        self._labels[data_rank] = text
+
+    def attach(self, data_rank: int, proc: subprocess.Popen[bytes]) -> None:
+        for stream, sink in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            if stream is None:
+                continue
+            thread = threading.Thread(
+                target=self._relay,
+                args=(data_rank, stream, sink),
+                name=f"dispatchcore-output{data_rank}-{sink}",
+                daemon=True,
+            )
+            thread.start()
+            self.threads.append(thread)
+
+    def _relay(self, data_rank: int, stream: Any, sink: str) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                label = self._labels.get(data_rank, "spare")
+                out = getattr(sys, sink)  # looked up per line: pytest and notebooks swap it
+                try:
+                    out.write(f"({self._group} {label}) {raw.decode(errors='replace')}")
+                    out.flush()
+                except (OSError, ValueError):  # the driver's stream is closed: drop the line
+                    pass
+        finally:
+            stream.close()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def spawn_ranks(
-    world_size: int, store_port: int, prefix: str, transport_timeout: float, spares: int = 0
+    world_size: int,
+    store_port: int,
+    prefix: str,
+    transport_timeout: float,
+    spares: int = 0,
+    relay: OutputRelay | None = None,
 ) -> dict[int, subprocess.Popen[bytes]]:
     """Start ``world_size`` ranks plus ``spares``; the child of group rank ``g`` is data rank ``g + 1``.
 
@@ -91,9 +145,21 @@ def spawn_ranks(
             else {}
         )
         env = {**inherited, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(boot)}
-        processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-c", _CHILD_CODE], env=env, stdin=subprocess.PIPE, close_fds=True
+        if relay is not None:
+            env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
+        pipe = subprocess.PIPE if relay is not None else None
+        proc = processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-c", _CHILD_CODE],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=pipe,
+            stderr=pipe,
+            close_fds=True,
         )
+        if relay is not None:
+            if rank < world_size:
+                relay.label(rank + 1, f"rank {rank}")
+            relay.attach(rank + 1, proc)
     return processes
 
 

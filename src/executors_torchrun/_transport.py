@@ -153,7 +153,7 @@ class Transport:
         number = first
         for buf in packed.buffers:
             if buf.numel():
-                works.append(self.gloo.send([buf], peer, self.sent.tag(number)))
+                works.append(self.gloo.send([buf], peer, self.sent.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
                 number += 1
         if packed.device_tensors:
             group = self._device_group()
@@ -176,7 +176,7 @@ class Transport:
         number = first
         for buf in buffers:
             if buf.numel():
-                works.append(self.gloo.recv([buf], peer, counter.tag(number)))
+                works.append(self.gloo.recv([buf], peer, counter.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
                 number += 1
         if device:
             group = self._device_group()
@@ -188,16 +188,19 @@ class Transport:
     def post_canaries(self) -> dict[int, Any]:
         """On the hub: one pending one-byte receive per other rank (see :data:`CANARY_TAG`)."""
         return {
-            peer: self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG) for peer in range(1, self.size)
+            peer: self.gloo.recv(  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
+                [torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG
+            )
+            for peer in range(1, self.size)
         }
 
     def post_canary(self, peer: int) -> Any:
         """On the hub: another canary receive from ``peer``; it fails once that rank's process is gone."""
-        return self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG)
+        return self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG)  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
 
     def send_canary(self) -> Any:
         """On a leaving rank: complete the hub's canary receive."""
-        return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)
+        return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
 
     def close(self) -> None:
         """Drop the process groups this transport built (never the user's), and its store.

@@ -42,7 +42,7 @@ from . import _env
 from ._hub import Hub
 from ._protocol import FOREVER_S, READY_KEY
 from ._server import Server
-from ._spawn import reap, spawn_ranks, start_store, wait_ready
+from ._spawn import OutputRelay, reap, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
 #: Seconds ``stop`` waits for ranks to acknowledge before leaving them to their fate.
@@ -52,13 +52,17 @@ STOP_WAIT_S = 10.0
 class SpawnedWorld:
     """Self-started ranks owned by one group: store, children, hub."""
 
-    def __init__(self, world_size: int, *, start_timeout: float, transport_timeout: float, spares: int = 0) -> None:
+    def __init__(
+        self, world_size: int, *, start_timeout: float, transport_timeout: float, spares: int = 0, group: str = "group"
+    ) -> None:
         self.torchrun = False
+        #: Prefixes the children's output with the group and rank (see ``OutputRelay``).
+        self.output = OutputRelay(group)
         # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
         master = start_store()
         prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(prefix, master)
-        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares)
+        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
@@ -66,6 +70,7 @@ class SpawnedWorld:
             transport = _connect(store, 0, world_size + spares + 1, start_timeout, transport_timeout, loopback=True)
         except BaseException:
             reap(self.processes, 0.0)
+            self.output.join(1.0)
             raise
         self.hub = Hub(store, transport, processes=self.processes)
         self._stopped = False
@@ -81,6 +86,10 @@ class SpawnedWorld:
                 return d
         return None
 
+    def assign(self, data_rank: int, group_rank: int) -> None:
+        """Record that ``data_rank``'s process now hosts ``group_rank`` (its output says so)."""
+        self.output.label(data_rank, f"rank {group_rank}")
+
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced); the hub sees it gone."""
         proc = self.processes.get(data_rank)
@@ -95,6 +104,7 @@ class SpawnedWorld:
         # still waiting on a live child when the gloo group goes aborts the driver at exit.
         self.hub.stop(wait, on_stopped=lambda: reap(self.processes, min(wait, 2.0)))
         self.hub.release_store()
+        self.output.join(1.0)  # the children are gone: their last lines are out
 
 
 def _connect(
