@@ -10,10 +10,11 @@ from dispatchcore import create_colocated_worker_cls, create_colocated_worker_ra
 
 from ._detached import attach_detached, detached_world_size, kill_detached
 from ._executor import RayExecutor
-from ._pool import PlacementError, RayResourcePool, split_resource_pool
+from ._pool import NODE_ORDER_LABEL, PlacementError, RayResourcePool, split_resource_pool
 from ._verl import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls_fused
 
 __all__ = [
+    "NODE_ORDER_LABEL",
     "PlacementError",
     "RayClassWithInitArgs",
     "RayExecutor",

@@ -433,6 +433,13 @@ class RayExecutor(Executor):
     def actor_name(self, rank: int) -> str:
         return self._names[rank]
 
+    def node_of(self, rank: int) -> str:
+        """``node <ip> (<node id prefix>)`` hosting ``rank``, for error messages."""
+        info = self._infos[rank] if rank < len(self._infos) else None
+        if not info:
+            return "an unknown node"
+        return f"node {info['ip']} ({str(info['node_id'])[:8]})"
+
     @property
     def actors(self) -> list[Any]:
         """The actor handles, in rank order."""

@@ -159,10 +159,11 @@ class RayCallHandle(RankCallHandle):
                         continue
                     ping = None
                 elif now - since > self.death_timeout:
+                    rank = self.call.ranks[position]
                     self.rank_died(
                         position,
-                        f"its Ray actor {executor.actor_name(self.call.ranks[position])!r} has not answered a "
-                        f"liveness ping for {self.death_timeout:g} s (death_timeout)",
+                        f"its Ray actor {executor.actor_name(rank)!r} on {executor.node_of(rank)} has not "
+                        f"answered a liveness ping for {self.death_timeout:g} s (death_timeout)",
                     )
                     continue
             if ping is None:
@@ -170,8 +171,9 @@ class RayCallHandle(RankCallHandle):
                 self._pings[position] = (actor.ping.options(concurrency_group=CONTROL_GROUP).remote(), now)
 
     def _gone(self, position: int, exc: BaseException) -> str:
-        name = self.executor.actor_name(self.call.ranks[position])
-        return f"its Ray actor {name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
+        rank = self.call.ranks[position]
+        name, node = self.executor.actor_name(rank), self.executor.node_of(rank)
+        return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
 
 
 def _ignore(reason: str) -> None:

@@ -6,8 +6,10 @@ A pool reserves ``process_on_nodes[i]`` bundles on node ``i`` (one
 ``max_colocate_count`` groups may share a pool: each of their actors asks for
 ``1/max_colocate_count`` of its bundle, so GPUs are shared fractionally.
 Rank ``r`` of every group on the pool gets the ``r``-th bundle after sorting
-the placement groups by node IP as a number, so rank order is stable across
-restarts.  Placement groups are made on first use, and removed when the last
+the placement groups by node IP as a number (what orders a real cluster),
+then by the node's ``dispatchcore-node-order`` label (where several nodes
+share an IP, as simulated nodes on one machine do), then by the pool's own
+order, so rank order is stable across restarts.  Placement groups are made on first use, and removed when the last
 group using the pool shuts down (or by :meth:`RayResourcePool.remove`).
 """
 
@@ -22,6 +24,9 @@ from typing import Any
 from dispatchcore import DispatchError
 
 from ._runtime import ip_sort_key
+
+#: Node label that orders nodes sharing an IP (``ray start --labels='{"dispatchcore-node-order": "1"}'``).
+NODE_ORDER_LABEL = "dispatchcore-node-order"
 
 
 class PlacementError(DispatchError, RuntimeError):
@@ -151,15 +156,18 @@ class RayResourcePool:
                 f"{timeout:g} s; the cluster has {ray.available_resources()} available of "
                 f"{ray.cluster_resources()}. Ask for fewer resources or raise start_timeout"
             )
-        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        placed: list[tuple[tuple[int, int, str], int, list[Slot]]] = []
+        known = ray.nodes()
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in known}
+        labels = {n["NodeID"]: str((n.get("Labels") or {}).get(NODE_ORDER_LABEL, "")) for n in known}
+        placed: list[tuple[tuple[int, int, str], str, int, list[Slot]]] = []
         for position, pg in enumerate(groups):
             table = placement_group_table(pg)
             nodes = table.get("bundles_to_node_id", {})
             slots = [Slot(pg, b, ips.get(nodes.get(b, ""), "")) for b in range(len(table["bundles"]))]
-            placed.append((ip_sort_key(slots[0].node_ip), position, slots))
-        placed.sort(key=lambda item: (item[0], item[1]))
-        return [slot for _, _, slots in placed for slot in slots]
+            node = nodes.get(0, "")
+            placed.append((ip_sort_key(slots[0].node_ip), labels.get(node, ""), position, slots))
+        placed.sort(key=lambda item: item[:3])
+        return [slot for *_, slots in placed for slot in slots]
 
     def acquire(self) -> None:
         """Note one more group using the pool."""

@@ -124,6 +124,33 @@ def test_replace_refused_where_ranks_cannot_restart() -> None:
         WorkerGroup(Restartable, 1, backend="local", on_rank_death="restart")
 
 
+def test_new_rank_takes_the_survivors_trained_state(ray_session: Any) -> None:
+    """The demo actor's hook copies weights and optimizer state: after a retried step all ranks agree."""
+    import ray
+    import torch
+
+    from dispatchcore import DataProto
+    from dispatchcore.demo.task import make_prompts
+    from dispatchcore.demo.workers import ActorWorker, ModelConfig
+
+    config = ModelConfig(collective="gloo", group_key=f"replace-{os.getpid()}")
+    with WorkerGroup(ActorWorker, 2, backend="ray", death_timeout=5, on_rank_death="replace") as wg:
+        wg.init_model(config)
+        batch = DataProto.from_dict({"prompts": make_prompts(8, config.length, torch.Generator().manual_seed(0))})
+        batch = batch.union(wg.generate_sequences(batch))
+        batch.batch["advantages"] = torch.linspace(-1, 1, len(batch))
+        batch.batch["ref_log_prob"] = batch.batch["old_log_prob"]
+        batch.meta_info["total_rows"] = len(batch)
+        wg.update_actor(batch)
+        trained = wg.weights_digest()
+        assert trained[0] == trained[1]
+        kill(ray.get(wg.executor.actor(1).describe.remote())["pid"])  # type: ignore[attr-defined]
+        wg.update_actor(batch)  # retry=True: rank 1 replaced (fresh weights), state copied, step rerun
+        after = wg.weights_digest()
+        assert after[0] == after[1] != trained[0]
+        wg.shutdown_collective()
+
+
 @pytest.mark.timeout(240)
 def test_demo_survives_a_rank_killed_mid_run(ray_session: Any) -> None:
     """The actor+reference rank 1 is SIGKILLed after step 4; training goes on and learns."""
