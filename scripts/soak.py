@@ -12,7 +12,9 @@ returns) and, on Ray, the object store's used bytes and the references the
 driver holds are sampled; at the end, after the last futures resolve, they
 must be back where the warm-up left them.  The script prints the figures
 and exits 1 when a criterion fails: RSS growth of 5% or more, or any count
-or store figure above its baseline.
+or store figure above its baseline.  With ``DISPATCHCORE_RELIABILITY_OUT``
+set, the figures are also appended there as a row of RELIABILITY.md's
+``soak/<backend>`` table.
 
 ``tests/faults/test_soak.py`` runs the same soak in a short form; it loads
 this file as a module, so everything here works without the command line.
@@ -53,6 +55,10 @@ SIZES = (0, 1, 2, 7, 8, 64, 256, 2048)
 SIZE_WEIGHTS = (4, 6, 8, 6, 30, 30, 12, 4)
 #: Most futures kept unresolved at once (resolved oldest first).
 MAX_IN_FLIGHT = 4
+#: Seconds between refreshes of Ray's store figure, with margin (the raylet reports about once a second).
+STORE_REFRESH_S = 1.5
+#: Set to a path, the full run appends its figures there as a row of RELIABILITY.md's soak table.
+RELIABILITY_ENV = "DISPATCHCORE_RELIABILITY_OUT"
 #: RSS criterion of the full run (percent growth after warm-up).
 RSS_GROWTH_LIMIT_PCT = 5.0
 
@@ -169,8 +175,9 @@ class Sample:
     driver_refs: int | None = None
 
     @classmethod
-    def take(cls, call: int, rank_pids: list[int]) -> Sample:
-        store = ray_store()
+    def take(cls, call: int, rank_pids: list[int], ray: bool = False) -> Sample:
+        """Read everything now; ``ray`` adds the store figures (a Ray group's soak)."""
+        store = ray_store() if ray else None
         return cls(
             call=call,
             driver_rss_kib=rss_kib(),
@@ -181,6 +188,19 @@ class Sample:
             store_bytes=None if store is None else store[0],
             driver_refs=None if store is None else store[1],
         )
+
+
+def steady_sample(call: int, rank_pids: list[int], ray: bool, within: float = 10.0) -> Sample:
+    """A sample once Ray's store view has caught up (two equal readings a refresh apart); others at once."""
+    sample = Sample.take(call, rank_pids, ray)
+    deadline = time.monotonic() + within
+    while sample.store_bytes is not None and time.monotonic() < deadline:
+        time.sleep(STORE_REFRESH_S)
+        again = Sample.take(call, rank_pids, ray)
+        if (again.store_bytes, again.driver_refs) == (sample.store_bytes, sample.driver_refs):
+            return again
+        sample = again
+    return sample
 
 
 # -- the call mix -----------------------------------------------------------------------
@@ -329,11 +349,19 @@ class SoakResult:
         start, end = statistics.median(before), statistics.median(after)
         return 0.0 if start <= 0 else 100.0 * (end - start) / start
 
-    def _ends(self) -> tuple[list[Sample], list[Sample]]:
-        """The first and last few samples after warm-up (medians smooth allocator noise)."""
+    def _ends(self, from_half: bool = False) -> tuple[list[Sample], list[Sample]]:
+        """The first and last few samples after warm-up, or from halfway (medians smooth allocator noise)."""
         after = [s for s in self.samples if s.call >= self.warmup]
+        if from_half:
+            after = after[len(after) // 2 :]
         k = max(1, min(3, len(after) // 4))
         return after[:k], after[-k:]
+
+    @property
+    def driver_rss_growth_second_half_pct(self) -> float:
+        """Growth over the second half only: a leak keeps growing there, a warm-up plateau does not."""
+        head, tail = self._ends(from_half=True)
+        return self._growth([s.driver_rss_kib for s in head], [s.driver_rss_kib for s in tail])
 
     @property
     def driver_rss_growth_pct(self) -> float:
@@ -384,6 +412,7 @@ class SoakResult:
                 f"{self.baseline.driver_rss_kib / 1024:.0f} -> {self.final.driver_rss_kib / 1024:.0f}"
             ),
             "driver RSS growth %": round(self.driver_rss_growth_pct, 2),
+            "driver RSS growth % (2nd half)": round(self.driver_rss_growth_second_half_pct, 2),
             "rank RSS growth %": [round(g, 2) for g in self.rank_rss_growth_pct],
         }
         for name, (a, b) in self.flat_counts().items():
@@ -391,7 +420,7 @@ class SoakResult:
         return row
 
 
-def settle(rank_pids: list[int], baseline: Sample, calls: int, within: float) -> Sample:
+def settle(rank_pids: list[int], baseline: Sample, calls: int, ray: bool, within: float) -> Sample:
     """The final sample, re-taken until no count is above its baseline or ``within`` s pass.
 
     Reaped threads, closed connections and the store's view (refreshed about
@@ -400,7 +429,7 @@ def settle(rank_pids: list[int], baseline: Sample, calls: int, within: float) ->
     deadline = time.monotonic() + within
     while True:
         gc.collect()
-        final = Sample.take(calls, rank_pids)
+        final = Sample.take(calls, rank_pids, ray)
         above = (
             final.threads > baseline.threads
             or final.fds > baseline.fds
@@ -424,8 +453,9 @@ def soak(
     progress: Callable[[int, Sample], None] | None = None,
 ) -> SoakResult:
     """Run ``calls`` mixed calls on ``wg`` (a group of :class:`SoakWorker`) and sample as it goes."""
-    warmup = max(20, calls // 10) if warmup is None else warmup
+    warmup = max(20, calls // 5) if warmup is None else warmup
     rank_pids = [] if wg.backend == "local" else [int(p) for p in wg.pid()]
+    on_ray = wg.backend == "ray"
     mix = CallMix(wg, seed)
     every = max(1, (calls - warmup) // max(1, samples))
     result = SoakResult(wg.backend, wg.world_size, calls, warmup, 0.0, mix.counts)
@@ -434,10 +464,10 @@ def soak(
         if i == warmup:
             mix.drain()
             gc.collect()
-            result.baseline = Sample.take(i, rank_pids)
+            result.baseline = steady_sample(i, rank_pids, on_ray)
             result.samples.append(result.baseline)
         elif i > warmup and (i - warmup) % every == 0:
-            sample = Sample.take(i, rank_pids)
+            sample = Sample.take(i, rank_pids, on_ray)
             result.samples.append(sample)
             if progress is not None:
                 progress(i, sample)
@@ -445,9 +475,9 @@ def soak(
     mix.drain()
     result.seconds = time.monotonic() - started
     if result.baseline is None:  # fewer calls than the warm-up
-        result.baseline = Sample.take(calls, rank_pids)
+        result.baseline = steady_sample(calls, rank_pids, on_ray)
     del mix
-    result.final = settle(rank_pids, result.baseline, calls, settle_within)
+    result.final = settle(rank_pids, result.baseline, calls, on_ray, settle_within)
     result.samples.append(result.final)
     if rank_pids and [int(p) for p in wg.pid()] != rank_pids:
         raise AssertionError("a rank's process changed during the soak")
@@ -479,15 +509,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=None, help="calls before the baseline (default: a fifth)")
     parser.add_argument("--samples", type=int, default=50, help="readings after warm-up")
     parser.add_argument("--json", metavar="PATH", help="also write the figures and samples here")
+    parser.add_argument("--ray-address", default="local", help="Ray to connect to (default: start a private local one)")
     args = parser.parse_args(argv)
 
     if args.backend == "ray":
         import ray
 
         if not ray.is_initialized():
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+            local = args.ray_address == "local"
+            extra = {"num_cpus": 4, "include_dashboard": False} if local else {}
+            ray.init(address=args.ray_address, log_to_driver=False, **extra)
     wg = make_group(args.backend, args.world_size)
     try:
 
@@ -500,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-        result = soak(wg, args.calls, seed=args.seed, samples=args.samples, progress=progress)
+        result = soak(wg, args.calls, seed=args.seed, warmup=args.warmup, samples=args.samples, progress=progress)
     finally:
         wg.shutdown()
     print(f"\nsoak {args.backend} x{args.world_size}: {args.calls} calls in {result.seconds:.1f} s")
@@ -508,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {value}")
     print(f"  calls by kind: {dict(sorted(result.counts.items()))}")
     failed = result.failures()
+    out = os.environ.get(RELIABILITY_ENV)
+    if out:  # the same JSON lines as tests/faults' ``record`` fixture: a row of RELIABILITY.md
+        row = {"form": f"full ({args.calls} calls)", **result.figures(), "criteria": "; ".join(failed) or "met"}
+        with open(out, "a") as f:
+            f.write(json.dumps({"table": f"soak/{args.backend}", **row}, default=str, sort_keys=True) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

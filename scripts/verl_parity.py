@@ -35,8 +35,9 @@ verl-internal helpers, when it uses such a helper or its file imports nothing
 of verl's public surface.
 
 Ray: the tests call ``ray.init`` themselves; a ``conftest.py`` added to both
-copies makes every such call start a fresh local Ray with ``num_cpus``
-(``--ray-cpus``), ``include_dashboard=False``, never connecting to an address,
+copies makes every such call start a fresh local Ray with ``num_cpus`` (the
+test's own, else ``--ray-cpus``; logical CPUs, none pre-started as worker
+processes) and ``include_dashboard=False``, never connecting to an address,
 and shuts down a Ray a failed test left running.  Each test file runs in its
 own pytest process.
 
@@ -125,7 +126,8 @@ def _patch_ray():
         if ray.is_initialized():
             ray.shutdown()
         kwargs.pop("address", None)
-        kwargs.update(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+        kwargs.setdefault("num_cpus", RAY_CPUS)  # verl's pools reserve CPUs by the test's own count
+        kwargs.update(include_dashboard=False, log_to_driver=False)
         return real_init(**kwargs)
 
     local_init._verl_parity = True
@@ -254,6 +256,8 @@ def fetch_tests(python: Path, work: Path) -> Path:
 def install_dispatchcore(python: Path, work: Path) -> Path:
     """This checkout installed into a folder of its own (first on PYTHONPATH for the dispatchcore run)."""
     source, target = work / "dispatchcore-src", work / "dispatchcore-site"
+    for stale in (source, target):  # pip --target skips a package already there
+        shutil.rmtree(stale, ignore_errors=True)
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=REPO,
@@ -354,7 +358,9 @@ def run_side(
     cmd += ["junit_family=xunit2", "--timeout", str(args.test_timeout)]
     if side == "verl":
         cmd += ["-p", "no:dispatchcore"]
-    env = {**os.environ, "VERL_PARITY_RAY_CPUS": str(args.ray_cpus), **env_extra}
+    # Logical CPUs (num_cpus=100 in some tests) must not become 100 pre-started Python workers.
+    env = {**os.environ, "VERL_PARITY_RAY_CPUS": str(args.ray_cpus), "RAY_prestart_worker_first_driver": "0"}
+    env.update(env_extra)
     env.pop("RAY_ADDRESS", None)
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -448,7 +454,7 @@ def main() -> int:
     parser.add_argument("--venv", type=Path, default=Path("/tmp/verl-venv"), help="venv with verl installed")
     parser.add_argument("--make-venv", action="store_true", help="build the venv if it is missing")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the sdist and rewritten tests here")
-    parser.add_argument("--ray-cpus", type=int, default=8, help="num_cpus of every local Ray the tests start")
+    parser.add_argument("--ray-cpus", type=int, default=8, help="num_cpus of a local Ray whose test names none")
     parser.add_argument("--test-timeout", type=int, default=300, help="seconds per test (pytest-timeout)")
     parser.add_argument("--file-timeout", type=int, default=1200, help="seconds per test file and side")
     parser.add_argument("-k", dest="only", default="", help="run only test files whose name contains this")

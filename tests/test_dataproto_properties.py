@@ -132,7 +132,8 @@ def test_repeat_interleave_every_kth_row(data: DataProto, k: int) -> None:
 
 
 @FAST
-@given(dataprotos(min_len=1, max_len=48), WORLD)
+# Arrays inside object columns travel out of band too: leave them out of this byte count.
+@given(dataprotos(min_len=1, max_len=48, non_tensor_kinds=("text", "ragged_lists", "mixed_objects", "numeric")), WORLD)
 def test_pickled_chunks_carry_only_their_rows(data: DataProto, n: int) -> None:
     assume(len(data) % n == 0)
     row_bytes = sum(t[0:1].numel() * t.element_size() for t in data.batch.values())

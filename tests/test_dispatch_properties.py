@@ -20,8 +20,9 @@ from dispatchcore import (
     make_nd_compute_dataproto_dispatch_fn,
 )
 from dispatchcore._builtin_modes import dispatch_dp_compute_proto
+from dispatchcore.testing import check_dispatch_mode, nd_meshes, strategies
 
-world_sizes = st.integers(min_value=1, max_value=16)
+world_sizes = strategies.world_sizes()
 lengths = st.integers(min_value=1, max_value=80)
 
 
@@ -32,6 +33,23 @@ def first_argument(*args, **kwargs):
 
 def proto(n: int, padding: bool) -> DataProto:
     return DataProto.from_dict({"x": torch.arange(n), "y": torch.arange(2 * n).reshape(n, 2)}, auto_padding=padding)
+
+
+# The public checker users run on their own modes: any batch (every column kind,
+# padding on or off), any world size, round trip, order and padding.
+@pytest.mark.parametrize("keyword", [None, "data"])
+def test_dp_compute_proto_keeps_every_property(keyword: str | None) -> None:
+    check_dispatch_mode(Dispatch.DP_COMPUTE_PROTO, keyword=keyword, max_examples=50)
+
+
+def test_dp_compute_metric_and_with_func_keep_every_property() -> None:
+    check_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, collects="per_rank", max_examples=50)
+    check_dispatch_mode(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, leading_args=(lambda d: d,), max_examples=50)
+
+
+def test_nd_mode_keeps_every_property_on_any_layout() -> None:
+    mode = make_nd_compute_dataproto_dispatch_fn("prop")
+    check_dispatch_mode(mode, meshes=lambda n: nd_meshes("prop", n), max_examples=50)
 
 
 @settings(deadline=None, max_examples=60)

@@ -26,7 +26,7 @@ from ._fused import create_colocated_worker_raw_cls
 from ._futures import CallFuture, DataProtoFuture
 from ._hookspecs import hookimpl, hookspec
 from ._membership import MembershipChange
-from ._meta_info import union_numpy_dict, union_two_dict
+from ._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
 from ._method_proxy import MethodProxy
 from ._modes import (
     Dispatch,
@@ -104,6 +104,7 @@ __all__ = [
     "trim_padding",
     "unfold_batch_dim",
     "union_numpy_dict",
+    "union_tensor_dict",
     "union_two_dict",
     "unpad_dataproto",
     "unregister_dispatch_mode",

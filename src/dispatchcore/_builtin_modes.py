@@ -108,7 +108,8 @@ def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[A
 
 
 def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
-    if ctx.padded_len and (ctx.padded_len, ctx.pad_size) != (padded_len, pad_size):
+    # Compared with the first split argument even when that one was empty (padded_len 0).
+    if ctx.extra.setdefault("split_shape", (padded_len, pad_size)) != (padded_len, pad_size):
         raise BatchSizeError(
             f"call {ctx.method!r}: DataProto arguments have different lengths "
             f"({ctx.padded_len - ctx.pad_size} and {padded_len - pad_size} rows after the same split)"
@@ -138,14 +139,11 @@ def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> N
     """A DataProto mode given arguments but no DataProto would send every rank the
     whole of each and concatenate n copies of the answer: refuse it instead."""
     got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
-    hint = ""
-    if any(type(v).__name__ == "TensorDict" for v in (*args, *kwargs.values())):
-        hint = " (wrap a TensorDict with DataProto.from_tensordict(td))"
     raise BatchSizeError(
         f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
-        f"is a DataProto or DataProtoFuture (got {', '.join(got)}). Pass the batch as a DataProto, e.g. "
-        f"DataProto.from_dict({{...}}){hint}, or register the method with Dispatch.ONE_TO_ALL to send "
-        "every argument whole"
+        f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
+        "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "
+        "argument whole"
     )
 
 

@@ -56,7 +56,8 @@ def _forward(role: str, method: str, registration: Any) -> Any:
 
 def _forward_mesh_info(role: str) -> Any:
     def mesh_info(self: Any, mesh_name: str) -> tuple[int, bool]:
-        return self._dispatchcore_role_objects[role]._dispatchcore_mesh_info(mesh_name)
+        info: tuple[int, bool] = self._dispatchcore_role_objects[role]._dispatchcore_mesh_info(mesh_name)
+        return info
 
     return mesh_info
 

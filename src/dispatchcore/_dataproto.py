@@ -69,7 +69,7 @@ class DataProto:
         non_tensor_batch: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
     ) -> None:
-        self.batch = batch  # type: ignore[assignment]
+        self.batch = batch
         self.non_tensor_batch = {k: as_column(k, v) for k, v in (non_tensor_batch or {}).items()}
         self.meta_info = dict(meta_info or {})
         self.check_consistency()
@@ -307,7 +307,7 @@ class DataProto:
                 f"DataProto.concat: items {[i for i, h in enumerate(has_batch) if not h]} have no tensor batch "
                 f"while items {[i for i, h in enumerate(has_batch) if h]} do"
             )
-        batch = TensorBatch.cat([item.batch for item in items]) if all(has_batch) else None  # type: ignore[misc]
+        batch = TensorBatch.cat([item.batch for item in items]) if all(has_batch) else None
         keys = list(items[0].non_tensor_batch)
         for pos, item in enumerate(items[1:], start=1):
             if set(item.non_tensor_batch) != set(keys):
@@ -383,7 +383,7 @@ class DataProto:
             missing = [k for k in names if k not in pool]
             if missing:
                 raise KeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
-        tensors = {k: self.batch.pop(k) for k in batch_keys}  # type: ignore[union-attr]
+        tensors = {k: self.batch.pop(k) for k in batch_keys}
         non_tensors = {k: self.non_tensor_batch.pop(k) for k in nt_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_keys}
         batch = TensorBatch(tensors, batch_size=[len(self)]) if tensors else None
@@ -480,7 +480,8 @@ class DataProto:
     def load_from_disk(filepath: str | os.PathLike[str]) -> DataProto:
         """Read a DataProto written by :meth:`save_to_disk`."""
         with open(filepath, "rb") as f:
-            return pickle.load(f)
+            loaded: DataProto = pickle.load(f)
+            return loaded
 
     # -- pickling -------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ Backend exceptions are translated into these at each executor's boundary
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DispatchError(Exception):
     """Base of every dispatchcore exception."""
@@ -61,7 +63,7 @@ class WorkerError(DispatchError, RuntimeError):
             return head
         return f"{head}\n\n--- remote traceback (rank {self.rank}, {self.method}) ---\n{tb}"
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (
             type(self),
             (self.rank, self.method, self.remote_traceback, self.exc_type, self.exc_message),
@@ -85,7 +87,7 @@ class WorkerDiedError(DispatchError, RuntimeError):
             msg += f": {self.detail}"
         return msg
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.rank, self.detail, self.method))
 
 

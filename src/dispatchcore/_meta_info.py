@@ -32,11 +32,13 @@ __all__ = [
 # -- equality -------------------------------------------------------------------
 
 
-def values_equal(a: Any, b: Any) -> bool:
-    """Deep equality that copes with tensors, arrays, NaN and nested containers.
+def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
+    """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
 
     ``==`` alone raises on arrays ("truth value is ambiguous") and calls
-    NaN unequal to itself; meta_info and object columns hold both.
+    NaN unequal to itself; meta_info and object columns hold both.  A pair of
+    containers met again while being compared is taken as equal (an object
+    array holding itself equals another of the same shape), so cycles end.
     """
     if a is b:
         return True
@@ -48,21 +50,40 @@ def values_equal(a: Any, b: Any) -> bool:
         if a.is_floating_point() or a.is_complex():
             return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
         return bool(torch.equal(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    nested = (
+        (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == object)
+        or (isinstance(a, Mapping) and isinstance(b, Mapping))
+        or (isinstance(a, list | tuple) and isinstance(b, list | tuple))
+    )
+    if not nested:
+        return _flat_equal(a, b)
+    comparing = set() if _comparing is None else _comparing
+    pair = (id(a), id(b))
+    if pair in comparing:
+        return True
+    comparing.add(pair)
+    try:
+        if isinstance(a, np.ndarray):
+            same_shape = a.shape == b.shape
+            return same_shape and all(values_equal(x, y, comparing) for x, y in zip(a.flat, b.flat, strict=True))
+        if isinstance(a, Mapping):
+            return a.keys() == b.keys() and all(values_equal(a[k], b[k], comparing) for k in a)
+        same_len = type(a) is type(b) and len(a) == len(b)
+        return same_len and all(values_equal(x, y, comparing) for x, y in zip(a, b, strict=True))
+    finally:
+        comparing.discard(pair)
+
+
+def _flat_equal(a: Any, b: Any) -> bool:
+    """Equality of values that hold no other values to recurse into."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
             return False
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
-        if a.dtype != object:
-            kind_nan = a.dtype.kind in "fc"
-            return bool(np.array_equal(a, b, equal_nan=kind_nan))
-        return all(values_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(map(values_equal, a, b))
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
     try:
         result = a == b
         return bool(result)
@@ -83,7 +104,11 @@ def union_tensor_dict(tensor_dict1: TensorBatch, tensor_dict2: TensorBatch) -> T
     for key, value in tensor_dict2.items():
         if key in tensor_dict1:
             if not values_equal(tensor_dict1[key], value):
-                raise ValueError(f"union: batch key {key!r} differs between the two DataProtos")
+                # verl's wording first, so logs and tests written against verl still match
+                raise ValueError(
+                    f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
+                    f"(union: batch key {key!r} has different values in the two DataProtos)"
+                )
         else:
             tensor_dict1[key] = value
     return tensor_dict1
@@ -93,7 +118,10 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     """Add ``tensor_dict2``'s arrays to ``tensor_dict1``; shared keys must be equal."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not values_equal(tensor_dict1[key], value):
-            raise ValueError(f"union: non_tensor_batch key {key!r} differs between the two DataProtos")
+            raise ValueError(
+                f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
+                f"(union: non_tensor_batch key {key!r} has different values in the two DataProtos)"
+            )
         tensor_dict1[key] = value
     return tensor_dict1
 

@@ -58,8 +58,11 @@ def make_nd_compute_dataproto_dispatch_fn(
         dp_size, collect_positions = mesh_layout(mesh_name, info)
         per_dp_args, per_dp_kwargs = split_dataprotos(wg, dp_size, args, kwargs)
         current_call().collect_positions = collect_positions
+
         # Replicas of one dp rank get the very same chunk object: shipped once.
-        spread = lambda per_dp: [per_dp[dp] for dp, _ in info]  # noqa: E731
+        def spread(per_dp: list[Any]) -> list[Any]:
+            return [per_dp[dp] for dp, _ in info]
+
         return tuple(spread(a) for a in per_dp_args), {k: spread(v) for k, v in per_dp_kwargs.items()}
 
     dispatch.__name__ = dispatch.__qualname__ = f"dispatch_nd_{mesh_name}"

@@ -86,7 +86,7 @@ def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
     :class:`RowBuffers`, in order, come back as one view of that buffer.
     """
     ctx = current_call_or_none()
-    buffers = None if ctx is None else ctx.row_buffers
+    buffers: RowBuffers | None = None if ctx is None else ctx.row_buffers
     if buffers is not None:
         joined = buffers.join(tensors)
         if joined is not None:

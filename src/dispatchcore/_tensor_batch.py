@@ -36,7 +36,7 @@ __all__ = ["TensorBatch", "is_tensordict"]
 
 _MISSING: Any = object()
 
-RowIndex = int | slice | list | tuple | np.ndarray | torch.Tensor
+RowIndex = int | slice | list[Any] | tuple[Any, ...] | np.ndarray | torch.Tensor
 
 
 def is_tensordict(obj: Any) -> bool:
@@ -379,7 +379,7 @@ class TensorBatch:
         return out
 
     @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         """Let ``torch.cat`` / ``torch.stack`` take TensorBatches, as with TensorDict."""
         kwargs = kwargs or {}
         if func is torch.cat:

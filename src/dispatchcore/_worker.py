@@ -36,7 +36,7 @@ def rank_context(rank: int, world_size: int) -> Iterator[None]:
 
 def current_rank_context() -> tuple[int, int]:
     """(rank, world_size) for a worker being built now."""
-    found = getattr(_context, "current", None)
+    found: tuple[int, int] | None = getattr(_context, "current", None)
     if found is not None:
         return found
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -92,7 +92,8 @@ class Worker(DispatchCollectInfo):
     @property
     def fused_worker_dict(self) -> dict[str, Any]:
         """The role objects of the fused worker hosting this one, by role (verl's name; ``{}`` if none)."""
-        return self.__dict__.setdefault("_dispatchcore_fused", {})
+        fused: dict[str, Any] = self.__dict__.setdefault("_dispatchcore_fused", {})
+        return fused
 
     @fused_worker_dict.setter
     def fused_worker_dict(self, roles: dict[str, Any]) -> None:

@@ -272,6 +272,7 @@ class WorkerGroup(Generic[W]):
         bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self._world_size]
         if not wanted or bad:
             raise ValueError(f"replace_rank needs rank numbers in 0..{self._world_size - 1}, got {list(ranks)}")
+        wanted = tuple(sorted(self._all_ranks[r] for r in wanted))  # a view's ranks are positions in it
         with root._recover_lock:
             root._generation += 1
             return run_replacement(root, wanted, root._generation)
@@ -302,7 +303,7 @@ class WorkerGroup(Generic[W]):
     # -- calling ---------------------------------------------------------------
     def _check_open(self) -> None:
         root = self._parent or self
-        if root._closed:
+        if root._closed or self._closed:  # a view shut down refuses calls; its parent goes on
             raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
         reason = self._executor.broken
         if reason:
@@ -548,6 +549,9 @@ class WorkerGroup(Generic[W]):
     def __repr__(self) -> str:
         name = getattr(self, "_worker_cls", type(None)).__name__
         state = " closed" if self.__dict__.get("_closed") else ""
+        ranks = self.__dict__.get("_all_ranks", ())
+        if ranks != tuple(range(len(ranks))):
+            state = f" ranks {list(ranks)}{state}"
         return f"<WorkerGroup {name} x{self.__dict__.get('_world_size')} on {self.__dict__.get('_backend')!r}{state}>"
 
 

@@ -10,7 +10,9 @@ A rank whose thread exited is reported dead.
 
 from __future__ import annotations
 
+import functools
 import time
+import weakref
 from typing import Any
 
 from dispatchcore import DispatchError
@@ -52,6 +54,8 @@ class LocalExecutor(Executor):
         super().__init__(spec)
         options = check_options(self.name, spec.options, _DEFAULTS)
         self._closed = False
+        #: Calls not known to be finished (see ``shutdown``).
+        self._calls: weakref.WeakSet[RankCallHandle] = weakref.WeakSet()
         self.rank_threads = [
             RankThread(
                 WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs)),
@@ -62,7 +66,7 @@ class LocalExecutor(Executor):
         ranks = tuple(range(spec.world_size))
         started = _LocalCallHandle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
         for position, rank in enumerate(self.rank_threads):
-            rank.put(lambda position=position, host=rank.host: _start(started, position, host))
+            rank.put(functools.partial(_start, started, position, rank.host))
         try:
             started.result(float(options["start_timeout"]))
         except BaseException:
@@ -73,6 +77,7 @@ class LocalExecutor(Executor):
         if self._closed:
             raise DispatchError("this local group is shut down")
         handle = _LocalCallHandle(self, call)
+        self._calls.add(handle)
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
         method, timed = call.method, call.timed
@@ -97,7 +102,9 @@ class LocalExecutor(Executor):
         self._closed = True
         for rank in self.rank_threads:
             rank.request_stop()
-        deadline = time.monotonic() + 2.0
+        # Ranks may be stuck in a call that outlived its timeout or was abandoned (Ctrl-C): do not wait for them.
+        stuck = self.broken is not None or any(not call.done() for call in list(self._calls))
+        deadline = time.monotonic() + (0.0 if stuck else 2.0)
         for rank in self.rank_threads:
             rank.join(deadline - time.monotonic())
 

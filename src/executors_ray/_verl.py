@@ -195,12 +195,13 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     @property
     def workers(self) -> list[Any]:
-        """The Ray actor handles, in rank order."""
-        return self._ray().actors
+        """The Ray actor handles, in rank order (a view's ranks only)."""
+        actors = self._ray().actors
+        return [actors[r] for r in self.rank_ids]
 
     @property
     def worker_names(self) -> list[str]:
-        return [self._ray().actor_name(r) for r in range(self.world_size)]
+        return [self._ray().actor_name(r) for r in self.rank_ids]
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``method_name`` on every rank and wait (verl's ALL_TO_ALL argument rule)."""
@@ -208,13 +209,13 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank; Ray ``ObjectRef`` s to ``ray.get`` (as verl)."""
-        return self._plain_refs(method_name, args, kwargs, ranks=range(self.world_size))
+        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids)
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_rank_zero(method_name, *args, **kwargs)
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._plain_refs(method_name, args, kwargs, ranks=[0])[0]
+        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids[:1])[0]
 
     def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: Any) -> list[Any]:
         self.ensure_usable()
@@ -223,9 +224,9 @@ class RayWorkerGroup(WorkerGroup[Any]):
         values = list(args) + list(kwargs.values())
         split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
         refs = []
-        for rank in ranks:
-            a = tuple(v[rank] for v in args) if split else args
-            kw = {k: v[rank] for k, v in kwargs.items()} if split else kwargs
+        for position, rank in enumerate(ranks):  # split lists are indexed by position in this (view) group
+            a = tuple(v[position] for v in args) if split else args
+            kw = {k: v[position] for k, v in kwargs.items()} if split else kwargs
             refs.append(executor.actor(rank).call_plain.remote(method, *a, **kw))
         return refs
 

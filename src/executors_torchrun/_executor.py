@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +104,8 @@ class TorchrunExecutor(Executor):
         self._local: RankThread | None = None
         self._world: SpawnedWorld | None = None
         self._submit_lock = threading.Lock()
+        #: Calls not known to be finished: one abandoned by Ctrl-C keeps its ranks busy, so shutdown will not wait.
+        self._calls: weakref.WeakSet[RankCallHandle] = weakref.WeakSet()
         ranks = _check_ranks(options["ranks"], spec.world_size)
         if _env.under_torchrun():
             if spares:
@@ -205,6 +208,7 @@ class TorchrunExecutor(Executor):
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
         handle = _Handle(self, call)
+        self._calls.add(handle)
         unique = call.unique_values()
         remote = [(p, self._data_ranks[g]) for p, g in enumerate(call.ranks) if self._data_ranks[g] != 0]
         needed = {p: sorted({*unique.arg_slots[p], *unique.kwarg_slots[p].values()}) for p, _ in remote}
@@ -268,7 +272,7 @@ class TorchrunExecutor(Executor):
         if self._closed:
             return
         self._closed = True
-        stuck = self.broken is not None
+        stuck = self.broken is not None or any(not call.done() for call in list(self._calls))
         if self._world is not None:
             self._world.stop(wait=0.5 if stuck else 10.0)
         elif not self._hub.closed:

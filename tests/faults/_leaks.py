@@ -41,6 +41,10 @@ def _children(pid: int) -> set[int]:
     return {c for c in found if states.get(c) != "Z"}
 
 
+#: Public name: every live process ``pid`` started, directly or not.
+descendants = _children
+
+
 def _ray_counts() -> tuple[int, int]:
     """Alive actors and live placement groups of the running Ray (0, 0 without one).
 
@@ -61,6 +65,16 @@ def _ray_counts() -> tuple[int, int]:
     return actors, groups
 
 
+def _fd_targets() -> dict[str, str]:
+    targets = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor, for one)
+            continue
+    return targets
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Counts of everything a group could leak, taken in the driver."""
@@ -71,18 +85,22 @@ class Snapshot:
     shm: frozenset[str]
     ray_actors: int = 0
     ray_placement_groups: int = 0
+    #: ``fd -> what it points at``, to say what a leaked descriptor is.
+    fd_targets: dict[str, str] = field(default_factory=dict, compare=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def take(cls, *, ray: bool = False) -> Snapshot:
         actors, groups = _ray_counts() if ray else (0, 0)
+        targets = _fd_targets()
         return cls(
             threads=frozenset(f"{t.name}#{t.ident}" for t in threading.enumerate()),
-            fds=len(os.listdir("/proc/self/fd")),
+            fds=len(targets),
             children=frozenset(_children(os.getpid())),
             shm=frozenset(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else frozenset(),
             ray_actors=actors,
             ray_placement_groups=groups,
+            fd_targets=targets,
         )
 
     def leaks_since(self, before: Snapshot) -> dict[str, Any]:
@@ -93,6 +111,9 @@ class Snapshot:
             leaks["threads"] = threads
         if self.fds > before.fds:
             leaks["fds"] = self.fds - before.fds
+            new = sorted({t for fd, t in self.fd_targets.items() if before.fd_targets.get(fd) != t})
+            if new:
+                leaks["fd_targets"] = new
         children = sorted(self.children - before.children)
         if children:
             leaks["processes"] = children

@@ -137,7 +137,9 @@ class FaultWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def plus_rank(self, data: DataProto) -> DataProto:
         """Each row's ``x`` plus 1000 times the rank that processed it."""
-        return DataProto.from_dict({"x": data.batch["x"] + 1000 * self.rank, "rank": torch.full((len(data),), self.rank)})
+        return DataProto.from_dict(
+            {"x": data.batch["x"] + 1000 * self.rank, "rank": torch.full((len(data),), self.rank)}
+        )
 
 
 def _wait(seconds: float) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dispatchcore import WorkerError
 
-from ._harness import backend_params, fault_row
+from ._harness import FAULT_TABLE, backend_params, fault_row
 from ._leaks import Snapshot, settle, timed
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.parametrize("backend", backend_params(), indirect=True)]
@@ -51,7 +51,10 @@ def test_a_raise_names_rank_and_method_and_leaves_the_group_usable(
         assert any(f"rank(s) {others} raised too" in note for note in getattr(error, "__notes__", []))
     _check_usable(wg, calls + 1)
     leaks = settle(before, ray=backend == "ray")
-    record(f"faults/{backend}", **fault_row(f"worker {fault}", error, seconds, "-", "yes (same workers)", leaks))
+    record(
+        FAULT_TABLE.format(backend=backend),
+        **fault_row(f"worker {fault}", error, seconds, "-", "yes (same workers)", leaks),
+    )
     assert not leaks
 
 
@@ -68,7 +71,7 @@ def test_a_raise_on_a_later_call(shared_group: Any, backend: str, record: Any) -
     _check_usable(wg, limit + 1)
     leaks = settle(before, ray=backend == "ray")
     record(
-        f"faults/{backend}",
+        FAULT_TABLE.format(backend=backend),
         **fault_row("worker raises on a later call", error, seconds, "-", "yes (same workers)", leaks),
     )
     assert not leaks

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SAMPLE = HERE / "typed_driver.py"
+#: Check this checkout's dispatchcore, whatever copy is installed.
+SRC = HERE.parents[1] / "src"
 EXPECT = re.compile(r"# expect: mypy=(\S+) pyright=(\S+)\s*$")
 MYPY_LINE = re.compile(
     r"^(?P<path>[^:]+):(?P<line>\d+): (?P<severity>error|warning): (?P<message>.*?)\s+\[(?P<code>[\w-]+)\]$"
@@ -51,19 +54,23 @@ def _require(module: str) -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
     _require("mypy")
     _require("pyright")
-    cache = tmp_path_factory.mktemp("mypy-cache")
+    scratch = tmp_path_factory.mktemp("type-checkers")
+    pyright_config = scratch / "pyrightconfig.json"
+    pyright_config.write_text(json.dumps({"extraPaths": [str(SRC)], "pythonVersion": "3.11"}))
     commands = {
         "mypy": [
-            sys.executable, "-m", "mypy", "--config-file", str(HERE / "mypy.ini"), "--cache-dir", str(cache),
+            sys.executable, "-m", "mypy", "--config-file", str(HERE / "mypy.ini"),
+            "--cache-dir", str(scratch / "mypy-cache"),
             "--no-error-summary", "--hide-error-context", "--show-error-codes", str(SAMPLE),
         ],
         "pyright": [
             sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable,
-            "--pythonversion", "3.11", str(SAMPLE),
+            "--project", str(pyright_config), str(SAMPLE),
         ],
     }  # fmt: skip
+    env = {**os.environ, "MYPYPATH": str(SRC)}
     procs = {
-        name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
+        name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, env=env)
         for name, cmd in commands.items()
     }
     yield procs

@@ -108,6 +108,18 @@ class Actor(Worker):
     def nd_update(self, data: DataProto) -> DataProto:
         return data
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def by_keyword(self, data: DataProto) -> DataProto:
+        return data
+
+    @register(Dispatch.ONE_TO_ALL, Execute.ALL)
+    def verl_positional(self, step: int) -> bool:
+        return True
+
+    @register(Dispatch.DP_COMPUTE_PROTO, Execute.RANK_ZERO, blocking=False)
+    def zero_later(self, data: DataProto) -> DataProto:
+        return data
+
     def helper(self) -> int:
         return 0
 
@@ -133,6 +145,9 @@ def correct(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     assert_type(wg.call.total(1), int)
     assert_type(wg.call.loose(), Any)
     assert_type(wg.call.nd_update(batch), DataProto)
+    assert_type(wg.call.by_keyword(batch), DataProto)
+    assert_type(wg.call.verl_positional(3), list[bool])
+    assert_type(wg.call.zero_later(batch), CallFuture[DataProto])
     # Views are groups of the same worker class.
     assert_type(wg[0:2], WorkerGroup[Actor])
     assert_type(wg.ranks([0, 3]).call.update_actor(batch), DataProto)

@@ -11,7 +11,7 @@ give the same sums (exactly for two ranks, within float rounding beyond).
 from __future__ import annotations
 
 import threading
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -72,7 +72,7 @@ class GradientReducer:
             dist.destroy_process_group()
         dist.init_process_group("gloo")
 
-    def broadcast_objects(self, objects: list[object], src: int) -> None:
+    def broadcast_objects(self, objects: list[Any], src: int) -> None:
         """Replace ``objects`` on every rank by ``src``'s (picklable objects; process backends only)."""
         if self.world_size == 1 or self.thread_group is not None:
             return

@@ -27,7 +27,8 @@ class TinyPolicy(nn.Module):
         previous = torch.cat([start, responses[:, :-1]], dim=1)
         positions = torch.arange(self.length, device=prompts.device)
         h = self.prompt_digit(prompts) + self.previous(previous) + self.position(positions)
-        return self.head(h)
+        logits: torch.Tensor = self.head(h)
+        return logits
 
     def log_probs(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """Sequence log-probability of each response, ``[batch]``."""

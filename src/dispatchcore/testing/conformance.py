@@ -319,3 +319,65 @@ class ExecutorConformance:
         wg.shutdown()
         with pytest.raises(DispatchError, match="shut down"):
             wg.info()
+
+    # -- sub-group views (wg[0:2], wg.ranks([...])): only core code, so every backend ---------
+    def test_view_calls_only_its_ranks(self, group: WorkerGroup[Any]) -> None:
+        view = group[1:3]
+        assert (view.world_size, view.rank_ids, view.backend) == (2, (1, 2), self.backend)
+        assert [i["rank"] for i in view.info()] == [1, 2]
+        assert [r for r, _, _ in group.ranks([3, 0]).one_to_all("x")] == [3, 0]
+        assert group[-1].rank_zero("z") == (3, ("z",)), "RANK_ZERO runs on the view's first rank"
+        assert group[2:].only_rank_zero() == 2
+        assert [r for r, _, _ in group[2:].execute_all("one_to_all", 1)] == [2, 3]
+        assert group[2:].execute_rank_zero("not_registered") == 2
+        assert [r for r, _ in group[::2].call.coroutine("v")] == [0, 2]
+
+    def test_view_dispatch_uses_the_view_size(self, group: WorkerGroup[Any]) -> None:
+        view = group.ranks([1, 3])
+        data = batch(6)
+        out = view.echo(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert out.batch["rank"].tolist() == [1, 1, 1, 3, 3, 3]
+        assert view.dp_compute([10, 30]) == [(1, (10,), {}), (3, (30,), {})]
+        assert view.all_to_all(["a", "b"]) == [(1, ("a",), {}), (3, ("b",), {})]
+        padded = view.metric(batch(3, padding=True))
+        assert padded == [{"rank": 1, "rows": 2, "padding": 0}, {"rank": 3, "rows": 2, "padding": 1}]
+        assert view.sleep_then_rank(0.01).get() == [1, 3]
+
+    def test_views_share_the_ranks(self, group: WorkerGroup[Any]) -> None:
+        group.ranks([0, 2]).keep("even")
+        group.ranks([1, 3]).keep("odd")
+        assert group.kept() == ["even", "odd", "even", "odd"]
+        whole = {i["rank"]: (i["pid"], i["thread"]) for i in group.info()}
+        assert {i["rank"]: (i["pid"], i["thread"]) for i in group[1:].info()} == {r: whole[r] for r in (1, 2, 3)}
+
+    def test_dataproto_futures_cross_views(self, group: WorkerGroup[Any]) -> None:
+        data = batch(7, padding=True)
+        into_view = group[2:].echo(group.echo_later(data))  # 4 ranks' rows into 2
+        assert torch.equal(into_view.batch["x"], data.batch["x"])
+        assert into_view.batch["rank"].tolist() == [2, 2, 2, 2, 3, 3, 3]
+        from_view = group[1:3].echo_later(data)  # 2 ranks' rows into 4
+        back = group.echo(from_view)
+        assert torch.equal(back.batch["x"], data.batch["x"])
+        assert back.batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3]
+        assert from_view.get().batch["rank"].tolist() == [1, 1, 1, 1, 2, 2, 2]
+
+    def test_view_errors_name_the_real_rank(self, group: WorkerGroup[Any]) -> None:
+        with pytest.raises(WorkerError) as info:
+            group.ranks([2, 3]).fail_on(3)
+        assert info.value.rank == 3 and info.value.method == "fail_on"
+        assert group[0:2].fail_on(3) == [0, 1], "a rank outside the view must not be called"
+
+    def test_nd_mesh_on_a_view(self, group: WorkerGroup[Any]) -> None:
+        # The class's mesh pairs ranks (0, 1) and (2, 3); rank 0 and 2 collect.
+        out = group[2:].nd_echo(batch(3))
+        assert out.batch["rank"].tolist() == [2, 2, 2]
+        data = batch(5, padding=True)
+        out = group[::2].nd_echo(data)
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert out.batch["rank"].tolist() == [0, 0, 0, 2, 2]
+
+    def test_colocated_role_on_a_view(self, colocated: WorkerGroup[Any]) -> None:
+        actor = colocated[1:].spawn(["actor"])["actor"]
+        assert [x[:2] for x in actor.whoami()] == [("actor", 1)]
+        assert actor.act(batch(2)).batch["rank"].tolist() == [1, 1]

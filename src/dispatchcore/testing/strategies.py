@@ -20,7 +20,8 @@ Use them in your own property tests::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -91,16 +92,27 @@ def nd_meshes(draw: st.DrawFn, mesh_name: str, world_size: int) -> dict[str, lis
     return {mesh_name: [(slots[r] // replicas, slots[r] % replicas == 0) for r in range(world_size)]}
 
 
+# Strategies are built once and reused: building one inside every draw costs
+# more than drawing from it (Hypothesis validates and inspects each new one).
+
+
 def tensor_dtypes(dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> st.SearchStrategy[torch.dtype]:
     """One of ``dtypes`` (default: every dtype in :data:`ALL_DTYPES`)."""
-    return st.sampled_from(tuple(dtypes))
+    return _sampled(tuple(dtypes))
 
 
+@functools.cache
+def _sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    return st.sampled_from(values)
+
+
+@functools.cache
 def trailing_shapes(max_dims: int = 2, max_side: int = 3) -> st.SearchStrategy[tuple[int, ...]]:
     """Per-row shapes: ``()``, ``(3,)``, ``(2, 0)`` ..."""
     return st.lists(st.integers(0, max_side), max_size=max_dims).map(tuple)
 
 
+@functools.cache
 def meta_infos() -> st.SearchStrategy[dict[str, Any]]:
     """Small meta dicts: ints, floats without NaN, strings, bools, None, lists and nested dicts."""
     leaf = st.one_of(
@@ -131,14 +143,39 @@ def _ragged_array(seed: int) -> np.ndarray:
     return rng.integers(0, 100, size=int(rng.integers(0, 5)), dtype=np.int64)
 
 
-_OBJECT_VALUES: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
-    "text": lambda: st.text(max_size=4),
-    "ragged_lists": lambda: st.lists(st.integers(-5, 5), max_size=4),
-    "ragged_arrays": lambda: st.integers(0, 2**32 - 1).map(_ragged_array),
-    "mixed_objects": lambda: st.one_of(
+_SEEDS = st.integers(0, 2**32 - 1)
+_OBJECT_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "text": st.text(max_size=4),
+    "ragged_lists": st.lists(st.integers(-5, 5), max_size=4),
+    "ragged_arrays": _SEEDS.map(_ragged_array),
+    "mixed_objects": st.one_of(
         st.none(), st.integers(), st.text(max_size=3), st.dictionaries(_KEYS, st.integers(), max_size=2)
     ),
 }
+_NUMERIC_DTYPES = st.sampled_from((np.int32, np.float64))
+_NUMERIC_TRAILING = st.lists(st.integers(0, 3), max_size=1)
+
+
+@functools.cache
+def _column_values(kind: str, length: int) -> st.SearchStrategy[list[Any]]:
+    return st.lists(_OBJECT_VALUES[kind], min_size=length, max_size=length)
+
+
+def _check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    unknown = set(kinds) - set(OBJECT_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"unknown non-tensor column kinds {sorted(unknown)}; choose from {OBJECT_KINDS}")
+    return tuple(kinds)
+
+
+def _draw_column(draw: st.DrawFn, length: int, kinds: tuple[str, ...]) -> np.ndarray:
+    kind = draw(_sampled(kinds))
+    if kind == "numeric":
+        dtype = draw(_NUMERIC_DTYPES)
+        shape = (length, *draw(_NUMERIC_TRAILING))
+        rng = np.random.default_rng(draw(_SEEDS))
+        return (rng.standard_normal(shape) * 100).astype(dtype)
+    return _object_array(draw(_column_values(kind, length)))
 
 
 @st.composite
@@ -150,25 +187,23 @@ def non_tensor_columns(draw: st.DrawFn, length: int, kinds: Sequence[str] = OBJE
     length), ``"mixed_objects"`` (None, ints, strings, dicts).  ``"numeric"``:
     a plain int32 / float64 array, 1-D or with a trailing dim.
     """
-    unknown = set(kinds) - set(OBJECT_KINDS)
-    if unknown or not kinds:
-        raise ValueError(f"unknown non-tensor column kinds {sorted(unknown)}; choose from {OBJECT_KINDS}")
-    kind = draw(st.sampled_from(tuple(kinds)))
-    if kind == "numeric":
-        dtype = draw(st.sampled_from((np.int32, np.float64)))
-        shape = (length, *draw(st.lists(st.integers(0, 3), max_size=1)))
-        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        return (rng.standard_normal(shape) * 100).astype(dtype)
-    values = draw(st.lists(_OBJECT_VALUES[kind](), min_size=length, max_size=length))
-    return _object_array(values)
+    return _draw_column(draw, length, _check_kinds(kinds))
+
+
+_BOOLS = st.booleans()
+
+
+@functools.cache
+def _integers(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
 
 
 def _make_tensor(rng: np.random.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.from_numpy(rng.random(shape) < 0.5)
     if dtype.is_complex:
-        parts = rng.standard_normal((*shape, 2)).astype(np.float32)
-        return torch.view_as_complex(torch.from_numpy(parts)).to(dtype)
+        real, imag = (torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))
+        return torch.complex(real, imag).to(dtype)
     if dtype.is_floating_point:
         values = rng.standard_normal(shape).astype(np.float32)
         return torch.from_numpy(values).to(dtype)
@@ -205,25 +240,26 @@ def dataprotos(
     """
     if min_len < 0 or max_len < min_len:
         raise ValueError(f"dataprotos needs 0 <= min_len <= max_len, got {min_len}..{max_len}")
-    length = draw(st.integers(min_len, max_len))
-    has_tensors = draw(st.booleans()) if with_tensors is None else with_tensors
-    has_objects = draw(st.booleans()) if with_non_tensors is None else with_non_tensors
+    kinds = _check_kinds(non_tensor_kinds)
+    length = draw(_integers(min_len, max_len))
+    has_tensors = draw(_BOOLS) if with_tensors is None else with_tensors
+    has_objects = draw(_BOOLS) if with_non_tensors is None else with_non_tensors
     if not has_tensors and not has_objects:
         has_objects = True
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rng = np.random.default_rng(draw(_SEEDS))
 
     tensors: dict[str, torch.Tensor] = {}
     if has_tensors:
-        for i in range(draw(st.integers(1, max(1, max_tensor_keys)))):
+        for i in range(draw(_integers(1, max(1, max_tensor_keys)))):
             dtype = draw(tensor_dtypes(dtypes))
             shape = draw(trailing_shapes(max_dims, max_side))
             tensors[f"t{i}_{str(dtype).removeprefix('torch.')}"] = _make_tensor(rng, dtype, (length, *shape))
 
     non_tensors: dict[str, np.ndarray] = {}
     if has_objects:
-        for i in range(draw(st.integers(1, max(1, max_non_tensor_keys)))):
-            non_tensors[f"n{i}"] = draw(non_tensor_columns(length, non_tensor_kinds))
+        for i in range(draw(_integers(1, max(1, max_non_tensor_keys)))):
+            non_tensors[f"n{i}"] = _draw_column(draw, length, kinds)
 
     meta = draw(meta_infos()) if with_meta else {}
-    padding = draw(st.booleans()) if auto_padding is None else auto_padding
+    padding = draw(_BOOLS) if auto_padding is None else auto_padding
     return DataProto.from_dict(tensors, non_tensors, meta, auto_padding=padding)

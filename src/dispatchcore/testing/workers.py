@@ -10,6 +10,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class EchoWorker(Worker):
         return _tag_rows(data, self.rank)
 
     @register(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
-    def apply(self, fn: Any, data: DataProto) -> DataProto:
+    def apply(self, fn: Callable[[DataProto], DataProto], data: DataProto) -> DataProto:
         return fn(data)
 
     @register(Dispatch.DP_COMPUTE_METRIC)
