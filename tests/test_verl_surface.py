@@ -285,3 +285,17 @@ def test_actor_options_become_backend_options() -> None:
     assert spec.fused_worker_used is False
     with pytest.raises(TypeError, match="update_options takes a dict"):
         spec.update_options(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+# -- union helpers (verl's test_union_numpy_dict cases) -----------------------------------------------
+def test_union_numpy_dict_ends_on_cycles_and_keeps_verls_wording() -> None:
+    from dispatchcore import union_numpy_dict
+
+    def cycle() -> np.ndarray:
+        arr = np.array([None], dtype=object)
+        arr[0] = arr
+        return arr
+
+    union_numpy_dict({"data": cycle()}, {"data": cycle()})  # same structure: equal, no RecursionError
+    with pytest.raises(ValueError, match="`data` in tensor_dict1 and tensor_dict2 are not the same object"):
+        union_numpy_dict({"data": cycle()}, {"data": np.array([None], dtype=object)})
