@@ -23,6 +23,7 @@ added.  Prints markdown tables and a least-squares fit ``a + b*N``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pickle
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register  # n
 
 DEFAULT_RANKS = {"local": [2, 8, 32, 128, 256], "torchrun": [2, 4, 8, 16, 32], "ray": [2, 4, 8, 16, 32]}
 ROWS = 1024
+#: How long each rank sleeps in the idle-wait case (several liveness polls).
+NAP_S = 3.0
 
 
 class ScaleWorker(Worker):
@@ -56,6 +59,10 @@ class ScaleWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def stamp(self) -> float:
         return time.time()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def echo(self, data: DataProto) -> DataProto:
@@ -103,6 +110,31 @@ class Scale:
     threads: int
     fds: int
     rows: list[Row] = field(default_factory=list)
+    #: Driver CPU (ms) per second of a call in which every rank sleeps (liveness checks, polling).
+    idle_ms_per_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(line: str) -> Scale:
+        raw = json.loads(line)
+
+        def opt(cls: Any, value: Any) -> Any:
+            return None if value is None else cls(**value)
+
+        rows = [
+            Row(
+                r["n"],
+                r["case"],
+                Cost(**r["ours"]),
+                opt(Cost, r["floor"]),
+                opt(Skew, r["skew"]),
+                opt(Skew, r["floor_skew"]),
+            )
+            for r in raw.pop("rows")
+        ]
+        return Scale(**raw, rows=rows)
 
 
 def cost(fn: Callable[[], Any], calls: int, batches: int, warmup: int = 3) -> Cost:
@@ -160,7 +192,15 @@ def measure_group(wg: WorkerGroup[Any], n: int, calls: int, batches: int, repeat
         "echo": cost(lambda: wg.echo(data), calls, batches),
         "stamp": skew(wg.stamp, repeats),
         "dp_stamp": skew(lambda: stamps_of(wg.dp_stamp(data)), repeats),
+        "idle": idle_cost(wg),
     }
+
+
+def idle_cost(wg: WorkerGroup[Any]) -> float:
+    """Driver CPU ms per second of one call in which every rank sleeps ``NAP_S``."""
+    p0, w0 = time.process_time(), time.perf_counter()
+    wg.nap(NAP_S)
+    return (time.process_time() - p0) * 1e3 / (time.perf_counter() - w0)
 
 
 def start_group(n: int, backend: str) -> tuple[WorkerGroup[Any], float, int, int]:
@@ -192,7 +232,9 @@ def run_local(n: int, calls: int, batches: int, repeats: int) -> Scale:
         return torch.cat(floor.run([lambda c=c: c for c in torch.chunk(x, n)]))
 
     def floor_dp_stamp() -> list[float]:
-        parts = floor.run([lambda c=c: torch.full((len(c),), time.time(), dtype=torch.float64) for c in torch.chunk(x, n)])
+        parts = floor.run(
+            [lambda c=c: torch.full((len(c),), time.time(), dtype=torch.float64) for c in torch.chunk(x, n)]
+        )
         return torch.cat(parts).tolist()
 
     try:
@@ -211,6 +253,7 @@ def run_local(n: int, calls: int, batches: int, repeats: int) -> Scale:
         wg.shutdown()
     scale = Scale(n, startup, floor_startup, threads, fds)
     scale.rows = rows_from(n, ours, floor_results)
+    scale.idle_ms_per_s = ours["idle"]
     return scale
 
 
@@ -257,7 +300,7 @@ def run_ray(ray: Any, n: int, calls: int, batches: int, repeats: int) -> Scale:
     finally:
         for a in actors:
             ray.kill(a)
-        del actors
+        actors.clear()
     wg, startup, threads, fds = start_group(n, "ray")
     try:
         ours = measure_group(wg, n, calls, batches, repeats)
@@ -265,6 +308,7 @@ def run_ray(ray: Any, n: int, calls: int, batches: int, repeats: int) -> Scale:
         wg.shutdown()
     scale = Scale(n, startup, floor_startup, threads, fds)
     scale.rows = rows_from(n, ours, floor_results)
+    scale.idle_ms_per_s = ours["idle"]
     return scale
 
 
@@ -305,8 +349,7 @@ class StoreFloor:
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), wait_for_workers=False)
         script = os.path.abspath(__file__)
         self.procs = [
-            subprocess.Popen([sys.executable, script, "--store-helper", str(self.store.port), str(r)])
-            for r in range(n)
+            subprocess.Popen([sys.executable, script, "--store-helper", str(self.store.port), str(r)]) for r in range(n)
         ]
         deadline = time.monotonic() + 600
         while int(self.store.add("ready", 0)) < n:
@@ -329,8 +372,13 @@ class StoreFloor:
     def close(self) -> None:
         for r in range(self.n):
             self.store.queue_push(f"cmd/{r}", b"q")
+        deadline = time.monotonic() + 30
         for p in self.procs:
-            p.wait(60)
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def run_torchrun(n: int, calls: int, batches: int, repeats: int) -> Scale:
@@ -365,25 +413,36 @@ def run_torchrun(n: int, calls: int, batches: int, repeats: int) -> Scale:
         wg.shutdown()
     scale = Scale(n, startup, floor_startup, threads, fds)
     scale.rows = rows_from(n, ours, floor_results)
+    scale.idle_ms_per_s = ours["idle"]
     return scale
 
 
 # -- report ------------------------------------------------------------------------------------
+FLOORS = {
+    "local": "a plain loop over N threads (a queue each, one latch)",
+    "torchrun": "a TCPStore push + pop per rank, N helper processes",
+    "ray": "ray.get([a.f.remote() for a in actors]), numpy chunks",
+}
+
+
 def fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least squares ``a + b*N`` (a: fixed ms per call, b: ms per rank)."""
-    ns = [p[0] for p in points]
-    ys = [p[1] for p in points]
+    """``a + b*N`` by least squares on relative error (each N counts alike): a fixed ms, b ms per rank."""
     if len(points) < 2:
-        return ys[0], 0.0
-    mean_n, mean_y = statistics.fmean(ns), statistics.fmean(ys)
-    var = sum((n - mean_n) ** 2 for n in ns)
-    b = sum((n - mean_n) * (y - mean_y) for n, y in zip(ns, ys, strict=True)) / var
-    return mean_y - b * mean_n, b
+        return points[0][1], 0.0
+    w = [1.0 / (y * y) for _, y in points]
+    sw = sum(w)
+    sn = sum(wi * n for wi, (n, _) in zip(w, points, strict=True))
+    sy = sum(wi * y for wi, (_, y) in zip(w, points, strict=True))
+    snn = sum(wi * n * n for wi, (n, _) in zip(w, points, strict=True))
+    sny = sum(wi * n * y for wi, (n, y) in zip(w, points, strict=True))
+    b = (sw * sny - sn * sy) / (sw * snn - sn * sn)
+    return (sy - b * sn) / sw, b
 
 
-def report(backend: str, scales: list[Scale], floor_name: str) -> str:
+def report(backend: str, scales: list[Scale]) -> str:
+    scales = sorted(scales, key=lambda s: s.n)
     lines = [
-        f"\n### {backend}: driver cost per call (floor: {floor_name})\n",
+        f"\n### {backend}: driver cost per call (floor: {FLOORS[backend]})\n",
         "| N | case | driver CPU/call (ms) | per rank (µs) | calling thread CPU/call (ms) | floor CPU/call (ms) "
         "| ratio | floor per rank (µs) | wall/call (ms) | skew max-min (ms) | last rank start (ms) "
         "| floor skew (ms) |",
@@ -392,7 +451,9 @@ def report(backend: str, scales: list[Scale], floor_name: str) -> str:
     for s in scales:
         for r in s.rows:
             f = r.floor
-            floor_cells = f"{f.cpu_ms:.3f} | {r.ours.cpu_ms / f.cpu_ms:.2f}x | {f.cpu_ms / s.n * 1e3:.1f}" if f else "- | - | -"
+            floor_cells = (
+                f"{f.cpu_ms:.3f} | {r.ours.cpu_ms / f.cpu_ms:.2f}x | {f.cpu_ms / s.n * 1e3:.1f}" if f else "- | - | -"
+            )
             sk = f"{r.skew.spread_ms:.2f} | {r.skew.last_ms:.2f}" if r.skew else "- | -"
             fsk = f"{r.floor_skew.spread_ms:.2f}" if r.floor_skew else "-"
             lines.append(
@@ -401,78 +462,107 @@ def report(backend: str, scales: list[Scale], floor_name: str) -> str:
             )
     lines += [
         "",
-        "| N | start-up (s) | floor start-up (s) | driver OS threads added | driver fds added |",
-        "| --- | --- | --- | --- | --- |",
+        "| N | start-up (s) | floor start-up (s) | driver OS threads added | driver fds added "
+        "| driver CPU while ranks sleep (ms/s) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in scales:
         fs = f"{s.floor_startup_s:.2f}" if s.floor_startup_s is not None else "-"
-        lines.append(f"| {s.n} | {s.startup_s:.2f} | {fs} | {s.threads} | {s.fds} |")
-    lines += ["", "Fit of driver CPU per call, least squares a + b·N over the N above:", ""]
-    cases = [r.case for r in scales[0].rows]
-    for case in cases:
-        for label, pick in (("ours", lambda r: r.ours), ("floor", lambda r: r.floor)):
-            points = [(s.n, pick(r).cpu_ms) for s in scales for r in s.rows if r.case == case and pick(r)]
+        lines.append(f"| {s.n} | {s.startup_s:.2f} | {fs} | {s.threads} | {s.fds} | {s.idle_ms_per_s:.1f} |")
+    lines += ["", "Fit a + b·N (least squares on relative error) and per-rank cost at each N:", ""]
+    picks: list[tuple[str, Callable[[Row], Cost | None]]] = [
+        ("driver CPU", lambda r: r.ours),
+        ("calling thread CPU", lambda r: Cost(r.ours.thread_ms, 0.0, 0.0)),
+        ("floor CPU", lambda r: r.floor),
+    ]
+    for case in [r.case for r in scales[0].rows]:
+        for label, pick in picks:
+            points = [(s.n, c.cpu_ms) for s in scales for r in s.rows if r.case == case and (c := pick(r))]
             if not points:
                 continue
             a, b = fit(points)
-            per_rank = [f"{y / n * 1e3:.0f}" for n, y in points]
+            per_rank = " → ".join(f"{y / n * 1e3:.0f}" for n, y in points)
             lines.append(
                 f"- {case}, {label}: a = {a:.3f} ms, b = {b * 1e3:.1f} µs/rank; "
-                f"per rank from N={points[0][0]} to N={points[-1][0]}: {' → '.join(per_rank)} µs"
+                f"per rank, N={points[0][0]}..{points[-1][0]}: {per_rank} µs"
             )
     return "\n".join(lines)
 
 
+def run_backend(backend: str, ranks: Sequence[int], args: argparse.Namespace) -> list[Scale]:
+    scales: list[Scale] = []
+    ray: Any = None
+    started = False
+    if backend == "ray":
+        import ray
+
+        if __name__ != "__main__":  # imported (not run): ship this module's classes by value
+            import cloudpickle
+            from ray import cloudpickle as ray_cloudpickle
+
+            for pickler in (cloudpickle, ray_cloudpickle):
+                pickler.register_pickle_by_value(sys.modules[__name__])
+        started = not ray.is_initialized()
+        if started:
+            ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        for n in ranks:
+            if backend == "local":
+                scale = run_local(n, args.calls, args.batches, args.repeats)
+            elif backend == "torchrun":
+                scale = run_torchrun(n, args.calls, args.batches, args.repeats)
+            else:
+                scale = run_ray(ray, n, args.calls, args.batches, args.repeats)
+            scales.append(scale)
+            if args.out:
+                with open(args.out, "a") as out:
+                    out.write(json.dumps({"backend": backend, "scale": json.loads(scale.to_json())}) + "\n")
+            print(f"{backend} N={n} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    finally:
+        if started:
+            ray.shutdown()
+    return scales
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["local", "torchrun", "ray"], action="append", help="default: all three")
-    parser.add_argument("--ranks", type=int, nargs="+", help="group sizes (default per backend: local 2..256, others 2..32)")
+    parser.add_argument("--backend", choices=list(DEFAULT_RANKS), action="append", help="default: all three")
+    parser.add_argument("--ranks", type=int, nargs="+", help="group sizes (default: local 2..256, others 2..32)")
     parser.add_argument("--calls", type=int, default=20, help="calls per timed batch")
     parser.add_argument("--batches", type=int, default=5, help="timed batches per case (the median is reported)")
     parser.add_argument("--repeats", type=int, default=20, help="calls per skew median")
     parser.add_argument("--quick", action="store_true", help="N=2 and N=8 only, fewer repeats")
     parser.add_argument("--num-cpus", type=int, default=4, help="CPUs of the local Ray the benchmark starts")
+    parser.add_argument("--out", help="append each N's figures to this JSON-lines file as it finishes")
+    parser.add_argument("--report-from", nargs="+", metavar="JSONL", help="print the tables from saved --out files")
     parser.add_argument("--store-helper", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.store_helper:
         _store_helper(*args.store_helper)
         return 0
+    if args.report_from:
+        saved: dict[str, dict[int, Scale]] = {}
+        for path in args.report_from:
+            with open(path) as f:
+                for line in f:
+                    entry = json.loads(line)
+                    scale = Scale.from_json(json.dumps(entry["scale"]))
+                    saved.setdefault(entry["backend"], {})[scale.n] = scale  # a later run of an N wins
+        for backend, by_n in saved.items():
+            print(report(backend, list(by_n.values())))
+        return 0
     if args.quick:
         args.calls, args.batches, args.repeats = 10, 3, 10
-    backends = args.backend or ["local", "torchrun", "ray"]
     load = os.getloadavg()
     print(
         f"bench_scale {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
         f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; medians of {args.batches} batches of {args.calls} calls; "
-        "CPU = time.process_time of the whole driver process"
+        "CPU = time.process_time of the whole driver process",
+        flush=True,
     )
-    for backend in backends:
+    for backend in args.backend or list(DEFAULT_RANKS):
         ranks = args.ranks or ([2, 8] if args.quick else DEFAULT_RANKS[backend])
-        scales: list[Scale] = []
-        if backend == "local":
-            for n in ranks:
-                scales.append(run_local(n, args.calls, args.batches, args.repeats))
-                print(f"local N={n} done", file=sys.stderr, flush=True)
-            print(report("local", scales, "ThreadFloor: N threads, a queue each, one latch"), flush=True)
-        elif backend == "torchrun":
-            for n in ranks:
-                scales.append(run_torchrun(n, args.calls, args.batches, args.repeats))
-                print(f"torchrun N={n} done", file=sys.stderr, flush=True)
-            print(report("torchrun (self-started ranks)", scales, "TCPStore push + pop per rank"), flush=True)
-        else:
-            import ray
-
-            started = not ray.is_initialized()
-            if started:
-                ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
-            try:
-                for n in ranks:
-                    scales.append(run_ray(ray, n, args.calls, args.batches, args.repeats))
-                    print(f"ray N={n} done", file=sys.stderr, flush=True)
-            finally:
-                if started:
-                    ray.shutdown()
-            print(report("ray", scales, "ray.get([a.f.remote() for a in actors]), numpy chunks"), flush=True)
+        print(report(backend, run_backend(backend, ranks, args)), flush=True)
     return 0
 
 

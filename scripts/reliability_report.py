@@ -87,7 +87,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        text = f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+        text = _number(value)
     elif isinstance(value, (list, tuple)):
         text = ", ".join(_cell(v) for v in value)
     elif isinstance(value, dict):
@@ -95,6 +95,14 @@ def _cell(value: Any) -> str:
     else:
         text = str(value)
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _number(value: float) -> str:
+    """Seconds to the millisecond, larger figures with fewer decimals, whole numbers without any."""
+    if value.is_integer() and value:
+        return str(int(value))
+    size = abs(value)
+    return f"{value:.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.3f}"
 
 
 def render_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -177,7 +185,9 @@ def write_report(
         "record (`tests/faults/`); do not edit by hand.  Times are measured, never asserted:",
         "the tests prove each bound structurally (for example, the surviving rank computes",
         "for an hour, far past the test's timeout, so only a prompt detection passes).",
-        "A time to detect a death runs from the moment the rank's process is seen gone.",
+        "A time to detect a death runs from the moment the rank's process is seen gone (for a",
+        "rank that died idle, from the start of the next call); a Ctrl-C's, from the signal.",
+        "CI runs a subset of these cases (`--quick`); this report runs them all.",
         "",
         f"- Date: {now}",
         *machine(),
@@ -207,6 +217,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "RELIABILITY.md", help="report to write")
     parser.add_argument("--quick", action="store_true", help="CI's subset of cases (no DISPATCHCORE_FAULTS_FULL)")
     parser.add_argument("--from", dest="source", type=Path, help="render these recorded rows; run nothing")
+    parser.add_argument("--rows", type=Path, help="also keep the recorded rows (JSON lines) here")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.source is not None:
@@ -214,7 +225,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(f"wrote {args.out}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        rows = Path(tmp) / "rows.jsonl"
+        rows = args.rows or Path(tmp) / "rows.jsonl"
+        rows.unlink(missing_ok=True)
         code, summary, seconds = run_suite(rows, full=not args.quick, pytest_args=args.pytest_args)
         kind = "CI subset (--quick)" if args.quick else "full (DISPATCHCORE_FAULTS_FULL=1)"
         extra = f", pytest {' '.join(args.pytest_args)}" if args.pytest_args else ""

@@ -73,11 +73,12 @@ def pg_group() -> Iterator[WorkerGroup[PGWorker]]:
     if "torchrun" not in available_backends():
         pytest.skip("torchrun backend unavailable")
     before = {k: os.environ.get(k) for k in ENV_NAMES}
+    others = set(spawned_children())  # ranks of groups other modules keep for the whole run
     wg = WorkerGroup(PGWorker, 2, backend="torchrun")
     assert {k: os.environ.get(k) for k in ENV_NAMES} == before, "the driver's environment changed"
     yield wg
     wg.shutdown()
-    assert spawned_children() == [], "a rank outlived its group"
+    assert set(spawned_children()) <= others, "a rank outlived its group"
 
 
 def test_children_get_the_env_contract(pg_group: WorkerGroup[PGWorker]) -> None:

@@ -78,7 +78,7 @@ def shared_group(backend: str) -> Any:
     return _shared_group(backend)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _shut_shared_groups() -> Any:
     yield
     for wg in _shared.values():
