@@ -98,3 +98,13 @@ def test_liveness_checks_run_while_waiting() -> None:
 
 def test_no_ranks_is_done_at_once() -> None:
     assert RankCallHandle(call(()), death_timeout=1).result() == []
+
+
+def test_timeout_error_carries_method_and_ranks_through_pickle() -> None:
+    import pickle
+
+    from dispatchcore.executor import timeout_error
+
+    error = pickle.loads(pickle.dumps(timeout_error("step", 1.0, [1, 3])))
+    assert error.method == "step" and error.ranks == (1, 3)
+    assert "rank(s) [1, 3]" in str(error)

@@ -92,4 +92,19 @@ class WorkerDiedError(DispatchError, RuntimeError):
 
 
 class DispatchTimeoutError(DispatchError, TimeoutError):
-    """A call did not finish within its timeout."""
+    """A call did not finish within its timeout.
+
+    ``method`` and ``ranks`` (the ranks still running) are set when known.
+    """
+
+    def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.method = method
+        self.ranks = tuple(ranks)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_timeout_error, (str(self), self.method, self.ranks))
+
+
+def _timeout_error(message: str, method: str | None, ranks: tuple[int, ...]) -> DispatchTimeoutError:
+    return DispatchTimeoutError(message, method=method, ranks=ranks)

@@ -31,6 +31,8 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
     if address:
         kwargs["address"] = address
     else:
+        # "local": start one, never join a Ray some other program started on this machine.
+        kwargs["address"] = "local"
         kwargs["include_dashboard"] = False
         if options.get("num_cpus") is not None:
             kwargs["num_cpus"] = options["num_cpus"]

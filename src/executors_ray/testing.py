@@ -25,7 +25,13 @@ def ray_session() -> Iterator[Any]:
     started = False
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)  # never connect anywhere but here
-        ray.init(num_cpus=TEST_NUM_CPUS, include_dashboard=False, log_to_driver=False, namespace="dispatchcore-tests")
+        ray.init(
+            address="local",  # a Ray of its own, even if another program runs one on this machine
+            num_cpus=TEST_NUM_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="dispatchcore-tests",
+        )
         started = True
     yield ray
     if started:
