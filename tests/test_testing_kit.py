@@ -17,9 +17,11 @@ from dispatchcore import (
     PADDING_ROWS_KEY,
     BatchSizeError,
     DataProto,
+    Dispatch,
     DispatchError,
     DispatchSpec,
     DispatchTimeoutError,
+    Worker,
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
@@ -27,6 +29,7 @@ from dispatchcore import (
     chunk_with_padding,
     concat_outputs,
     current_call,
+    register,
     trim_padding,
     unpad_dataproto,
 )
@@ -429,3 +432,29 @@ def test_kit_and_example_use_only_public_names() -> None:
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             private += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("dispatchcore._")]
     assert not private, private
+
+
+class _Recovering(Worker):
+    def __init__(self) -> None:
+        self.configured: list[str] = []
+
+    @register(Dispatch.ONE_TO_ALL, setup=True)
+    def configure(self, value: str) -> None:
+        self.configured.append(value)
+
+    @register(Dispatch.ONE_TO_ALL, retry=True)
+    def step(self) -> int:
+        return self.rank
+
+
+def test_injected_death_exercises_the_replace_policy_on_threads() -> None:
+    """Fault.die on local + on_rank_death="replace": the driver's recovery path runs without processes."""
+    from dispatchcore.testing.faults import Fault, FaultyExecutor
+
+    with WorkerGroup(
+        _Recovering, 2, backend="faulty", inner="local", on_rank_death="replace", faults=[Fault.die(1, "step")]
+    ) as wg:
+        wg.configure("cfg")
+        assert wg.step() == [0, 1]  # rank 1 "died", was replaced, the step was retried
+        assert [f.fault.kind for f in FaultyExecutor.of(wg).fired] == ["die"]
+        assert wg.step() == [0, 1]

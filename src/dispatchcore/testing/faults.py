@@ -358,6 +358,34 @@ class FaultyExecutor(Executor):
             # a hung rank never answers: the call's timeout or shutdown() ends it
         return handle
 
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Replace ``ranks`` on the inner backend; a rank only a fault "killed" comes back as it is.
+
+        A backend that can start ranks (ray, self-started torchrun with
+        spares) starts real new ones.  One that cannot (local threads) keeps
+        the old worker of a rank a :meth:`Fault.die` or :meth:`Fault.hang`
+        took out, so a driver's recovery path (``replace_rank``,
+        ``on_rank_death="replace"``) runs on a laptop; setup calls are
+        replayed onto that worker.
+        """
+        with self._lock:
+            faked = all(r in self._dead or r in self._hung for r in ranks)
+        try:
+            env = dict(self._inner.replace_ranks(ranks))
+        except DispatchError:
+            if not faked:
+                raise
+            env = {}
+        with self._lock:
+            for rank in ranks:
+                self._dead.pop(rank, None)
+                self._hung.discard(rank)
+        return env
+
+    def mark_usable(self) -> None:
+        super().mark_usable()
+        self._inner.mark_usable()
+
     def shutdown(self) -> None:
         if self._closed:
             return
