@@ -180,3 +180,38 @@ def test_import_does_not_import_ray() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_register_executor_in_process() -> None:
+    """A notebook or benchmark registers a class directly; a second class under the name is refused."""
+    from dispatchcore import RegistrationError, WorkerGroup
+    from dispatchcore.executor import Call, CallHandle, Executor, register_executor
+    from dispatchcore.testing.workers import EchoWorker
+
+    class _Done(CallHandle):
+        def __init__(self, call: Call) -> None:
+            self.values = [args[0] if args else None for args in call.args]
+
+        def result(self, timeout: float | None = None) -> list[object]:
+            return self.values
+
+        def done(self) -> bool:
+            return True
+
+    class EchoOnDriver(Executor):
+        name = "test-in-process-echo"
+
+        def submit(self, call: Call) -> CallHandle:
+            return _Done(call)
+
+        def shutdown(self) -> None:
+            pass
+
+    register_executor(EchoOnDriver)
+    register_executor(EchoOnDriver)  # the same class again: nothing to do
+    with WorkerGroup(EchoWorker, 2, backend="test-in-process-echo") as wg:
+        assert wg.backend == "test-in-process-echo"
+        assert wg.execute_all("anything", 7) == [7, 7]
+    other = type("Other", (EchoOnDriver,), {})
+    with pytest.raises(RegistrationError, match="registered twice"):
+        register_executor(other)

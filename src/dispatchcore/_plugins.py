@@ -218,3 +218,19 @@ def available_backends() -> list[str]:
 def get_executor_class(name: str) -> type[Executor]:
     """The executor class registered as ``name``."""
     return registry.get(name)
+
+
+def register_executor(executor_cls: type[Executor]) -> None:
+    """Make ``executor_cls`` a backend in this process, without an entry point.
+
+    For notebooks, tests and benchmarks; a package ships its executor through
+    the ``dispatchcore`` entry-point group instead (see
+    :mod:`dispatchcore.executor`).  Registering the same class again is a
+    no-op; another class under a taken name raises ``RegistrationError``.
+    """
+    registry.load()
+    with registry._lock:
+        known = registry.backends.get(getattr(executor_cls, "name", ""))
+        if known is not None and known.executor_cls is executor_cls:
+            return
+        registry._register(executor_cls, "in-process", None, registry._disabled())

@@ -47,7 +47,9 @@ Optional hooks, with defaults that decline:
 Registering: a module with a :data:`dispatchcore.hookimpl` of
 ``dispatchcore_register_executors(register)`` calling ``register(MyExecutor)``,
 listed under the ``dispatchcore`` entry-point group of your package.  Check
-it with :class:`dispatchcore.testing.ExecutorConformance`.
+it with :class:`dispatchcore.testing.ExecutorConformance`.  In one process
+(a notebook, a benchmark) :func:`register_executor` registers a class
+directly.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ._executor import CallHandle, Executor, GroupSpec, remaining
 from ._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemble_chunk, plan_forward
 from ._isolation import ATOMS, isolated_copy
 from ._options import check_options
+from ._plugins import register_executor
 from ._rank_env import LOOPBACK, RANK_ENV_KEYS, free_port, local_ranks, rank_environment
 from ._rank_thread import RankThread, run_isolated
 from ._trace import TimedResult
@@ -92,6 +95,7 @@ __all__ = [
     "method_names",
     "plan_forward",
     "rank_environment",
+    "register_executor",
     "remaining",
     "run_isolated",
     "timeout_error",
