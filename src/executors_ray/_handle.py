@@ -50,6 +50,14 @@ class RayCallHandle(RankCallHandle):
         self._copy = executor.spec.isolate and not call.results_are_copied
         self._fast_tried = not fetch
         self._pings: dict[int, tuple[Any, float]] = {}
+        #: When each waiting rank was last pinged.  A dead actor fails its call's
+        #: reference at once; pings only catch a rank that stopped answering, which
+        #: ``death_timeout`` bounds, so a quarter of it between pings is enough
+        #: (every poll was ~1 ms of driver CPU per rank per second; SCALING.md).
+        self._pinged: dict[int, float] = {}
+        #: When each rank last answered one (the silence ``death_timeout`` bounds).
+        self._answered: dict[int, float] = {}
+        self._ping_every = max(self.poll, self.death_timeout / 4)
 
     # -- results -----------------------------------------------------------------
     def wait_for_progress(self, seconds: float) -> None:
@@ -158,7 +166,8 @@ class RayCallHandle(RankCallHandle):
                         self.rank_died(position, self._gone(position, exc))
                         continue
                     ping = None
-                elif now - since > self.death_timeout:
+                    self._answered[position] = now
+                elif now - self._answered.get(position, since) > self.death_timeout:
                     rank = self.call.ranks[position]
                     self.rank_died(
                         position,
@@ -167,8 +176,12 @@ class RayCallHandle(RankCallHandle):
                     )
                     continue
             if ping is None:
+                self._pings.pop(position, None)
+                if now - self._pinged.get(position, -float("inf")) < self._ping_every:
+                    continue
                 actor = executor.actor(self.call.ranks[position])
                 self._pings[position] = (actor.ping.options(concurrency_group=CONTROL_GROUP).remote(), now)
+                self._pinged[position] = now
 
     def _gone(self, position: int, exc: BaseException) -> str:
         rank = self.call.ranks[position]
