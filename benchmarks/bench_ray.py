@@ -9,6 +9,15 @@ call.  Raw Ray variants, in the same run: ``torch.chunk`` (cloned) +
 compared with the best raw variant that makes the same copy on receipt;
 ``isolate=False`` with the best raw variant without it.  Medians of several
 repeats, printed as a markdown table of milliseconds and ratios.
+
+When verl is importable (a separate venv; verl is not a dependency), the
+same run also measures verl's ``RayWorkerGroup`` with an equivalent worker
+(empty call, DP echo 8 KB / 1 MB / 64 MB) under its default serialization
+(``torch.save`` of the batch) and its numpy one
+(``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``, read by ``DataProto.__getstate__``
+on the driver and on the workers, so it is set on both), and prints
+dispatchcore / verl-best.  It also times the opt-in compiled path
+(``compiled=True``) against plain calls: empty call and 1 MB echo.
 """
 
 from __future__ import annotations
@@ -224,6 +233,132 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- the opt-in compiled path ------------------------------------------------------------
+def bench_compiled(ray: Any, n: int, repeats: dict[str, int]) -> list[dict[str, Any]]:
+    """Empty call and 1 MB echo: plain calls, then the same group compiled (then shut down: it spins cores)."""
+    x = torch.arange(ROWS * SIZES["1 MB"], dtype=torch.int64).reshape(ROWS, SIZES["1 MB"])
+    data = DataProto.from_dict({"input_ids": x})
+    plain = WorkerGroup(BenchWorker, n, backend="ray")
+    try:
+        plain_ms = {"empty call": median_ms(plain.noop, repeats["empty"], 5)}
+        plain_ms["echo 1 MB"] = median_ms(lambda: plain.echo(data), repeats["1 MB"], 2)
+    finally:
+        plain.shutdown()
+    fast = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)
+    try:
+        start = time.perf_counter()
+        fast.noop()
+        first_s = time.perf_counter() - start
+        compiled_ms = {"empty call": median_ms(fast.noop, repeats["empty"], 5)}
+        assert torch.equal(fast.echo(data).batch["input_ids"], x)
+        compiled_ms["echo 1 MB"] = median_ms(lambda: fast.echo(data), repeats["1 MB"], 2)
+    finally:
+        fast.shutdown()
+    return [
+        {"n": n, "case": case, "plain": plain_ms[case], "compiled": compiled_ms[case], "first_s": first_s}
+        for case in plain_ms
+    ]
+
+
+def compiled_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| N | case | plain (ms) | compiled (ms) | plain / compiled (target >= 2) | first call incl. compile (s) |",
+        "|" + " --- |" * 6,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['n']} | {r['case']} | {r['plain']:.2f} | {r['compiled']:.2f} | {r['plain'] / r['compiled']:.2f}x "
+            f"| {r['first_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+# -- verl 0.9.1 in the same run (when importable) ----------------------------------------------
+VERL_SIZES = ("8 KB", "1 MB", "64 MB")
+VERL_NUMPY = "VERL_DATAPROTO_SERIALIZATION_METHOD"
+
+
+def _verl_worker_cls() -> Any:
+    from verl import DataProto as VerlDataProto
+    from verl.single_controller.base import Worker as VerlWorker
+    from verl.single_controller.base.decorator import Dispatch as VerlDispatch
+    from verl.single_controller.base.decorator import register as verl_register
+
+    class VerlBenchWorker(VerlWorker):
+        """The same echo and empty call as ``BenchWorker``, written for verl."""
+
+        @verl_register(dispatch_mode=VerlDispatch.ONE_TO_ALL)
+        def noop(self) -> None:
+            return None
+
+        @verl_register(dispatch_mode=VerlDispatch.DP_COMPUTE_PROTO)
+        def echo(self, data: VerlDataProto) -> VerlDataProto:
+            return data
+
+    return VerlBenchWorker
+
+
+def bench_verl(ray: Any, n: int, repeats: dict[str, int]) -> list[dict[str, Any]]:
+    """verl's ``RayWorkerGroup``, default serialization then numpy, one group at a time."""
+    import os
+
+    from verl import DataProto as VerlDataProto
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    worker = ray.remote(_verl_worker_cls())
+    out: dict[str, dict[str, float]] = {}
+    for serialization in ("default", "numpy"):
+        env = {VERL_NUMPY: "numpy"} if serialization == "numpy" else {}
+        saved = os.environ.pop(VERL_NUMPY, None)
+        os.environ.update(env)  # the driver side pickles by it too
+        pool = RayResourcePool([n], use_gpu=False, max_colocate_count=1)
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=worker), device_name="cpu", worker_env=env)
+        try:
+            times = {"empty call": median_ms(wg.noop, repeats["empty"], 5)}
+            for label in VERL_SIZES:
+                x = torch.arange(ROWS * SIZES[label], dtype=torch.int64).reshape(ROWS, SIZES[label])
+                data = VerlDataProto.from_dict({"input_ids": x})
+                assert torch.equal(wg.echo(data).batch["input_ids"], x)
+                times[f"echo {label}"] = median_ms(lambda d=data: wg.echo(d), repeats[label], collect=label == "64 MB")
+            out[serialization] = times
+        finally:
+            for actor in wg.workers:
+                ray.kill(actor)
+            for pg in pool.pgs or []:
+                ray.util.remove_placement_group(pg)
+            os.environ.pop(VERL_NUMPY, None)
+            if saved is not None:
+                os.environ[VERL_NUMPY] = saved
+    return [
+        {"n": n, "case": case, "verl default": out["default"][case], "verl numpy": out["numpy"][case]}
+        for case in out["default"]
+    ]
+
+
+def verl_table(rows: list[dict[str, Any]], verl_rows: list[dict[str, Any]]) -> str:
+    ours = {(r["n"], r["case"]): r for r in rows}
+    lines = [
+        "| N | case | dispatchcore isolated (ms) | isolate=False (ms) | best raw Ray (ms) | verl default (ms) "
+        "| verl numpy (ms) | isolated / verl-best | best raw / verl-best |",
+        "|" + " --- |" * 9,
+    ]
+    for v in verl_rows:
+        r = ours.get((v["n"], v["case"]))
+        if r is None:
+            continue
+        best = min(v["verl default"], v["verl numpy"])
+        lines.append(
+            f"| {v['n']} | {v['case']} | {r['iso']:.2f} | {r['shared']:.2f} | {r['raw']:.2f} | {v['verl default']:.2f} "
+            f"| {v['verl numpy']:.2f} | {r['iso'] / best:.2f}x | {r['raw'] / best:.2f}x |"
+        )
+    lines.append("")
+    lines.append(
+        "Ratios below 0.5x are 2x faster than verl at its best. A row whose best raw Ray ratio is above 0.5x "
+        "cannot get there while every byte passes through the driver (results kept on the ranks: data-plane issue)."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, under ~2 minutes")
@@ -233,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    if importlib.util.find_spec("verl") is not None:
-        print("verl is importable, but its column is not implemented here; skipped")
+    have_verl = importlib.util.find_spec("verl") is not None
     if __name__ != "__main__":  # imported by a CLI: ship the worker classes by value
         import cloudpickle
         from ray import cloudpickle as ray_cloudpickle
@@ -251,14 +385,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     sizes = {k: SIZES[k] for k in args.sizes}
     rows: list[dict[str, Any]] = []
+    verl_rows: list[dict[str, Any]] = []
+    compiled_rows: list[dict[str, Any]] = []
     try:
         for n in args.ranks:
+            compiled_rows += bench_compiled(ray, n, repeats)
             rows += bench_n(ray, n, sizes, repeats)
+            if have_verl:
+                verl_rows += bench_verl(ray, n, repeats)
             print(f"N={n} done", file=sys.stderr, flush=True)
     finally:
         if started:
             ray.shutdown()
     print(table(rows))
+    print()
+    print(compiled_table(compiled_rows))
+    print()
+    if have_verl:
+        print(verl_table(rows, verl_rows))
+    else:
+        print("verl columns omitted: verl is not importable here (install verl 0.9.1 in a separate venv to see them)")
     return 0
 
 

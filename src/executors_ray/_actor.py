@@ -98,6 +98,18 @@ class RankActor:
         ``(OK_PACKED, payload)`` and a failure as ``(FAILED, RemoteFailure)``:
         the driver tells them apart by ``type(result) is tuple``.
         """
+        return self._run(method, layout, values, self._isolate)
+
+    def compiled_call(self, task: Any) -> Any:
+        """One rank's step of a compiled graph (``_compiled``): ``task`` is ``(method, layout, values)``,
+        or ``None`` when the call leaves this rank out.  Inputs always copied: they are views of the
+        graph's channel buffer, which the next step overwrites."""
+        if task is None:
+            return None
+        method, layout, values = task
+        return self._run(method, layout, values, True)
+
+    def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool) -> Any:
         host = self._host
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -108,7 +120,7 @@ class RankActor:
         if kinds:
             try:
                 resolved = [
-                    _resolve(kind, _locate(source, value, values), self._isolate)
+                    _resolve(kind, _locate(source, value, values), isolate)
                     for kind, source, value in zip(kinds, sources, inline, strict=True)
                 ]
                 args = tuple(resolved[i] for i in arg_slots)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -43,6 +44,7 @@ from dispatchcore.executor import (
 
 from . import _payload
 from ._actor import actor_class
+from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
@@ -64,6 +66,8 @@ OPTIONS: dict[str, Any] = {
     "start_timeout": 300.0,  # bound on placing the actors and on building the workers
     "poll_interval": None,  # cap on the seconds between liveness checks (default: the core's)
     "spare_ranks": 0,  # actors started ahead, to replace dead ranks without waiting for a process
+    "compiled": False,  # serve calls through a Ray Compiled Graph (opt-in hot path, see _compiled)
+    "compiled_idle_s": 30.0,  # tear the compiled graph down after this long without a call
 }
 
 
@@ -101,6 +105,7 @@ class RayExecutor(Executor):
 
         self._closed = False
         self._pool_acquired = False
+        self.compiled = _compiled_graph(self, opts["compiled"], opts["compiled_idle_s"])
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
@@ -163,6 +168,8 @@ class RayExecutor(Executor):
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if self._detached:
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
+        if self.compiled is not None:
+            self.compiled.close("ranks replaced", wait=self.spec.death_timeout)
         ray, spec = self.ray, self.spec
         deadline = time.monotonic() + self._start_timeout
         for rank in ranks:
@@ -331,6 +338,27 @@ class RayExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
+        if self.compiled is not None:
+            try:
+                handle = self.compiled.try_submit(call)
+            except _payload.EncodeError:
+                handle = None  # the plain path reports it
+            except Exception as exc:  # noqa: BLE001 - no graph on this cluster: plain calls from now on
+                warnings.warn(
+                    f"ray group {self.spec.name!r}: compiled=True could not compile a Ray Compiled Graph "
+                    f"({type(exc).__name__}: {exc}); its calls run as plain Ray tasks",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.compiled = None
+                return self.submit_plain(call)
+            if handle is not None:
+                return handle
+            self.compiled.drain()  # a plain call never overlaps one the graph is serving
+        return self.submit_plain(call)
+
+    def submit_plain(self, call: Call) -> CallHandle:
+        """``call`` as one Ray task per rank (the path every call takes unless ``compiled=True``)."""
         if not any(call.args) and not any(call.kwargs):
             # No arguments anywhere: no task argument either (the common control call).
             if call.timed:
@@ -348,37 +376,7 @@ class RayExecutor(Executor):
             ) from exc.__cause__
         refs = []
         for position, rank in enumerate(call.ranks):
-            arg_slots = unique.arg_slots[position]
-            kwarg_slots = unique.kwarg_slots[position]
-            needed = sorted({*arg_slots, *kwarg_slots.values()})
-            local = {slot: i for i, slot in enumerate(needed)}
-            kinds: list[int] = []
-            sources: list[Any] = []
-            inline: list[Any] = []
-            tops: list[Any] = []
-            top_index: dict[int, int] = {}
-            for slot in needed:
-                kind, where, value = encoded[slot]
-                kinds.append(kind)
-                if where is None:
-                    sources.append(-1)
-                    inline.append(value)
-                    continue
-                ref, member = where
-                j = top_index.get(id(ref))
-                if j is None:
-                    j = top_index[id(ref)] = len(tops)
-                    tops.append(ref)
-                sources.append(j if member is None else (j, member))
-                inline.append(None)
-            layout: Layout = (
-                tuple(local[s] for s in arg_slots),
-                {k: local[s] for k, s in kwarg_slots.items()},
-                tuple(kinds),
-                tuple(sources),
-                tuple(inline),
-                call.timed,
-            )
+            layout, tops = rank_task(call, unique, encoded, position)
             refs.append(self._method(rank, call.method)(layout, *tops))
         return RayCallHandle(self, call, refs)
 
@@ -458,6 +456,9 @@ class RayExecutor(Executor):
         self._release(kill=not self._detached)
 
     def _release(self, kill: bool) -> None:
+        compiled = getattr(self, "compiled", None)
+        # A graph still serving a hung call is ended by killing its actors below (its channels close).
+        gone = compiled is None or compiled.close("shutdown", wait=0 if self.broken else 5.0)
         actors, self._actors = self._actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
@@ -468,9 +469,55 @@ class RayExecutor(Executor):
                     self.ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001, S110 - already gone
                     pass
+        if not gone and compiled is not None:
+            compiled.close("shutdown", wait=5.0)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+
+def rank_task(call: Call, unique: Any, encoded: list[Any], position: int) -> tuple[Layout, list[Any]]:
+    """The layout and top-level values of one rank's task (``encoded`` from ``_payload.encode_all``)."""
+    arg_slots = unique.arg_slots[position]
+    kwarg_slots = unique.kwarg_slots[position]
+    needed = sorted({*arg_slots, *kwarg_slots.values()})
+    local = {slot: i for i, slot in enumerate(needed)}
+    kinds: list[int] = []
+    sources: list[Any] = []
+    inline: list[Any] = []
+    tops: list[Any] = []
+    top_index: dict[int, int] = {}
+    for slot in needed:
+        kind, where, value = encoded[slot]
+        kinds.append(kind)
+        if where is None:
+            sources.append(-1)
+            inline.append(value)
+            continue
+        ref, member = where
+        j = top_index.get(id(ref))
+        if j is None:
+            j = top_index[id(ref)] = len(tops)
+            tops.append(ref)
+        sources.append(j if member is None else (j, member))
+        inline.append(None)
+    layout: Layout = (
+        tuple(local[s] for s in arg_slots),
+        {k: local[s] for k, s in kwarg_slots.items()},
+        tuple(kinds),
+        tuple(sources),
+        tuple(inline),
+        call.timed,
+    )
+    return layout, tops
+
+
+def _compiled_graph(executor: RayExecutor, compiled: Any, idle_s: Any) -> CompiledGraph | None:
+    if not isinstance(compiled, bool):
+        raise TypeError(f"compiled must be True or False, got {compiled!r}")
+    if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s <= 0:
+        raise ValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
+    return CompiledGraph(executor, float(idle_s)) if compiled else None
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
