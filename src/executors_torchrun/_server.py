@@ -129,9 +129,16 @@ class Server:
             self._store.queue_push(status_key(self._rank), encode(("done", cid, False, failure, 0)))
             return
         first = self._transport.sent.take(packed.header.tags)
-        self._transport.send(packed, HUB, first)
+        works = self._transport.post(packed, HUB, first)
         layout = batch_layout(value, packed)
         self._store.queue_push(status_key(self._rank), encode(("done", cid, True, packed.header, first, layout)))
+        # The hub's reader receives a payload as soon as it reads the status, so waiting here is short;
+        # it saves a hand-off to the send reaper's thread per result.
+        for work in works:
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001, S112 - the hub is gone; the loop sees it next
+                continue
 
     # -- housekeeping -------------------------------------------------------------
     def _finish(self) -> None:

@@ -59,7 +59,9 @@ class SendReaper:
 
     A gloo send only reports completion through ``wait()`` (``is_completed()``
     stays false until someone waits), so one daemon thread per process waits
-    on them in order; the sender never blocks on its peer.
+    on them in order; the sender never blocks on its peer.  (A rank's results
+    skip it: the hub receives them as soon as it reads the status, so the
+    rank waits for those sends itself.)
     """
 
     def __init__(self, name: str) -> None:
@@ -149,6 +151,10 @@ class Transport:
 
     def send(self, packed: Packed, peer: int, first: int) -> None:
         """Post the sends of ``packed``'s payload; the reaper keeps its tensors alive until sent."""
+        self.reaper.add(self.post(packed, peer, first), packed)
+
+    def post(self, packed: Packed, peer: int, first: int) -> list[Any]:
+        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete."""
         works = []
         number = first
         for buf in packed.buffers:
@@ -159,7 +165,7 @@ class Transport:
             group = self._device_group()
             for t in packed.device_tensors:
                 works.append(group.send([t.contiguous()], peer, 0))
-        self.reaper.add(works, packed)
+        return works
 
     def recv(
         self,

@@ -1,7 +1,8 @@
 """Values on the wire: a small pickle stream in the store message, tensor bytes point to point.
 
 A value is pickled once by :func:`dispatchcore.wire.dumps` (protocol 5;
-classes and lambdas from the driver script travel by value).  Its CPU
+the C pickler when the stream names only importable code, else cloudpickle,
+so classes and lambdas from the driver script travel by value).  Its CPU
 tensors become out-of-band buffers that are *views* of the caller's memory
 (a ``chunk()`` view ships only its rows); payloads up to
 :data:`dispatchcore.wire.INLINE_LIMIT` ride inside the store message, larger
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +43,7 @@ class Header:
     #: (shape, dtype) of each CUDA tensor, in send order.
     device_specs: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
     #: Small CPU payloads ride inside the header (no point-to-point at all).
-    inline: list[bytes] | None = None
+    inline: list[bytearray] | None = None
 
     @property
     def tags(self) -> int:
@@ -101,6 +103,31 @@ def _as_bytes_tensor(buf: pickle.PickleBuffer) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8)
 
 
+def _by_value_modules() -> tuple[bytes, ...]:
+    """Modules whose code cloudpickle ships by value (read on every pack: the set can grow)."""
+    registered = getattr(sys.modules.get("cloudpickle.cloudpickle"), "_PICKLE_BY_VALUE_MODULES", ())
+    return (b"__main__", *(name.encode() for name in registered))
+
+
+def _portable(value: Any) -> Serialized:
+    """``value`` pickled for another process, by the C pickler when that is safe.
+
+    ``dumps(share_callables=True)`` tries the C pickler first (cloudpickle's
+    Python hooks cost ~20-50 us per DataProto chunk, paid on the driver per
+    rank and again on each rank for its result).  Its stream crosses
+    processes only when it shared nothing and names no module whose code
+    must travel by value (``__main__``, modules registered with cloudpickle);
+    otherwise the value is pickled again the portable way.
+    """
+    try:
+        serialized = dumps(value, share_callables=True)
+        if not serialized.shared and not any(name in serialized.data for name in _by_value_modules()):
+            return serialized
+    except Exception:  # noqa: BLE001, S110 - e.g. a tensor the fast path cannot reduce: the portable path decides
+        pass
+    return dumps(value)
+
+
 def pack(value: Any) -> Packed:
     """Pickle ``value`` once; tensors stay views of the caller's memory (or ride inline when small)."""
     device: list[torch.Tensor] = []
@@ -110,11 +137,12 @@ def pack(value: Any) -> Packed:
         _DevicePickler(file, raw, device).dump(value)
         serialized = Serialized(file.getvalue(), raw)
     else:
-        serialized = dumps(value)
+        serialized = _portable(value)
     specs = [(tuple(t.shape), t.dtype) for t in device]
     if sum(b.raw().nbytes for b in serialized.buffers) <= INLINE_LIMIT:
+        # bytearray: unpickled from the message it is already private, writable memory (no copy on receipt)
         return Packed(
-            Header(serialized.data, [], specs, inline=[bytes(b.raw()) for b in serialized.buffers]), [], device
+            Header(serialized.data, [], specs, inline=[bytearray(b.raw()) for b in serialized.buffers]), [], device
         )
     buffers = [_as_bytes_tensor(b) for b in serialized.buffers]
     return Packed(Header(serialized.data, [b.numel() for b in buffers], specs), buffers, device)
@@ -128,9 +156,8 @@ def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tenso
     """Rebuild a value over received buffers (they become the value's memory)."""
     if header.data == NONE.data:
         return None
-    if header.inline is not None:  # copied out of the message: private, writable memory
-        inline: list[Any] = list(header.inline)
-        return loads(Serialized(header.data, inline, list(device)), copy=True)
+    if header.inline is not None:  # unpickled from this receiver's own message: private, writable memory
+        return loads(Serialized(header.data, list(header.inline), list(device)), copy=False)
     received: list[Any] = [b.numpy() for b in buffers]
     return loads(Serialized(header.data, received, list(device)), copy=False)
 
