@@ -37,6 +37,7 @@ from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
 
 from . import _payload
 from ._tags import FAILED, FORWARD
+from ._task_layout import rank_task
 
 if TYPE_CHECKING:
     from ._executor import RayExecutor
@@ -123,7 +124,6 @@ class CompiledGraph:
         encoded = _payload.encode_all(unique.values, _as_is, bundle=False)
         if any(kind == FORWARD for kind, _, _ in encoded):
             return None
-        from ._executor import rank_task
 
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)

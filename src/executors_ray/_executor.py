@@ -48,7 +48,8 @@ from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, TIMED_NO_ARGS, Forwarded, Layout
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, TIMED_NO_ARGS, Forwarded
+from ._task_layout import rank_task
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -474,42 +475,6 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
-
-
-def rank_task(call: Call, unique: Any, encoded: list[Any], position: int) -> tuple[Layout, list[Any]]:
-    """The layout and top-level values of one rank's task (``encoded`` from ``_payload.encode_all``)."""
-    arg_slots = unique.arg_slots[position]
-    kwarg_slots = unique.kwarg_slots[position]
-    needed = sorted({*arg_slots, *kwarg_slots.values()})
-    local = {slot: i for i, slot in enumerate(needed)}
-    kinds: list[int] = []
-    sources: list[Any] = []
-    inline: list[Any] = []
-    tops: list[Any] = []
-    top_index: dict[int, int] = {}
-    for slot in needed:
-        kind, where, value = encoded[slot]
-        kinds.append(kind)
-        if where is None:
-            sources.append(-1)
-            inline.append(value)
-            continue
-        ref, member = where
-        j = top_index.get(id(ref))
-        if j is None:
-            j = top_index[id(ref)] = len(tops)
-            tops.append(ref)
-        sources.append(j if member is None else (j, member))
-        inline.append(None)
-    layout: Layout = (
-        tuple(local[s] for s in arg_slots),
-        {k: local[s] for k, s in kwarg_slots.items()},
-        tuple(kinds),
-        tuple(sources),
-        tuple(inline),
-        call.timed,
-    )
-    return layout, tops
 
 
 def _compiled_graph(executor: RayExecutor, compiled: Any, idle_s: Any) -> CompiledGraph | None:
