@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
 
 from . import _payload
-from ._tags import FAILED, FORWARD
+from ._tags import FORWARD
 from ._task_layout import rank_task
 
 if TYPE_CHECKING:
@@ -214,21 +214,9 @@ class CompiledGraph:
 
     @staticmethod
     def _accept(handle: CompiledCallHandle, position: int, value: Any) -> None:
-        if type(value) is not tuple:
-            handle.deliver(position, True, value)
-            return
-        tag, payload = value
-        if tag == FAILED:
-            handle.deliver(position, False, payload)
-            return
-        try:
-            result = _payload.unpack(payload, copy=True)
-        except Exception as exc:  # noqa: BLE001 - e.g. a class the driver cannot import
-            failure = RemoteFailure.capture(handle.call.ranks[position], handle.call.method, exc)
-            failure.message = f"its result cannot be unpickled on the driver ({exc})"
-            handle.deliver(position, False, failure)
-            return
-        handle.deliver(position, True, result)
+        # Channel buffers are reused by the next step: always a private copy.
+        rank, method = handle.call.ranks[position], handle.call.method
+        handle.deliver(position, *_payload.decode_result(value, copy=True, rank=rank, method=method))
 
     def _report_graph_error(self, handle: CompiledCallHandle, exc: BaseException) -> None:
         """A dead rank gives ``WorkerDiedError`` (as on the plain path); else the graph's error, per rank."""

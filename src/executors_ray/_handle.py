@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
+from dispatchcore.executor import Call, RankCallHandle
 
 from . import _payload
-from ._tags import CONTROL_GROUP, FAILED
+from ._tags import CONTROL_GROUP
 
 if TYPE_CHECKING:
     from ._executor import RayExecutor
@@ -109,21 +109,8 @@ class RayCallHandle(RankCallHandle):
 
     def _accept(self, position: int, value: Any) -> None:
         """Deliver one stored result: an atom as it is, a packed value unpacked, a failure as such."""
-        if type(value) is not tuple:
-            self.deliver(position, True, value)
-            return
-        tag, payload = value
-        if tag == FAILED:
-            self.deliver(position, False, payload)
-            return
-        try:
-            result = _payload.unpack(payload, copy=self._copy)
-        except Exception as exc:  # noqa: BLE001 - e.g. a class the driver cannot import
-            failure = RemoteFailure.capture(self.call.ranks[position], self.call.method, exc)
-            failure.message = f"its result cannot be unpickled on the driver ({exc})"
-            self.deliver(position, False, failure)
-            return
-        self.deliver(position, True, result)
+        rank = self.call.ranks[position]
+        self.deliver(position, *_payload.decode_result(value, copy=self._copy, rank=rank, method=self.call.method))
 
     def done(self) -> bool:
         if RankCallHandle.done(self):

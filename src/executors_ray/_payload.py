@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from dispatchcore.executor import ATOMS
+from dispatchcore.executor import ATOMS, RemoteFailure
 from dispatchcore.wire import INLINE_LIMIT, Serialized, dumps, loads
 
-from ._tags import FORWARD, PACKED, RAW, Forwarded
+from ._tags import FAILED, FORWARD, PACKED, RAW, Forwarded
 
 Packed = tuple[bytes, list[Any]]  # uint8 arrays, or bytes for small payloads
 
@@ -145,3 +145,21 @@ def encode_result(value: Any) -> tuple[int, Any]:
 def _as_bytes(packed: Packed) -> tuple[bytes, list[bytes]]:
     """Small payloads as plain bytes: Ray ships them with msgpack, without a pickle pass."""
     return packed[0], [b.tobytes() for b in packed[1]]
+
+
+def decode_result(value: Any, *, copy: bool, rank: int, method: str) -> tuple[bool, Any]:
+    """``(ok, value)`` from what a rank's ``call`` returned.
+
+    That is an atom as it is, ``(OK_PACKED, payload)`` or ``(FAILED, failure)``.
+    """
+    if type(value) is not tuple:
+        return True, value
+    tag, payload = value
+    if tag == FAILED:
+        return False, payload
+    try:
+        return True, unpack(payload, copy=copy)
+    except Exception as exc:  # noqa: BLE001 - e.g. a class the driver cannot import
+        failure = RemoteFailure.capture(rank, method, exc)
+        failure.message = f"its result cannot be unpickled on the driver ({exc})"
+        return False, failure
