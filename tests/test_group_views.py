@@ -142,10 +142,10 @@ def test_disjoint_views_run_independently() -> None:
 
 def test_replace_rank_on_a_view_names_the_groups_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A view's rank numbers are positions in it; replacement works on the whole group's ranks."""
-    import dispatchcore._worker_group as worker_group
+    import dispatchcore._membership as membership
 
     asked: list[tuple[int, ...]] = []
-    monkeypatch.setattr(worker_group, "run_replacement", lambda root, ranks, generation: asked.append(ranks))
+    monkeypatch.setattr(membership, "run_replacement", lambda root, ranks, generation: asked.append(ranks))
     with WorkerGroup(EchoWorker, 4, backend="local") as group:
         group.ranks([3, 1]).replace_rank(0)
         group[2:].replace_rank(0, 1)

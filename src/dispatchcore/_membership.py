@@ -142,3 +142,39 @@ def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> Memb
         ) from exc
     executor.mark_usable()
     return change
+
+
+class Membership:
+    """One group's replacement state: its setup log, how many replacements it went through, one at a time."""
+
+    def __init__(self) -> None:
+        self.setup_log = SetupLog()
+        self.generation = 0
+        self._lock = threading.Lock()
+
+    def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
+        """Replace ``ranks`` of ``group`` now (``WorkerGroup.replace_rank``)."""
+        with self._lock:
+            self.generation += 1
+            return run_replacement(group, ranks, self.generation)
+
+    def recover(self, group: Any, dead: int, seen: int) -> None:
+        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
+
+        ``seen`` is the generation when the failed call began: if another
+        caller replaced ranks since, there is nothing left to do.
+        """
+        from ._errors import DispatchError, WorkerDiedError
+
+        with self._lock:
+            if self.generation != seen:
+                return
+            pending = (dead,)
+            for _ in range(group.world_size):
+                self.generation += 1
+                try:
+                    run_replacement(group, pending, self.generation)
+                    return
+                except WorkerDiedError as again:
+                    pending = (again.rank,)
+            raise DispatchError(f"{group!r}: ranks kept dying while being replaced; giving up")

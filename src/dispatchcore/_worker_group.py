@@ -27,7 +27,7 @@ from ._errors import DispatchError, RegistrationError, WorkerDiedError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
 from ._group_view import select_by_index, select_ranks
-from ._membership import ON_RANK_DEATH, MembershipChange, SetupLog, run_replacement
+from ._membership import ON_RANK_DEATH, Membership, MembershipChange, SetupLog
 from ._method_proxy import DEFAULT, MethodNamespace, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
@@ -108,9 +108,7 @@ class WorkerGroup(Generic[W]):
                 "starts a new rank in place of a dead one (backends that can: ray) and retries retry=True calls"
             )
         self._on_rank_death = on_rank_death
-        self._setup_log = SetupLog()
-        self._generation = 0
-        self._recover_lock = threading.Lock()
+        self._membership = Membership()
         self._call_timeout = _check_timeout("call_timeout", call_timeout)
         death = _check_timeout("death_timeout", death_timeout, allow_none=False)
         methods = registered_methods(worker_cls)
@@ -248,7 +246,7 @@ class WorkerGroup(Generic[W]):
     @property
     def setup_log(self) -> SetupLog:
         """The setup calls (``@register(..., setup=True)``) a replacement rank replays, in order."""
-        return (self._parent or self)._setup_log
+        return (self._parent or self)._membership.setup_log
 
     @property
     def call_timeout(self) -> float | None:
@@ -273,28 +271,7 @@ class WorkerGroup(Generic[W]):
         if not wanted or bad:
             raise ValueError(f"replace_rank needs rank numbers in 0..{self._world_size - 1}, got {list(ranks)}")
         wanted = tuple(sorted(self._all_ranks[r] for r in wanted))  # a view's ranks are positions in it
-        with root._recover_lock:
-            root._generation += 1
-            return run_replacement(root, wanted, root._generation)
-
-    def _recover(self, dead: int, generation: int) -> None:
-        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
-
-        ``generation`` is the group's when the failed call began: if another
-        caller replaced ranks since, there is nothing left to do.
-        """
-        with self._recover_lock:
-            if self._generation != generation:
-                return
-            pending = (dead,)
-            for _ in range(self._world_size):
-                self._generation += 1
-                try:
-                    run_replacement(self, pending, self._generation)
-                    return
-                except WorkerDiedError as again:
-                    pending = (again.rank,)
-            raise DispatchError(f"{self!r}: ranks kept dying while being replaced; giving up")
+        return root._membership.replace(root, wanted)
 
     def ensure_usable(self) -> None:
         """Raise :class:`DispatchError` if the group is shut down or broken."""
@@ -328,7 +305,7 @@ class WorkerGroup(Generic[W]):
         requested_timeout = timeout
         call_args, call_kwargs = args, kwargs
         root = self._parent or self
-        generation = root._generation
+        generation = root._membership.generation
         if timeout is DEFAULT:
             timeout = self._call_timeout
         unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
@@ -366,7 +343,7 @@ class WorkerGroup(Generic[W]):
             except WorkerDiedError as exc:
                 if root._on_rank_death != "replace" or retried:
                     raise
-                root._recover(exc.rank, generation)
+                root._membership.recover(root, exc.rank, generation)
                 if not registration.retry:
                     exc.add_note(
                         f"rank {exc.rank} was replaced (on_rank_death='replace') and the group takes calls "
@@ -379,7 +356,7 @@ class WorkerGroup(Generic[W]):
                 )
                 return again if registration.blocking else again.get()
             if registration.setup:
-                root._setup_log.record(call)
+                root._membership.setup_log.record(call)
             if tracer is not None:
                 results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if unwrap:
