@@ -19,6 +19,7 @@ read as often as the shortest bound waiting needs.
 from __future__ import annotations
 
 import itertools
+import socket
 import subprocess
 import threading
 import time
@@ -86,6 +87,8 @@ class Hub:
         self._gone: dict[int, str] = {}
         #: Set once a rank's process is gone (its gloo connection closed).
         self._exited = {d: threading.Event() for d in self.remote}
+        #: (host, pid) each stopping rank reported, to see its process end on this host.
+        self._processes_seen: dict[int, tuple[str, int]] = {}
         self._canary_threads = [
             threading.Thread(
                 target=self._canary, args=(rank, work), name=f"dispatchcore-torchrun-canary{rank}", daemon=True
@@ -149,6 +152,8 @@ class Hub:
             if kind == "quit":
                 return
             if kind == "stopped":
+                if len(message) == 3:
+                    self._processes_seen[rank] = (message[1], message[2])
                 self._stopped[rank].set()
             elif kind == "dead":
                 self._fail_rank(rank, message[1])
@@ -307,7 +312,11 @@ class Hub:
             self._stopped[rank].wait(max(0.0, deadline - time.monotonic()))
         for rank in self.remote:
             if self._stopped[rank].is_set():
-                self._exited[rank].wait(max(0.0, min(EXIT_WAIT_S, deadline - time.monotonic())))
+                until = min(time.monotonic() + EXIT_WAIT_S, deadline)
+                self._exited[rank].wait(max(0.0, until - time.monotonic()))
+                host, pid = self._processes_seen.get(rank, ("", 0))
+                if host == socket.gethostname():
+                    _wait_process_ended(pid, until)
         self._closing.set()
         if on_stopped is not None:
             on_stopped()
@@ -327,6 +336,25 @@ class Hub:
     def release_store(self) -> None:
         """After ``stop``: let go of the store, so a self-started world's store port closes now."""
         self.store = None  # type: ignore[assignment]
+
+
+def _wait_process_ended(pid: int, until: float) -> None:
+    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until``.
+
+    A rank's connection closes a little before its process ends; under
+    torchrun a driver that exits in that gap (with an error) makes the agent
+    SIGTERM the rank and report it as failed too.  Best effort: only for a
+    rank on this host, and only where ``/proc`` exists.
+    """
+    while time.monotonic() < until:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                state = stat.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.005)
 
 
 def _gloo_reason(exc: BaseException) -> str:

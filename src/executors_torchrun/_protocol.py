@@ -22,7 +22,7 @@ Statuses (rank to hub)::
                                                (or None) names a DataProto result's tensor
                                                buffers, so the hub can place their rows
     ("done", cid, False, RemoteFailure, 0)     the worker (or unpickling) raised
-    ("stopped",)                               acknowledged "stop", exiting
+    ("stopped", host, pid)                     acknowledged "stop", exiting
     ("dead", detail)                           pushed by the hub's own monitor
     ("quit",)                                  pushed by the hub to end a reader
 """

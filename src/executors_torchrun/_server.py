@@ -9,6 +9,7 @@ the group stays in step.  The loop returns on ``stop``; the caller exits 0.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -151,7 +152,8 @@ class Server:
         except Exception:  # noqa: BLE001, S110 - the hub is gone already
             pass
         try:
-            self._store.queue_push(status_key(self._rank), encode(("stopped",)))
+            stopped = ("stopped", socket.gethostname(), os.getpid())
+            self._store.queue_push(status_key(self._rank), encode(stopped))
         except Exception:  # noqa: BLE001, S110 - the hub may be gone already
             pass
         self._transport.close()
