@@ -12,11 +12,13 @@ from ._call_context import CallContext, current_call
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
 from ._direct_call import DirectCall, direct_call
+from ._driver_traffic import DriverTraffic, driver_traffic
 from ._errors import (
     BackendNotFoundError,
     BatchSizeError,
     DispatchError,
     DispatchTimeoutError,
+    MemoryBudgetError,
     RegistrationError,
     WorkerDiedError,
     WorkerError,
@@ -25,6 +27,7 @@ from ._executor import CallHandle, Executor, GroupSpec
 from ._fused import create_colocated_worker_raw_cls
 from ._futures import CallFuture, DataProtoFuture
 from ._hookspecs import hookimpl, hookspec
+from ._lazy_dataproto import LazyDataProto
 from ._membership import MembershipChange
 from ._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
 from ._method_proxy import MethodProxy
@@ -67,10 +70,13 @@ __all__ = [
     "DispatchError",
     "DispatchSpec",
     "DispatchTimeoutError",
+    "DriverTraffic",
     "Execute",
     "Executor",
     "GroupSpec",
+    "LazyDataProto",
     "MembershipChange",
+    "MemoryBudgetError",
     "MethodProxy",
     "Registration",
     "RegistrationError",
@@ -93,6 +99,7 @@ __all__ = [
     "create_colocated_worker_raw_cls",
     "current_call",
     "direct_call",
+    "driver_traffic",
     "fold_batch_dim",
     "hookimpl",
     "hookspec",

@@ -14,6 +14,8 @@ from pathlib import Path
 from ._plugins import available_backends
 
 BENCHMARKS = {"local": "bench_local.py", "ray": "bench_ray.py", "torchrun": "bench_torchrun.py"}
+#: Run after the per-executor ones, on the selected executors that are available (eager vs lazy chain).
+ACROSS_BACKENDS = "bench_chain.py"
 
 
 def benchmarks_dir() -> Path | None:
@@ -49,5 +51,10 @@ def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
         # ranks inherit), so worker classes defined there load in every rank.
         module = importlib.import_module(path.stem)
         code = module.main(["--quick"] if quick else [])
+        status = status or int(code or 0)
+    selected = [backend for backend in only or list(BENCHMARKS) if backend in available_backends()]
+    if selected and (folder / ACROSS_BACKENDS).exists():
+        module = importlib.import_module(Path(ACROSS_BACKENDS).stem)
+        code = module.main([*(["--quick"] if quick else []), "--backends", *selected])
         status = status or int(code or 0)
     return status

@@ -11,6 +11,7 @@ from ._dataproto import DataProto
 from ._errors import BatchSizeError, DispatchError
 from ._forward_plan import plan_forward
 from ._futures import DataProtoFuture
+from ._lazy_chunk import KEEP_ROWS_KWARG
 from ._modes import Dispatch, DispatchSpec, set_builtin
 from ._padding import PADDING_ROWS_KEY, chunk_with_padding
 from ._tensordict_dispatch import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
@@ -94,6 +95,8 @@ def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[A
     if executor is None or handle is None or future.executor is None or future.executor.name != executor.name:
         return None
     if future.call is None or not future.call.results_are_copied or future.done_on_driver():
+        return None
+    if KEEP_ROWS_KWARG in future.call.kwargs[0]:  # a lazy call: its result is cheap to get and forwards itself
         return None
     shapes = executor.describe_results(handle)
     if shapes is None:

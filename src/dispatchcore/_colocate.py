@@ -115,10 +115,15 @@ def method_names(worker_cls: type) -> tuple[str, ...]:
 
     The ``@register`` methods (a colocated class's role-prefixed ones among
     them, and those of each role class under its prefix), plus the core's
-    mesh query and rejoin call.  Executors that bind entry points per method read it from
+    mesh query, rejoin call and the kept-rows calls.  Executors that bind entry points per method read it from
     :attr:`GroupSpec.methods`.
     """
-    names = set(registered_methods(worker_cls)) | {"_dispatchcore_mesh_info", "_dispatchcore_rejoin"}
+    names = set(registered_methods(worker_cls)) | {
+        "_dispatchcore_mesh_info",
+        "_dispatchcore_rejoin",
+        "_dispatchcore_take_rows",
+        "_dispatchcore_free_rows",
+    }
     roles: dict[str, type] = getattr(worker_cls, "_dispatchcore_roles", None) or {}
     for role, cls in roles.items():
         names.update(f"{role}_{name}" for name in registered_methods(cls))

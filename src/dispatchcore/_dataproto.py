@@ -301,6 +301,10 @@ class DataProto:
         for pos, item in enumerate(items):
             if not isinstance(item, DataProto):
                 raise TypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
+        if any(getattr(item, "is_lazy", False) for item in items):  # rows on ranks: join the plans only
+            from dispatchcore._lazy_dataproto import LazyDataProto
+
+            return LazyDataProto.concat_lazy(items)
         has_batch = [item.batch is not None for item in items]
         if any(has_batch) and not all(has_batch):
             raise ValueError(

@@ -91,6 +91,10 @@ class WorkerDiedError(DispatchError, RuntimeError):
         return (type(self), (self.rank, self.detail, self.method))
 
 
+class MemoryBudgetError(DispatchError, MemoryError):
+    """A rank would hold more rows of lazy results than its budget (``lazy_budget_bytes``)."""
+
+
 class DispatchTimeoutError(DispatchError, TimeoutError):
     """A call did not finish within its timeout.
 

@@ -132,6 +132,26 @@ class Executor(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} describes results but cannot forward chunks")
 
+    # -- optional: lazy results read rank to rank --------------------------------
+    def row_address(self, rank: int) -> Any:
+        """Where rank ``rank``'s kept rows live, for :meth:`can_fetch_rows` of a consuming group.
+
+        Lazy results work on every executor: the core keeps them on the ranks
+        (``WorkerHost``) and reads them to the driver with ordinary calls.  To
+        let a consuming rank fetch rows from a producing rank directly, return
+        a small picklable address here, answer :meth:`can_fetch_rows` for it,
+        and set ``host.fetch_rows`` on each rank to a function taking
+        :class:`~dispatchcore.executor.RowRequest` s (their ``address``) and
+        returning one ``DataProto`` per request, read on the producing rank
+        with :func:`~dispatchcore.executor.take_kept_rows`.  ``None`` (the
+        default) sends consumers their rows through the driver.
+        """
+        return None
+
+    def can_fetch_rows(self, address: Any) -> bool:
+        """Whether this group's ranks can fetch rows kept at ``address`` (another group's :meth:`row_address`)."""
+        return False
+
     # -- optional: replacing dead ranks (WorkerGroup.replace_rank) ----------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
         """Start new ranks ``ranks`` in place of dead (or hung: kill them first) ones.

@@ -32,24 +32,39 @@ class MethodProxy(Generic[P, D_co]):
     the call returns (the mode's collected result, or a future of it).
     """
 
-    __slots__ = ("_group", "_name", "_registration", "_timeout")
+    __slots__ = ("_group", "_lazy", "_name", "_registration", "_timeout")
 
-    def __init__(self, group: WorkerGroup[Any], name: str, registration: Registration, timeout: Any = DEFAULT):
+    def __init__(
+        self,
+        group: WorkerGroup[Any],
+        name: str,
+        registration: Registration,
+        timeout: Any = DEFAULT,
+        lazy: bool | None = None,
+    ):
         self._group = group
         self._name = name
         self._registration = registration
         self._timeout = timeout
+        self._lazy = lazy
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
-        result: D_co = self._group._call_method(self._name, self._registration, args, kwargs, self._timeout)
+        result: D_co = self._group._call_method(
+            self._name, self._registration, args, kwargs, self._timeout, lazy=self._lazy
+        )
         return result
 
-    def options(self, *, timeout: float | None = DEFAULT) -> MethodProxy[P, D_co]:
-        """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``."""
+    def options(self, *, timeout: float | None = DEFAULT, lazy: bool | None = None) -> MethodProxy[P, D_co]:
+        """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``.
+
+        ``lazy=True`` keeps this call's DataProto result on the ranks (a ``LazyDataProto``).
+        """
         if timeout is not DEFAULT and timeout is not None:
             if not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        return type(self)(self._group, self._name, self._registration, timeout)
+        if lazy is not None and not isinstance(lazy, bool):
+            raise ValueError(f"lazy must be True, False or None, got {lazy!r}")
+        return type(self)(self._group, self._name, self._registration, timeout, lazy)
 
     @property
     def registration(self) -> Registration:

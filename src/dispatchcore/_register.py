@@ -56,6 +56,8 @@ class Registration:
     #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
     #: by a rank's death is retried once on the rebuilt group.
     retry: bool = False
+    #: Keep a DataProto result on the ranks (a ``LazyDataProto``); ``None``: the group decides.
+    lazy: bool | None = None
 
 
 # The overloads only tell type checkers what a driver call returns per mode
@@ -80,6 +82,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> B: ...
 @overload
 def register(
@@ -90,6 +93,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> L: ...
 
 
@@ -102,6 +106,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsList: ...
 @overload
 def register(
@@ -112,6 +117,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsListLater: ...
 
 
@@ -124,6 +130,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsRankZero: ...
 @overload
 def register(
@@ -134,6 +141,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsRankZero: ...
 @overload
 def register(
@@ -144,6 +152,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsRankZeroLater: ...
 @overload
 def register(
@@ -154,6 +163,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsRankZeroLater: ...
 
 
@@ -166,6 +176,7 @@ def register(
     materialize_futures: bool = ...,
     setup: bool = ...,
     retry: bool = ...,
+    lazy: bool | None = ...,
 ) -> CollectsAs[Any]: ...
 
 
@@ -176,6 +187,7 @@ def register(
     materialize_futures: bool = True,
     setup: bool = False,
     retry: bool = False,
+    lazy: bool | None = None,
 ) -> Any:
     """Mark a worker method as callable through a ``WorkerGroup``.
 
@@ -184,7 +196,9 @@ def register(
     ``Execute.ALL``) which ranks run it; ``blocking=False`` makes the call
     return a future at once.  ``setup=True`` marks a call that builds a
     rank's state (replayed on a replacement rank); ``retry=True`` one that is
-    safe to run twice (retried once after a rank is replaced).  Usable bare
+    safe to run twice (retried once after a rank is replaced).  ``lazy=True``
+    keeps a DataProto result on the ranks and returns a ``LazyDataProto``
+    (``None``: the group's ``lazy`` setting decides).  Usable bare
     (``@register``) or with options.
     """
     if inspect.isfunction(dispatch_mode) and execute_mode is None:
@@ -198,6 +212,8 @@ def register(
     for label, flag in flags:
         if not isinstance(flag, bool):
             raise RegistrationError(f"{label} must be True or False, got {flag!r}")
+    if lazy is not None and not isinstance(lazy, bool):
+        raise RegistrationError(f"lazy must be True, False or None (the group decides), got {lazy!r}")
 
     def decorate(func: F) -> F:
         target = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
@@ -213,6 +229,7 @@ def register(
             is_async=inspect.iscoroutinefunction(target),
             setup=setup,
             retry=retry,
+            lazy=lazy,
         )
         setattr(target, REGISTRATION_ATTR, registration)
         return func

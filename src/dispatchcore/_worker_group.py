@@ -23,15 +23,19 @@ from ._call_context import CallContext, call_context
 from ._call_context import enter_call as _enter_call
 from ._call_context import leave_call as _leave_call
 from ._colocate import method_names
+from ._driver_traffic import count_received
 from ._errors import DispatchError, RegistrationError, WorkerDiedError
 from ._executor import Executor, GroupSpec, remaining
 from ._futures import CallFuture, DataProtoFuture
 from ._group_view import select_by_index, select_ranks
+from ._lazy_chunk import KEEP_ROWS_KWARG, send_lazy_arguments
+from ._lazy_dataproto import LazyDataProto
 from ._membership import ON_RANK_DEATH, Membership, MembershipChange, SetupLog
 from ._method_proxy import DEFAULT, MethodNamespace, proxy_class
 from ._modes import Execute, resolve_mode
 from ._plugins import get_executor_class
 from ._register import Registration, registered_methods
+from ._row_ledger import DEFAULT_BUDGET, RemoteRows, RowLedger
 from ._trace import TimedResult, Tracer, active_tracer, now_us
 
 W = TypeVar("W")
@@ -45,6 +49,7 @@ _live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 _names = itertools.count()
 _labels = itertools.count()
 _call_ids = itertools.count()
+_keep_tokens = itertools.count()
 
 
 def resolve_backend(backend: str | None, config: Mapping[str, Any] | None = None) -> str:
@@ -83,6 +88,8 @@ class WorkerGroup(Generic[W]):
         death_timeout: float = 60.0,
         isolate: bool = True,
         on_rank_death: str = "raise",
+        lazy: bool = False,
+        lazy_budget_bytes: int | None = DEFAULT_BUDGET,
         **backend_options: Any,
     ) -> None:
         if not isinstance(worker_cls, type):
@@ -107,6 +114,13 @@ class WorkerGroup(Generic[W]):
                 f"on_rank_death must be one of {list(ON_RANK_DEATH)}, got {on_rank_death!r}; 'replace' "
                 "starts a new rank in place of a dead one (backends that can: ray) and retries retry=True calls"
             )
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy must be True or False, got {lazy!r}")
+        if lazy_budget_bytes is not None and (
+            isinstance(lazy_budget_bytes, bool) or not isinstance(lazy_budget_bytes, int) or lazy_budget_bytes < 0
+        ):
+            raise ValueError(f"lazy_budget_bytes must be a number of bytes >= 0 or None, got {lazy_budget_bytes!r}")
+        self._lazy = lazy
         self._on_rank_death = on_rank_death
         self._membership = Membership()
         self._call_timeout = _check_timeout("call_timeout", call_timeout)
@@ -137,6 +151,7 @@ class WorkerGroup(Generic[W]):
             methods=method_names(worker_cls),
         )
         self._executor = executor_cls(spec)
+        self._ledger = RowLedger(self._executor, lazy_budget_bytes)
         self._closed = False
         self._bind()
         _live_groups.add(self)
@@ -294,6 +309,7 @@ class WorkerGroup(Generic[W]):
         kwargs: dict[str, Any],
         timeout: Any,
         retried: bool = False,
+        lazy: bool | None = None,
     ) -> Any:
         spec = resolve_mode(registration.dispatch_mode)
         if spec.direct:
@@ -309,6 +325,11 @@ class WorkerGroup(Generic[W]):
         if timeout is DEFAULT:
             timeout = self._call_timeout
         unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
+        if lazy is None:
+            lazy = registration.lazy if registration.lazy is not None else root._lazy
+        lazy = lazy and spec.returns_dataproto
+        ledger = root._ledger
+        ledger.flush()
         ctx = CallContext(name, self._world_size)
         tracer = active_tracer()
         started = now_us() if tracer is not None else 0.0
@@ -319,6 +340,9 @@ class WorkerGroup(Generic[W]):
             per_rank_args, per_rank_kwargs = per_rank_values(spec.dispatch_fn(self, *args, **kwargs), spec.name, name)
         finally:
             _leave_call(token)
+        per_rank_args, per_rank_kwargs, read_sources = _send_data(self._executor, per_rank_args, per_rank_kwargs)
+        if lazy:
+            per_rank_kwargs[KEEP_ROWS_KWARG] = [f"{os.getpid()}-{next(_keep_tokens)}"] * self._world_size
         call = self._make_call(
             name,
             spec.name,
@@ -352,9 +376,23 @@ class WorkerGroup(Generic[W]):
                     )
                     raise
                 again = self._call_method(
-                    call.method[len(self._prefix) :], registration, call_args, call_kwargs, requested_timeout, True
+                    call.method[len(self._prefix) :],
+                    registration,
+                    call_args,
+                    call_kwargs,
+                    requested_timeout,
+                    True,
+                    lazy,
                 )
                 return again if registration.blocking else again.get()
+            del read_sources[:]  # the call is over: the rows it read may be freed
+            if lazy:
+                results = [
+                    LazyDataProto.of_remote(r) if isinstance(r, RemoteRows) else r
+                    for r in ledger.adopt(call.ranks, results)
+                ]
+            else:
+                count_received(results)
             if registration.setup:
                 root._membership.setup_log.record(call)
             if tracer is not None:
@@ -542,6 +580,18 @@ def _refuse_collisions(worker_cls: type, methods: Mapping[str, Registration]) ->
             f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
             f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
         )
+
+
+def _send_data(
+    executor: Executor, per_rank_args: tuple[Any, ...], per_rank_kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[RemoteRows]]:
+    """Lazy DataProto arguments as row requests (or driver-read rows), counting what the driver sends."""
+    columns = [*per_rank_args, *per_rank_kwargs.values()]
+    if not columns:
+        return per_rank_args, per_rank_kwargs, []
+    sent, sources = send_lazy_arguments(executor, columns)
+    n = len(per_rank_args)
+    return tuple(sent[:n]), dict(zip(per_rank_kwargs, sent[n:], strict=True)), sources
 
 
 def _materialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -16,7 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import WorkerError
+from ._dataproto import DataProto
+from ._errors import WorkerDiedError, WorkerError
+from ._lazy_chunk import KEEP_ROWS_KWARG, RowFetcher, resolve_lazy_arguments
+from ._row_store import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD
 from ._trace import TimedResult, now_us
 from ._worker import rank_context
 
@@ -33,17 +36,24 @@ class RemoteFailure:
     exc_type: str
     message: str
     traceback: str
+    #: Set when the worker saw another rank dead (reading rows that rank kept): the driver raises
+    #: ``WorkerDiedError`` naming that rank instead of a ``WorkerError``.
+    died_rank: int | None = None
 
     @classmethod
     def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(rank, method, type(exc).__qualname__, str(exc), text)
+        died = exc.rank if isinstance(exc, WorkerDiedError) else None
+        return cls(rank, method, type(exc).__qualname__, str(exc), text, died)
 
-    def to_error(self) -> WorkerError:
+    def to_error(self) -> WorkerError | WorkerDiedError:
+        if self.died_rank is not None:
+            detail = f"{self.message} (seen by rank {self.rank} in {self.method!r} while reading rows it kept)"
+            return WorkerDiedError(self.died_rank, detail, self.method)
         return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
 
 
-def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError:
+def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError | WorkerDiedError:
     """The error to raise for a call in which ranks failed: the lowest position's,
     noting which other ranks raised too.  ``failures`` maps call positions."""
     first = min(failures)
@@ -73,6 +83,8 @@ class WorkerHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bound: dict[str, Any] = {}
         self.worker: Any = None
+        #: The executor's rank-to-rank transport for lazy arguments' rows kept in other processes.
+        self.fetch_rows: RowFetcher | None = None
 
     def start(self) -> RemoteFailure | None:
         """Build the worker; a failure is returned (method ``__init__``), not raised."""
@@ -95,7 +107,12 @@ class WorkerHost:
             start = now_us()
             ok, value = self.run(method, args, kwargs)
             return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
+        keep = kwargs.get(KEEP_ROWS_KWARG) if kwargs else None
+        if keep is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k != KEEP_ROWS_KWARG}
         fn = self._bound.get(method)
+        if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
+            return self._rows_method(method, args)
         if fn is None:
             try:
                 fn = self._bound[method] = getattr(self.worker, method)
@@ -105,12 +122,25 @@ class WorkerHost:
                 failure.message = f"{cls} has no method {method!r}"
                 return False, failure
         try:
+            args, kwargs = resolve_lazy_arguments(args, kwargs, self.fetch_rows)
             value = fn(*args, **kwargs)
             if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                 value = self._event_loop().run_until_complete(_await(value))
+            if keep is not None and isinstance(value, DataProto):
+                value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, method, exc)
         return True, value
+
+    def _rows_method(self, method: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """The core's own calls on kept rows: read some (to the driver) or free keys."""
+        try:
+            if method == TAKE_ROWS_METHOD:
+                return True, [ROW_STORE.take(request) for request in args[0]]
+            ROW_STORE.free(args[0])
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return False, RemoteFailure.capture(self.rank, method, exc)
+        return True, None
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None or self._loop.is_closed():

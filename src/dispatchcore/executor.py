@@ -42,6 +42,10 @@ Optional hooks, with defaults that decline:
 * rows moved rank to rank: :meth:`Executor.describe_results` and
   :meth:`Executor.forward_chunk` (the core plans the row ranges with
   :func:`plan_forward`; a rank builds its chunk with :func:`assemble_chunk`);
+* lazy results' rows fetched rank to rank: :meth:`Executor.row_address`,
+  :meth:`Executor.can_fetch_rows` and ``WorkerHost.fetch_rows`` (a producing
+  rank answers a :class:`RowRequest` with :func:`take_kept_rows`); without
+  them lazy results still work, with consumers' rows sent by the driver;
 * :meth:`Executor.launch_world_size` (world size implied by the launcher).
 
 Registering: a module with a :data:`dispatchcore.hookimpl` of
@@ -54,6 +58,8 @@ directly.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._call import Call, UniqueValues
 from ._call_handle import RankCallHandle, liveness_poll, timeout_error
 from ._colocate import method_names
@@ -64,8 +70,26 @@ from ._options import check_options
 from ._plugins import register_executor
 from ._rank_env import LOOPBACK, RANK_ENV_KEYS, free_port, local_ranks, rank_environment
 from ._rank_thread import RankThread, run_isolated
+from ._row_store import ROW_STORE as _ROW_STORE
+from ._row_store import HeldRows, RowRequest
 from ._trace import TimedResult
 from ._worker_host import RemoteFailure, WorkerHost, first_failure
+
+
+def take_kept_rows(request: RowRequest) -> Any:
+    """Producing rank: the ``DataProto`` of rows ``request`` asks for, from this process's kept results.
+
+    Views of the kept result (a slice) or a gathered copy (an index array);
+    serialize it to send it.  Raises :class:`~dispatchcore.DispatchError`
+    when the key was freed.
+    """
+    return _ROW_STORE.take(request)
+
+
+def holds_kept_rows(key: str) -> bool:
+    """Whether this process keeps the rows under ``key`` (then no transport is needed)."""
+    return _ROW_STORE.has(key)
+
 
 __all__ = [
     "ATOMS",
@@ -77,11 +101,13 @@ __all__ = [
     "Executor",
     "ForwardPlan",
     "GroupSpec",
+    "HeldRows",
     "RankCallHandle",
     "RankThread",
     "RemoteFailure",
     "ResultShape",
     "RowPiece",
+    "RowRequest",
     "TimedResult",
     "UniqueValues",
     "WorkerHost",
@@ -89,6 +115,7 @@ __all__ = [
     "check_options",
     "first_failure",
     "free_port",
+    "holds_kept_rows",
     "isolated_copy",
     "liveness_poll",
     "local_ranks",
@@ -98,5 +125,6 @@ __all__ = [
     "register_executor",
     "remaining",
     "run_isolated",
+    "take_kept_rows",
     "timeout_error",
 ]

@@ -5,12 +5,15 @@ executor contract: :class:`~dispatchcore.executor.RankThread` serves a rank,
 :func:`~dispatchcore.executor.run_isolated` gives it what a pickle round trip
 would (copied on the rank's own thread, so copies run in parallel), and
 :class:`~dispatchcore.executor.RankCallHandle` owns every time bound.
-A rank whose thread exited is reported dead.
+A rank whose thread exited is reported dead.  Lazy results stay in this
+process, so a consuming rank reads a producer's rows directly (copying them
+once, as isolation asks).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 import weakref
 from typing import Any
@@ -95,6 +98,13 @@ class LocalExecutor(Executor):
 
             self.rank_threads[rank].put(task)
         return handle
+
+    def row_address(self, rank: int) -> Any:
+        """Kept rows live in this process, where every local rank reads them directly."""
+        return ("local", os.getpid())
+
+    def can_fetch_rows(self, address: Any) -> bool:
+        return bool(address == ("local", os.getpid()))
 
     def shutdown(self) -> None:
         if self._closed:

@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome/Perfetto trace of the run")
     parser.add_argument("--checkpoint", default=None, metavar="FILE", help="save the trained policy (rank 0)")
+    parser.add_argument(
+        "--lazy",
+        action="store_true",
+        help="keep generate/reward/reference results on the ranks (lazy DataProto); same numbers, less driver traffic",
+    )
 
 
 def is_driver() -> bool:
@@ -36,12 +41,18 @@ def run(args: argparse.Namespace) -> int:
         launched = os.environ.get("WORLD_SIZE") if os.environ.get("TORCHELASTIC_RUN_ID") else None
         world_size = int(launched) if launched else 2
     config = DemoConfig(
-        backend=backend, world_size=world_size, steps=args.steps, seed=args.seed, checkpoint=args.checkpoint
+        backend=backend,
+        world_size=world_size,
+        steps=args.steps,
+        seed=args.seed,
+        checkpoint=args.checkpoint,
+        lazy=args.lazy,
     )
     driver = is_driver()
     if driver:
         print(
             f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
+            f"lazy={'on' if config.lazy else 'off'} "
             f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
             flush=True,
         )

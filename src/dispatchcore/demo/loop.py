@@ -2,7 +2,9 @@
 
 Every step: generate -> reward -> reference log-probs -> group-baseline
 advantages -> update.  The same function runs on ``local``, ``ray`` and
-``torchrun``; only the ``backend`` argument changes.
+``torchrun``; only the ``backend`` argument changes.  With ``lazy=True`` the
+DataProto-returning calls leave their rows on the ranks: the driver passes
+references on and reads only the ``rewards`` column; the numbers are the same.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
-from .. import DataProto, WorkerGroup, create_colocated_worker_cls
+from .. import DataProto, WorkerGroup, create_colocated_worker_cls, driver_traffic
 from .._trace import Tracer, trace
 from .task import make_prompts
 from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
@@ -37,6 +39,8 @@ class DemoConfig:
     checkpoint: str | None = None
     #: "replace": a dead rank is replaced and the interrupted call retried (backends that can).
     on_rank_death: str = "raise"
+    #: Results of generate / reward / reference log-probs stay on the ranks (lazy DataProto).
+    lazy: bool = False
     backend_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -50,6 +54,8 @@ class StepMetrics:
     compute_s: float
     collect_s: float
     step_s: float
+    #: DataProto payload bytes that crossed the driver during the step (sent + received).
+    driver_bytes: int = 0
 
 
 def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tensor:
@@ -109,14 +115,19 @@ def run_demo(
             actor.init_model(model)
             ref.init_model(model, replicas)
             reward_wg.init_task(config.shift)
+            generate, compute_reward, compute_ref = (
+                proxy.options(lazy=True) if config.lazy else proxy
+                for proxy in (actor.generate_sequences, reward_wg.compute_reward, ref.compute_ref_log_prob)
+            )
             for step in range(1, config.steps + 1):
                 since, started = len(tracer.events), time.perf_counter()
+                traffic_before = driver_traffic()
                 prompts = make_prompts(config.prompts_per_step, config.length, generator)
                 prompts = prompts.repeat_interleave(config.samples_per_prompt, dim=0)
                 batch = DataProto.from_dict({"prompts": prompts}, auto_padding=True)
-                batch = batch.union(actor.generate_sequences(batch))
-                batch = batch.union(reward_wg.compute_reward(batch))
-                batch = batch.union(ref.compute_ref_log_prob(batch))
+                batch = batch.union(generate(batch))
+                batch = batch.union(compute_reward(batch))
+                batch = batch.union(compute_ref(batch))
                 scores = batch.batch["rewards"]
                 batch.batch["advantages"] = group_baseline_advantages(scores, config.samples_per_prompt)
                 batch.meta_info["total_rows"] = len(batch)
@@ -132,6 +143,7 @@ def run_demo(
                     compute_s=compute,
                     collect_s=collect,
                     step_s=time.perf_counter() - started,
+                    driver_bytes=(driver_traffic() - traffic_before).total,
                 )
                 history.append(metrics)
                 if on_step is not None:
@@ -145,11 +157,13 @@ def run_demo(
 class ProgressTable:
     """Live display: a progress bar on a terminal, then one table row per step."""
 
-    def __init__(self, total: int, out: TextIO = sys.stdout) -> None:
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
+        out = out or sys.stdout  # looked up per table, so redirected stdout (tests, tools) is honoured
         self.total, self.out = total, out
         self.tty = out.isatty()
         header = (
-            f"{'step':>5} {'reward':>7} {'loss':>8} {'kl':>8} {'dispatch':>9} {'compute':>9} {'collect':>9} {'step':>8}"
+            f"{'step':>5} {'reward':>7} {'loss':>8} {'kl':>8} {'dispatch':>9} {'compute':>9} {'collect':>9} "
+            f"{'step':>8} {'via driver':>10}"
         )
         print(header, file=out)
         print("-" * len(header), file=out, flush=True)
@@ -159,7 +173,8 @@ class ProgressTable:
             print("\r\033[K", end="", file=self.out)
         print(
             f"{m.step:>5} {m.reward:>7.3f} {m.loss:>8.4f} {m.kl:>8.4f} {m.dispatch_s * 1e3:>7.1f}ms "
-            f"{m.compute_s * 1e3:>7.1f}ms {m.collect_s * 1e3:>7.1f}ms {m.step_s * 1e3:>6.0f}ms",
+            f"{m.compute_s * 1e3:>7.1f}ms {m.collect_s * 1e3:>7.1f}ms {m.step_s * 1e3:>6.0f}ms "
+            f"{m.driver_bytes / 1024:>8.1f}KB",
             file=self.out,
         )
         if self.tty and m.step < self.total:
