@@ -62,6 +62,8 @@ class RowLedger:
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}
         self._unfreed: dict[int, list[str]] = {}
+        #: Ranks seen dead (their kept rows are gone).
+        self.dead: set[int] = set()
 
     def adopt(self, ranks: Sequence[int], results: list[Any]) -> list[Any]:
         """Per-rank results with each :class:`HeldRows` turned into a :class:`RemoteRows` handle.
@@ -84,6 +86,7 @@ class RowLedger:
             if not over:
                 for rank, extra in incoming.items():
                     self._held[rank] = self._held.get(rank, 0) + extra
+                self.dead.difference_update(incoming)  # a replaced rank answered: it keeps rows again
         if over:
             for rank, value in zip(ranks, results, strict=True):
                 if isinstance(value, HeldRows):
@@ -143,9 +146,11 @@ class RowLedger:
         if by_rank:
             if executor is None:
                 raise DispatchError("the group holding these lazy rows was shut down; its rows are gone")
-            if executor.broken:
-                rank = min(by_rank)
-                raise WorkerDiedError(rank, f"the rows it kept for a lazy result are lost ({executor.broken})")
+            lost = sorted(self.dead & set(by_rank))
+            if lost or executor.broken:
+                rank = lost[0] if lost else min(by_rank)
+                why = executor.broken or "it died"
+                raise WorkerDiedError(rank, f"the rows it kept for a lazy result are lost ({why})")
             handles = {
                 rank: executor.submit(Call(TAKE_ROWS_METHOD, (rank,), [([requests[i] for i in idx],)], [{}], timeout))
                 for rank, idx in by_rank.items()

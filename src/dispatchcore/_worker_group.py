@@ -365,6 +365,7 @@ class WorkerGroup(Generic[W]):
             try:
                 results = handle.result(remaining(deadline) if wait is None else wait)
             except WorkerDiedError as exc:
+                ledger.dead.add(exc.rank)
                 if root._on_rank_death != "replace" or retried:
                     raise
                 root._membership.recover(root, exc.rank, generation)

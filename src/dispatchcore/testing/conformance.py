@@ -23,13 +23,17 @@ from .. import (
     DataProtoFuture,
     DispatchError,
     DispatchTimeoutError,
+    LazyDataProto,
+    MemoryBudgetError,
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
     available_backends,
     create_colocated_worker_cls,
+    driver_traffic,
 )
 from .._padding import PADDING_ROWS_KEY
+from .assertions import assert_dataproto_equal
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 
 
@@ -224,6 +228,106 @@ class ExecutorConformance:
         group.keep(tensor)
         tensor.add_(7)
         assert [t.tolist() for t in group.kept()] == [[0.0, 0.0, 0.0]] * self.world_size
+
+    # -- lazy results: rows stay on the ranks ----------------------------------------------
+    def test_lazy_results_equal_eager_in_every_dataproto_mode(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        padded, even, nd = batch(3 * n + 1, padding=True), batch(2 * n), batch(3 * (n // 2))
+        double = lambda d: DataProto.from_dict({"x": d.batch["x"] * 2}, {"s": d.non_tensor_batch["s"]})  # noqa: E731
+        cases: list[tuple[str, tuple[Any, ...]]] = [
+            ("echo", (padded,)),
+            ("echo", (even,)),
+            ("apply", (double, padded)),
+            ("nd_echo", (nd,)),
+            ("proto_on_rank_zero", (even,)),
+        ]
+        for name, args in cases:
+            proxy = getattr(group, name)
+            eager, lazy = proxy(*args), proxy.options(lazy=True)(*args)
+            assert isinstance(lazy, LazyDataProto) and isinstance(lazy, DataProto), name
+            assert len(lazy) == len(eager) and lazy.meta_info == eager.meta_info, name
+            assert sorted(lazy.batch.keys()) == sorted(eager.batch.keys()), name
+            assert_dataproto_equal(lazy, eager)
+            assert_dataproto_equal(lazy.materialize(), eager)
+
+    def test_lazy_results_feed_groups_of_other_sizes(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(5 * n + 3, padding=True)
+        produced = group.echo.options(lazy=True)(data)
+        expected = group.echo(data)
+        for consumer in (group, group[0:3], group[1:2]):
+            again = consumer.echo(produced)  # row ranges re-chunked for the consumer's world size
+            assert torch.equal(again.batch["x"], expected.batch["x"])
+            assert again.batch["rank"].tolist() == consumer.echo(expected).batch["rank"].tolist()
+            lazy_again = consumer.echo.options(lazy=True)(produced)
+            assert_dataproto_equal(lazy_again, again)
+
+    def test_lazy_results_under_union_select_concat_and_reorder(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(4 * n, padding=True)
+        lazy, eager = group.echo.options(lazy=True)(data), group.echo(data)
+        extra = DataProto.from_dict({"adv": torch.arange(4 * n, dtype=torch.float32)})
+        lazy.union(extra)
+        eager.union(extra)
+        lazy.batch["twice"] = lazy.batch["x"] * 2  # a column read, then a driver-side column
+        eager.batch["twice"] = eager.batch["x"] * 2
+        order = torch.randperm(4 * n, generator=torch.Generator().manual_seed(0))
+        lazy.reorder(order)
+        eager.reorder(order)
+        columns = (["x", "adv", "twice"], ["s"])
+        joined = DataProto.concat([lazy.select(*columns), eager.select(*columns)])
+        assert isinstance(joined, LazyDataProto)
+        out = group.echo(joined[1:])
+        expected = group.echo(DataProto.concat([eager.select(*columns)] * 2)[1:])
+        assert_dataproto_equal(out, expected)
+
+    def test_lazy_column_read_fetches_that_column_only(self, group: WorkerGroup[Any]) -> None:
+        data = batch(8 * self.world_size)
+        data.batch["wide"] = torch.zeros(len(data), 256)
+        lazy = group.echo.options(lazy=True)(data)
+        before = driver_traffic()
+        x = lazy.batch["x"]
+        moved = driver_traffic() - before
+        assert torch.equal(x, data.batch["x"])
+        assert moved.received_bytes == x.numel() * x.element_size(), moved
+        again = driver_traffic()
+        lazy.batch["x"]  # kept on the driver after the first read
+        assert (driver_traffic() - again).total == 0
+
+    def test_lazy_results_are_freed_with_their_last_reference(self, group: WorkerGroup[Any]) -> None:
+        baseline = group.kept_row_keys()
+        lazy = group.echo.options(lazy=True)(batch(2 * self.world_size))
+        first_rank_rows = lazy[: len(lazy) // self.world_size]
+        held = group.kept_row_keys()
+        assert all(h > b for h, b in zip(held, baseline, strict=True))
+        del lazy
+        kept = group.kept_row_keys()  # the slice refers to rank 0's rows only: the others' are freed
+        assert sum(kept) < sum(held)
+        assert first_rank_rows.batch["x"].tolist() == list(range(2))
+        del first_rank_rows
+        group.info()  # frees are sent with the group's next call
+        assert group.kept_row_keys() == baseline
+
+    def test_lazy_budget_refuses_instead_of_evicting(self) -> None:
+        with self.make_group(EchoWorker, 2, lazy=True, lazy_budget_bytes=4096) as wg:
+            small = wg.echo(batch(8))
+            with pytest.raises(MemoryBudgetError, match="lazy_budget_bytes"):
+                wg.echo(DataProto.from_dict({"x": torch.zeros(64, 16, dtype=torch.int64)}))
+            assert_dataproto_equal(wg.echo(batch(8)), small)  # the group stays usable
+
+    def test_lazy_rows_of_a_dead_rank_raise_worker_died(self) -> None:
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        wg = self.make_group(EchoWorker, 2, death_timeout=10, lazy=True)
+        try:
+            lazy = wg.echo(batch(4))
+            with pytest.raises(WorkerDiedError):
+                wg.exit_on(1)
+            with pytest.raises(WorkerDiedError) as info:
+                lazy.batch["x"]
+            assert info.value.rank == 1
+        finally:
+            wg.shutdown()
 
     # -- nd mesh -----------------------------------------------------------------------
     def test_nd_replicas_share_chunks_and_collect_in_dp_order(self, group: WorkerGroup[Any]) -> None:

@@ -21,6 +21,7 @@ from .._modes import Dispatch, Execute
 from .._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
 from .._padding import PADDING_ROWS_KEY
 from .._register import register
+from .._row_store import ROW_STORE
 from .._worker import Worker
 
 MESH = "train"
@@ -156,6 +157,11 @@ class EchoWorker(Worker):
         data.batch["x"].add_(1000)
         data.non_tensor_batch["s"][:] = "mutated"
         return DataProto.from_dict({"x": received})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def kept_row_keys(self) -> int:
+        """How many lazy results this rank's process keeps (the row store is per process)."""
+        return len(ROW_STORE)
 
     @register(Dispatch.ONE_TO_ALL)
     def keep(self, value: Any) -> None:
