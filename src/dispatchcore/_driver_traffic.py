@@ -1,6 +1,7 @@
 """Bytes of batch data that crossed the driver: the figure lazy results shrink.
 
-Counted by the core where rows pass through the driver process: DataProto
+Counting starts with the first :func:`driver_traffic` call (until then
+nothing needs it, and calls skip the arithmetic).  Counted by the core where rows pass through the driver process: DataProto
 arguments it sends to ranks, DataProto results it collects, and columns of
 lazy results it reads.  Process-wide and cumulative; take two snapshots and
 subtract (``after - before``) to measure one step.
@@ -13,12 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
+from ._dataproto import DataProto
 
 _lock = threading.Lock()
 _sent = 0
 _received = 0
+#: Off until someone asks for the figures (see the module doc).
+counting = False
 
 
 @dataclass(frozen=True)
@@ -37,28 +39,31 @@ class DriverTraffic:
 
 
 def driver_traffic() -> DriverTraffic:
-    """A snapshot of the bytes of batch data that crossed this driver so far."""
+    """A snapshot of the bytes of batch data that crossed this driver so far (counted from the first snapshot)."""
+    global counting
+    counting = True
     return DriverTraffic(_sent, _received)
 
 
 def payload_bytes(data: Any) -> int:
     """Bytes of a DataProto's tensors and numpy columns (0 for anything else)."""
-    from ._dataproto import DataProto
-    from ._lazy_dataproto import LazyDataProto
-
-    if not isinstance(data, DataProto) or isinstance(data, LazyDataProto):
+    if not isinstance(data, DataProto) or getattr(data, "is_lazy", False):
         return 0
     total = 0
-    if data.batch is not None:
-        total += sum(t.numel() * t.element_size() for t in data.batch.values() if isinstance(t, torch.Tensor))
-    total += sum(a.nbytes for a in data.non_tensor_batch.values() if isinstance(a, np.ndarray))
+    batch = data._batch
+    if batch is not None:
+        total += sum(t.nbytes for t in batch._tensors.values())
+    for column in data.non_tensor_batch.values():
+        total += column.nbytes
     return total
 
 
 def count_sent(values: Iterable[Any]) -> None:
     """Add the payload of DataProto ``values`` (each object once) to the bytes sent."""
     global _sent
-    seen = {id(v): v for v in values}
+    if not counting:
+        return
+    seen = {id(v): v for v in values if isinstance(v, DataProto)}
     size = sum(payload_bytes(v) for v in seen.values())
     if size:
         with _lock:
@@ -68,7 +73,9 @@ def count_sent(values: Iterable[Any]) -> None:
 def count_received(values: Iterable[Any]) -> None:
     """Add the payload of DataProto ``values`` to the bytes received."""
     global _received
-    size = sum(payload_bytes(v) for v in values)
+    if not counting:
+        return
+    size = sum(payload_bytes(v) for v in values if isinstance(v, DataProto))
     if size:
         with _lock:
             _received += size
@@ -77,6 +84,6 @@ def count_received(values: Iterable[Any]) -> None:
 def count_sent_bytes(size: int) -> None:
     """Add ``size`` bytes (driver-side columns of a lazy argument) to the bytes sent."""
     global _sent
-    if size:
+    if size and counting:
         with _lock:
             _sent += size

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._dataproto import DataProto
+from . import _driver_traffic
 from ._driver_traffic import count_sent, count_sent_bytes
 from ._errors import DispatchError
 from ._lazy_dataproto import LazyDataProto, RemoteRows, plan_requests
@@ -150,14 +151,20 @@ def resolve_lazy_arguments(
 
 
 def send_lazy_arguments(
-    executor: Any, per_rank: Sequence[Sequence[Any]], *, count: bool = True
-) -> tuple[list[list[Any]], list[RemoteRows]]:
+    executor: Any, per_rank: Sequence[Sequence[Any]]
+) -> tuple[Sequence[Sequence[Any]], list[RemoteRows]]:
     """Driver side: per-rank argument lists with each lazy DataProto made a LazyChunk (or plain rows).
 
-    Returns the new lists and the remote results they read (keep them alive
-    until the call is over).  The same object on several ranks becomes the
-    same LazyChunk (shipped once).
+    Returns the lists (the same ones when nothing is lazy) and the remote
+    results they read (keep them alive until the call is over).  The same
+    object on several ranks becomes the same LazyChunk (shipped once).
+    Counts the DataProto bytes the driver sends.
     """
+    lazy = any(isinstance(v, LazyDataProto) for values in per_rank for v in values)
+    if _driver_traffic.counting:
+        count_sent([v for values in per_rank for v in values if not isinstance(v, LazyDataProto)])
+    if not lazy:
+        return per_rank, []
     converted: dict[int, Any] = {}
     sources: dict[int, RemoteRows] = {}
     out = []
@@ -176,9 +183,6 @@ def send_lazy_arguments(
                         converted[id(v)] = v.materialize()
                         count_sent([converted[id(v)]])
                 v = converted[id(v)]
-            elif isinstance(v, DataProto) and id(v) not in converted:
-                converted[id(v)] = v
-                count_sent([v])
             row.append(v)
         out.append(row)
     return out, list(sources.values())
