@@ -1,10 +1,11 @@
 """Bytes of batch data that crossed the driver: the figure lazy results shrink.
 
 Counting starts with the first :func:`driver_traffic` call (until then
-nothing needs it, and calls skip the arithmetic).  Counted by the core where rows pass through the driver process: DataProto
-arguments it sends to ranks, DataProto results it collects, and columns of
-lazy results it reads.  Process-wide and cumulative; take two snapshots and
-subtract (``after - before``) to measure one step.
+nothing needs it, and calls skip the arithmetic).  Counted where rows pass
+through the driver process: DataProto arguments it sends to ranks, DataProto
+results it collects, and columns of lazy results it reads.  Process-wide and
+cumulative; take two snapshots and subtract (``after - before``) to measure
+one step.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import _driver_traffic
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._dataproto import DataProto
-from . import _driver_traffic
 from ._driver_traffic import count_sent, count_sent_bytes
 from ._errors import DispatchError
 from ._lazy_dataproto import LazyDataProto, RemoteRows, plan_requests
