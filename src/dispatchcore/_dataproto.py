@@ -301,10 +301,9 @@ class DataProto:
         for pos, item in enumerate(items):
             if not isinstance(item, DataProto):
                 raise TypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
-        if any(getattr(item, "is_lazy", False) for item in items):  # rows on ranks: join the plans only
-            from dispatchcore._lazy_dataproto import LazyDataProto
-
-            return LazyDataProto.concat_lazy(items)
+        lazy = next((item for item in items if getattr(item, "is_lazy", False)), None)
+        if lazy is not None:  # rows kept on ranks: join the plans only (LazyDataProto.concat_lazy)
+            return type(lazy).concat_lazy(items)  # type: ignore[attr-defined, no-any-return]
         has_batch = [item.batch is not None for item in items]
         if any(has_batch) and not all(has_batch):
             raise ValueError(

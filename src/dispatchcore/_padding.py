@@ -14,8 +14,10 @@ import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import torch
 
 from dispatchcore._errors import BatchSizeError
+from dispatchcore._tensor_batch import TensorBatch
 
 if TYPE_CHECKING:
     from dispatchcore._dataproto import DataProto
@@ -137,7 +139,13 @@ def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tu
     mark = allow_padding or existing is not None
     real_end = length - (existing or 0)
     size = (length + pad_size) // n
-    chunks: list[D] = []
+    if pad_size == 0 and size and type(data).__name__ == "DataProto" and data.batch is not None:
+        chunks = _even_views(data, n, size)
+        if mark:
+            for i, piece in enumerate(chunks):
+                piece.meta_info[PADDING_ROWS_KEY] = _padding_rows_in(i * size, (i + 1) * size, real_end)
+        return chunks, 0
+    chunks = []
     for i in range(n):
         start, stop = i * size, (i + 1) * size
         if stop <= length:
@@ -148,6 +156,24 @@ def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tu
             piece.meta_info[PADDING_ROWS_KEY] = _padding_rows_in(start, stop, real_end)
         chunks.append(piece)
     return chunks, pad_size
+
+
+def _even_views(data: D, n: int, size: int) -> list[D]:
+    """``n`` views of ``size`` rows each: one ``torch.split`` per column instead of ``n`` slices."""
+    batch = data.batch
+    if len(batch.batch_size) != 1:
+        return [data[i * size : (i + 1) * size] for i in range(n)]
+    columns = {k: torch.split(t, size) for k, t in batch._tensors.items()}
+    arrays = data.non_tensor_batch
+    row_size = torch.Size([size])
+    out: list[D] = []
+    for i in range(n):
+        part = TensorBatch.__new__(TensorBatch)
+        part._batch_size = row_size
+        part._tensors = {k: pieces[i] for k, pieces in columns.items()}
+        lo, hi = i * size, (i + 1) * size
+        out.append(data._new(part, {k: a[lo:hi] for k, a in arrays.items()}, dict(data.meta_info)))
+    return out
 
 
 def split_views(data: D, split_size: int) -> list[D]:

@@ -352,9 +352,10 @@ class TensorBatch:
         items = list(batches)
         if not items:
             raise BatchSizeError("TensorBatch.cat got an empty list; nothing to concatenate")
-        keys = list(items[0].keys())
+        first_keys = items[0]._tensors.keys()
+        keys = list(first_keys)
         for pos, item in enumerate(items[1:], start=1):
-            if set(item.keys()) != set(keys):
+            if item._tensors.keys() != first_keys:  # keys views compare as sets, without copying
                 raise ValueError(
                     f"cannot concatenate batches with different keys: item 0 has {sorted(keys)}, "
                     f"item {pos} has {sorted(item.keys())}"
