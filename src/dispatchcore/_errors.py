@@ -77,6 +77,9 @@ class WorkerDiedError(DispatchError, RuntimeError):
         self.rank = rank
         self.detail = detail
         self.method = method
+        #: Set when another rank saw ``rank`` dead (reading rows it kept for a lazy result): that
+        #: rank, which may be in another group, is the one gone, not a rank of the call that raised.
+        self.seen_by: int | None = None
         super().__init__(rank, detail, method)
 
     def __str__(self) -> str:

@@ -365,6 +365,8 @@ class WorkerGroup(Generic[W]):
             try:
                 results = handle.result(remaining(deadline) if wait is None else wait)
             except WorkerDiedError as exc:
+                if exc.seen_by is not None:  # a producing rank (maybe of another group) died, not ours
+                    raise
                 ledger.dead.add(exc.rank)
                 if root._on_rank_death != "replace" or retried:
                     raise

@@ -43,13 +43,16 @@ class RemoteFailure:
     @classmethod
     def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        died = exc.rank if isinstance(exc, WorkerDiedError) else None
-        return cls(rank, method, type(exc).__qualname__, str(exc), text, died)
+        if isinstance(exc, WorkerDiedError):
+            return cls(rank, method, type(exc).__qualname__, exc.detail, text, exc.rank)
+        return cls(rank, method, type(exc).__qualname__, str(exc), text)
 
     def to_error(self) -> WorkerError | WorkerDiedError:
         if self.died_rank is not None:
             detail = f"{self.message} (seen by rank {self.rank} in {self.method!r} while reading rows it kept)"
-            return WorkerDiedError(self.died_rank, detail, self.method)
+            error = WorkerDiedError(self.died_rank, detail, self.method)
+            error.seen_by = self.rank
+            return error
         return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
 
 

@@ -70,8 +70,8 @@ from ._options import check_options
 from ._plugins import register_executor
 from ._rank_env import LOOPBACK, RANK_ENV_KEYS, free_port, local_ranks, rank_environment
 from ._rank_thread import RankThread, run_isolated
+from ._row_store import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
 from ._row_store import ROW_STORE as _ROW_STORE
-from ._row_store import HeldRows, RowRequest
 from ._trace import TimedResult
 from ._worker_host import RemoteFailure, WorkerHost, first_failure
 
@@ -93,8 +93,10 @@ def holds_kept_rows(key: str) -> bool:
 
 __all__ = [
     "ATOMS",
+    "FREE_ROWS_METHOD",
     "LOOPBACK",
     "RANK_ENV_KEYS",
+    "TAKE_ROWS_METHOD",
     "Call",
     "CallHandle",
     "ChunkPlan",

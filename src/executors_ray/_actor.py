@@ -5,7 +5,10 @@ on first use, so importing this module never imports ray.  Worker methods
 run in the actor's default concurrency group (one thread, so every call,
 ``__init__`` included, runs on the same thread: CUDA's current device and
 thread-locals stay put).  ``ping`` runs in a separate ``control`` group so
-the driver can tell a busy rank from a dead one while a call is running.
+the driver can tell a busy rank from a dead one while a call is running, and
+lazy results' rows are served (``take_rows``, the core's row reads and
+frees) in a ``rows`` group of their own, so a rank keeps serving the rows it
+holds while it runs a long call (``_rows``).
 
 Every method a call may name (``GroupSpec.methods``) also gets an actor
 method of its own (``w_<name>``, see :func:`actor_class`): each task
@@ -26,8 +29,20 @@ from typing import Any
 from dispatchcore.executor import ATOMS, RemoteFailure, ResultShape, WorkerHost, free_port
 
 from . import _forward, _payload
+from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index, node_ip
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, FAILED, FORWARD, NO_ARGS, OK_PACKED, RAW, Layout
+from ._tags import (
+    CONTROL_GROUP,
+    DEDICATED_PREFIX,
+    FAILED,
+    FORWARD,
+    NO_ARGS,
+    OK_PACKED,
+    RAW,
+    ROWS_GROUP,
+    ROWS_THREADS,
+    Layout,
+)
 
 
 class RankActor:
@@ -51,6 +66,7 @@ class RankActor:
             "ip": node_ip(),
             "node_id": ctx.get_node_id(),
             "pid": os.getpid(),
+            "actor_id": ctx.get_actor_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "port": free_port("") if want_port else None,  # reachable from other nodes
         }
@@ -63,8 +79,12 @@ class RankActor:
         env: Mapping[str, str],
         isolate: bool,
         group: str,
+        death_timeout: float = 60.0,
     ) -> RemoteFailure | None:
-        """Set the environment and device, then build the worker (failures returned)."""
+        """Set the environment and device, then build the worker (failures returned).
+
+        ``death_timeout`` bounds this rank's wait on other actors for the rows it fetches.
+        """
         os.environ.update(env)
         self._rank, self._world_size, self._isolate, self._group = rank, world_size, isolate, group
         try:
@@ -74,6 +94,7 @@ class RankActor:
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return RemoteFailure.capture(rank, "__init__", exc)
         self._host = WorkerHost(worker_cls, rank, world_size, tuple(init_args), dict(init_kwargs))
+        self._host.fetch_rows = RowFetcher(death_timeout)
         return self._host.start()
 
     @staticmethod
@@ -156,7 +177,10 @@ class RankActor:
 
     def identity(self) -> dict[str, Any]:
         """Rank, world size and class of the hosted worker (for attaching by name)."""
+        import ray
+
         return {
+            "actor_id": ray.get_runtime_context().get_actor_id(),
             "rank": self._rank,
             "world_size": self._world_size,
             "group": self._group,
@@ -167,6 +191,11 @@ class RankActor:
     def describe_results(self, refs: list[Any], timeout: float) -> list[ResultShape | None]:
         """Row counts and ``meta_info`` of another call's results (for forwarding futures)."""
         return _forward.describe(refs, timeout)
+
+    # -- rows group (serves kept rows beside a busy call) -------------------------
+    def take_rows(self, requests: list[Any]) -> tuple[int, Any]:
+        """Another rank's fetch of rows this process keeps: ``(OK_PACKED, payload)`` or ``(FAILED, message)``."""
+        return serve_rows(self._rank, requests)
 
     def close(self) -> None:
         if self._host is not None:
@@ -204,7 +233,7 @@ def actor_class(methods: tuple[str, ...] = ()) -> Any:
     """``ray.remote`` of ``RankActor`` plus ``w_<name>`` for each of ``methods``.
 
     One class per set of method names (cached); a one-thread ``control``
-    concurrency group for pings.
+    concurrency group for pings and a ``rows`` group serving kept rows.
     """
     key = tuple(sorted(set(methods)))
     cls = _ACTOR_CLASSES.get(key)
@@ -219,5 +248,5 @@ def actor_class(methods: tuple[str, ...] = ()) -> Any:
             attrs["__module__"] = __name__
             base = type(f"RankActor_{digest}", (RankActor,), attrs)
         remote: Any = ray.remote  # its overloads do not list concurrency_groups
-        cls = _ACTOR_CLASSES[key] = remote(concurrency_groups={CONTROL_GROUP: 1})(base)
+        cls = _ACTOR_CLASSES[key] = remote(concurrency_groups={CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS})(base)
     return cls

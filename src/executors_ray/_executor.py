@@ -17,10 +17,17 @@ Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
 core the producing results' shapes without fetching them, the core plans
 each rank's rows, and :meth:`RayExecutor.forward_chunk` hands a rank the
 references it fetches its rows from (``_forward``).
+
+Lazy results: :meth:`RayExecutor.row_address` names a rank's actor, and any
+Ray group of this driver (:meth:`RayExecutor.can_fetch_rows`) lets its ranks
+fetch those rows from the producing actors themselves (``_rows``).  The
+core's own row reads and frees run in the actors' ``rows`` concurrency
+group, beside whatever call is running.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
@@ -47,8 +54,9 @@ from ._actor import actor_class
 from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
+from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, TIMED_NO_ARGS, Forwarded
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, TIMED_NO_ARGS, Forwarded
 from ._task_layout import rank_task
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
@@ -110,6 +118,11 @@ class RayExecutor(Executor):
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
+        #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
+        self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
+        self._row_addresses: dict[int, RowAddress] = {}
+        #: Ray's actor ids of an attached detached group (a launched one has them in ``_infos``).
+        self._attached_ids: list[str] = []
         try:
             if opts["attach"]:
                 self._attach()
@@ -139,7 +152,7 @@ class RayExecutor(Executor):
             _payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs)))
         )
         refs = [
-            a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name)
+            a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name, spec.death_timeout)
             for rank, a in enumerate(self._actors)
         ]
         failures = self._wait(refs, deadline, "build the workers (__init__)")
@@ -193,6 +206,7 @@ class RayExecutor(Executor):
         for rank, info in zip(fresh, infos, strict=True):
             self._actors[rank], _, self._names[rank] = fresh[rank]
             self._remotes[rank] = {}
+            self._row_addresses.pop(rank, None)
             self._infos[rank] = info
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in self._infos)
@@ -205,7 +219,10 @@ class RayExecutor(Executor):
         self._infos[0] = {**self._infos[0], "port": port}
         env = self._rank_env(self._infos)
         packed, n = self._packed_spec, spec.world_size
-        refs = [self._actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name) for r in ranks]
+        refs = [
+            self._actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout)
+            for r in ranks
+        ]
         failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
         if failures:
             raise failures[0].to_error()
@@ -328,7 +345,9 @@ class RayExecutor(Executor):
                 ) from exc
         deadline = time.monotonic() + self._start_timeout
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in self._actors]
-        for rank, ident in enumerate(self._wait(refs, deadline, "reach the detached actors")):
+        idents = self._wait(refs, deadline, "reach the detached actors")
+        self._attached_ids = [ident.get("actor_id") or name for ident, name in zip(idents, self._names, strict=True)]
+        for rank, ident in enumerate(idents):
             if ident["world_size"] != self.spec.world_size or not ident["started"]:
                 raise DispatchError(
                     f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, "
@@ -339,6 +358,11 @@ class RayExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
+        if call.method == TAKE_ROWS_METHOD:
+            return self._submit_rows(call)  # beside the graph and any running call, never queued behind them
+        if call.method == FREE_ROWS_METHOD:
+            # Freed at once, beside any running call; and again in order, so the next call finds them gone.
+            self._submit_rows(call)
         if self.compiled is not None:
             try:
                 handle = self.compiled.try_submit(call)
@@ -380,6 +404,29 @@ class RayExecutor(Executor):
             layout, tops = rank_task(call, unique, encoded, position)
             refs.append(self._method(rank, call.method)(layout, *tops))
         return RayCallHandle(self, call, refs)
+
+    def _submit_rows(self, call: Call) -> CallHandle:
+        """The core's row read or free, run in the ranks' ``rows`` concurrency group.
+
+        Neither waits for a long call to end.  A read's rows are not copied
+        here: the core copies them once, assembling the columns.
+        """
+        unique = call.unique_values()
+        encoded = _payload.encode_all(unique.values, self.ray.put, bundle=False)
+        refs = []
+        for position, rank in enumerate(call.ranks):
+            layout, tops = rank_task(call, unique, encoded, position)
+            refs.append(self._rows_remote(rank)(call.method, layout, *tops))
+        if call.method == TAKE_ROWS_METHOD:
+            call = dataclasses.replace(call, results_are_copied=True)
+        return RayCallHandle(self, call, refs)
+
+    def _rows_remote(self, rank: int) -> Any:
+        cache = self._remotes[rank]
+        remote = cache.get(ROWS_GROUP)
+        if remote is None:
+            remote = cache[ROWS_GROUP] = self._actors[rank].call.options(concurrency_group=ROWS_GROUP).remote
+        return remote
 
     def _method(self, rank: int, method: str) -> Any:
         """The ``.remote`` of ``method``'s own actor method on ``rank`` (cached), else of ``call``."""
@@ -424,6 +471,21 @@ class RayExecutor(Executor):
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
         assert isinstance(handle, RayCallHandle)  # noqa: S101 - describe_results declined any other
         return Forwarded({p: handle.refs[p] for p in plan.sources}, plan)
+
+    # -- lazy results: rows fetched actor to actor --------------------------------------
+    def row_address(self, rank: int) -> RowAddress:
+        """Rank ``rank``'s actor, which any Ray group of this driver can fetch kept rows from."""
+        address = self._row_addresses.get(rank)
+        if address is None:
+            info = self._infos[rank] if rank < len(self._infos) else {}
+            actor_id = self._attached_ids[rank] if self._attached_ids else str(info.get("actor_id", self._names[rank]))
+            address = RowAddress(self._ray_key, actor_id, self._names[rank], self._actors[rank])
+            self._row_addresses[rank] = address
+        return address
+
+    def can_fetch_rows(self, address: Any) -> bool:
+        """True for the actors of any Ray group of this driver's Ray connection."""
+        return isinstance(address, RowAddress) and address.ray == self._ray_key and not self._closed
 
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
@@ -475,6 +537,11 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+
+#: The core's own calls on kept rows (``WorkerHost.run`` serves them; see ``docs/lazy-results.md``).
+TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
+FREE_ROWS_METHOD = "_dispatchcore_free_rows"
 
 
 def _compiled_graph(executor: RayExecutor, compiled: Any, idle_s: Any) -> CompiledGraph | None:

@@ -26,6 +26,11 @@ RAW, PACKED, FORWARD = 0, 1, 2
 #: beside the worker's, so a busy rank still answers.
 CONTROL_GROUP = "control"
 
+#: Concurrency group serving lazy results' rows (other ranks' fetches, the driver's reads and
+#: frees): its own threads, so a rank busy with a long call still serves the rows it keeps.
+ROWS_GROUP = "rows"
+ROWS_THREADS = 2
+
 #: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
 DEDICATED_PREFIX = "w_"
 

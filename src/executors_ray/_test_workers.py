@@ -7,6 +7,7 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from dispatchcore import DataProto, Dispatch, Worker, register
@@ -137,3 +138,49 @@ class BadInit(Worker):
     def __init__(self) -> None:
         if self.rank == 1:
             raise RuntimeError("cannot build rank 1")
+
+
+class RowsWorker(Worker):
+    """Lazy results' tests: makes rows on the ranks, consumes them, reports what it keeps."""
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def gen(self, prompts: DataProto) -> DataProto:
+        """``width`` (meta_info) columns of tokens and log-probs per prompt, derived from ``x``."""
+        width = int(prompts.meta_info.get("width", 4))
+        x = prompts.batch["x"].to(torch.int64)
+        tokens = x.unsqueeze(1) * 1000 + torch.arange(width, dtype=torch.int64)
+        return DataProto.from_dict(
+            tensors={"tokens": tokens, "logp": tokens.to(torch.float32) / 7, "reward": x.to(torch.float32) / 2},
+            non_tensors={"uid": np.array([f"u{int(v)}" for v in x], dtype=object)},
+            meta_info=dict(prompts.meta_info),
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def echo(self, data: DataProto) -> DataProto:
+        """The chunk as received, plus which rank had each row."""
+        return DataProto.from_dict(
+            tensors={**dict(data.batch.items()), "rank": torch.full((len(data),), self.rank, dtype=torch.int64)},
+            non_tensors=dict(data.non_tensor_batch),
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def checksum(self, data: DataProto) -> DataProto:
+        """One float per row: small results, so only the argument's rows could be big."""
+        total = data.batch["tokens"].sum(dim=1).to(torch.float64) + data.batch["logp"].sum(dim=1).to(torch.float64)
+        return DataProto.from_dict({"sum": total})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def holds(self, keys: list[str]) -> list[bool]:
+        """Which of ``keys`` this rank's process still keeps."""
+        from dispatchcore.executor import holds_kept_rows
+
+        return [holds_kept_rows(key) for key in keys]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_later(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,118 @@
+"""Lazy results' rows moved actor to actor, never through the driver.
+
+A lazy call leaves each rank's rows in its actor's process (the core's row
+store).  The driver names that actor with a :class:`RowAddress` (its handle);
+a rank of any Ray group of the same driver that receives those rows as an
+argument fetches them itself with a :class:`RowFetcher`: one ``take_rows``
+task per producing actor, all sent before any is waited on, answered in the
+producer's ``rows`` concurrency group (so a producer busy with a long call
+still serves) through the object store.  Tensors travel as out-of-band numpy
+buffers, read zero-copy on the same node; the core copies them once when it
+assembles the chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dispatchcore import DataProto, DispatchError, WorkerDiedError
+from dispatchcore.executor import RowRequest, take_kept_rows
+
+from . import _payload
+from ._tags import FAILED, OK_PACKED, ROWS_GROUP
+
+#: Bound on pulling answered rows into this process (they are ready when it starts;
+#: this only guards a node lost in between, which Ray reports sooner).
+PULL_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class RowAddress:
+    """Where a rank's kept rows live: its actor, in which Ray connection."""
+
+    #: The Ray this driver is connected to (job and driver node): only its actors are reachable.
+    ray: str
+    #: Ray's id of the actor (groups requests by producer; a replaced rank's new actor has a new one).
+    actor_id: str
+    #: The actor's name, for error messages.
+    name: str
+    #: The actor's handle (picklable; Ray counts the copies).
+    actor: Any
+
+
+def serve_rows(rank: int, requests: Sequence[RowRequest]) -> tuple[int, Any]:
+    """Producing actor: ``(OK_PACKED, payload)`` of one DataProto per request, or ``(FAILED, message)``."""
+    try:
+        parts = [take_kept_rows(request) for request in requests]
+        return OK_PACKED, _payload.encode_result(parts)[1]
+    except Exception as exc:  # noqa: BLE001 - the consumer raises it with its context
+        return FAILED, f"rank {rank} could not serve its kept rows: {type(exc).__name__}: {exc}"
+
+
+class RowFetcher:
+    """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel.
+
+    A producer that is gone (its task fails) raises
+    :class:`~dispatchcore.WorkerDiedError` naming its rank at once; one that
+    sends no answer within ``death_timeout`` seconds is taken for dead too.
+    """
+
+    def __init__(self, death_timeout: float) -> None:
+        self.death_timeout = death_timeout
+
+    def __call__(self, requests: Sequence[RowRequest]) -> list[DataProto]:
+        import ray
+
+        by_actor: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            address = request.address
+            if not isinstance(address, RowAddress):
+                raise DispatchError(
+                    f"rows of rank {request.rank} are kept at {address!r}, which a Ray actor cannot reach "
+                    "(the driver should have sent them; please report this)"
+                )
+            by_actor.setdefault(address.actor_id, []).append(i)
+        refs = {}
+        for actor_id, positions in by_actor.items():
+            actor = requests[positions[0]].address.actor
+            task = actor.take_rows.options(concurrency_group=ROWS_GROUP)
+            refs[actor_id] = task.remote([requests[i] for i in positions])
+        # Answered (or failed: a dead actor's task fails at once) without pulling the rows yet.
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.death_timeout, fetch_local=False)
+        out: list[DataProto | None] = [None] * len(requests)
+        for actor_id, positions in by_actor.items():
+            first = requests[positions[0]]
+            parts = self._pull(ray, refs[actor_id], first)
+            for i, part in zip(positions, parts, strict=True):
+                out[i] = part
+        return [part for part in out if part is not None]
+
+    def _pull(self, ray: Any, ref: Any, request: RowRequest) -> list[DataProto]:
+        """One producer's answer, unpacked over the object store's memory (no copy)."""
+        address: RowAddress = request.address
+        ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
+        if not ready:
+            raise WorkerDiedError(
+                request.rank,
+                f"its Ray actor {address.name!r} did not answer a request for the rows it keeps within "
+                f"{self.death_timeout:g} s (death_timeout)",
+            )
+        try:
+            tag, payload = ray.get(ref, timeout=PULL_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as exc:  # take_rows itself failed (it reports, so hardly ever)
+            raise DispatchError(f"rank {request.rank} could not serve its kept rows: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - actor or node gone, rows lost, pull timed out
+            raise WorkerDiedError(
+                request.rank, f"its Ray actor {address.name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
+            ) from exc
+        if tag == FAILED:
+            raise DispatchError(payload)
+        parts: list[DataProto] = _payload.unpack(payload, copy=False)
+        return parts
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""
