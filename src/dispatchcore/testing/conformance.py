@@ -261,6 +261,8 @@ class ExecutorConformance:
             assert again.batch["rank"].tolist() == consumer.echo(expected).batch["rank"].tolist()
             lazy_again = consumer.echo.options(lazy=True)(produced)
             assert_dataproto_equal(lazy_again, again)
+        # re-chunked for an nd mesh (replicas of a dp rank share a chunk)
+        assert_dataproto_equal(group.nd_checksum(data=produced), group.nd_checksum(data=expected))
 
     def test_lazy_results_under_union_select_concat_and_reorder(self, group: WorkerGroup[Any]) -> None:
         n = self.world_size
