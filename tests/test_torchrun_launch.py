@@ -43,7 +43,7 @@ DRIVER = textwrap.dedent(
     import os, sys, time
     import torch
     import torch.distributed as dist
-    from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register
+    from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, driver_traffic, register
 
 
     class Trainer(Worker):
@@ -78,6 +78,10 @@ DRIVER = textwrap.dedent(
         def where(self):
             return (self.rank, self.world_size, os.environ["RANK"])
 
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def plus(self, data):
+            return DataProto.from_dict({"x": data.batch["x"] + 1})
+
 
     wg = WorkerGroup(Trainer, backend="torchrun")
     print("env", wg.env())
@@ -90,6 +94,10 @@ DRIVER = textwrap.dedent(
     big = DataProto.from_dict({"x": torch.arange(1 << 20)})
     print("big", torch.equal(wg.step(big).batch["x"], big.batch["x"] * 2))
     print("subset", WorkerGroup(Single, 1, backend="torchrun", ranks=[1]).where())
+    lazy = wg.step.options(lazy=True)(data)  # rows stay in processes 0 (the driver) and 1
+    swapped = WorkerGroup(Single, 2, backend="torchrun", ranks=[1, 0])  # each rank's rows are in the other
+    before = driver_traffic()
+    print("lazy", swapped.plus(lazy).batch["x"].tolist(), (driver_traffic() - before).sent_bytes)
     wg.shutdown()  # one group ends; rank 1 keeps serving the others
     print("after shutdown", WorkerGroup(Single, 2, backend="torchrun").where())
     mode = sys.argv[1]
@@ -120,6 +128,7 @@ def test_user_process_group_subsets_and_clean_exit(driver: Path) -> None:
         "between [21.0, 21.0]",
         "big True",
         "subset [(0, 1, '1')]",
+        "lazy [1, 3, 5, 7, 9, 11, 13, 15] 0",
         "after shutdown [(0, 2, '0'), (1, 2, '1')]",
         "ok",
     ]

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._row_buffers import NUMPY_ALLOC_BYTES, cat_rows, numpy_tensor
+
 #: Rows of a source: a step-1 slice or an int array.
 Index = slice | np.ndarray
 
@@ -103,14 +105,27 @@ class ColumnPlan:
             offset += count
         return ColumnPlan(tuple(segments), np.concatenate(orders) if reordered else None)
 
-    def assemble(self, values: Callable[[Segment], Any]) -> Any:
-        """The column: each segment's rows (``values(segment)``) joined, then reordered (always a copy)."""
+    def assemble(self, values: Callable[[Segment], Any], owned: Callable[[Segment], bool] = lambda s: False) -> Any:
+        """The column: each segment's rows (``values(segment)``) joined, then reordered.
+
+        Always private memory: a copy, except a lone segment ``owned`` says
+        is already private (rows a transport just received), used as is.
+        """
         parts = [values(s) for s in self.segments]
+        if len(parts) == 1 and self.order is None and owned(self.segments[0]):
+            return parts[0]
         if parts and isinstance(parts[0], torch.Tensor):
-            joined: Any = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+            joined: Any = cat_rows(parts) if len(parts) > 1 else _copy(parts[0])
             return joined if self.order is None else joined[torch.from_numpy(self.order)]
         joined = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
         return joined if self.order is None else joined[self.order]
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A private copy; large CPU tensors go into numpy-allocated memory (fewer page faults)."""
+    if tensor.device.type != "cpu" or tensor.nbytes < NUMPY_ALLOC_BYTES or tensor.requires_grad:
+        return tensor.clone()
+    return numpy_tensor(tuple(tensor.shape), tensor.dtype).copy_(tensor)
 
 
 def _slice_segments(segments: Sequence[Segment], start: int, stop: int) -> list[Segment]:

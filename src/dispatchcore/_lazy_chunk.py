@@ -66,9 +66,21 @@ class LazyChunk:
             plans[name] = ColumnPlan(tuple(segments), plan.order)
         return cls(len(data), dict(data._specs), plans, [r for _, r in requests], dict(data.meta_info), data._has_batch)
 
-    def resolve(self, fetch: RowFetcher | None) -> DataProto:
-        """The chunk's rows as a private, writable DataProto."""
+    def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False) -> DataProto:
+        """The chunk's rows as a private, writable DataProto.
+
+        ``fetched_private``: what ``fetch`` returns is fresh memory of this
+        process (a receive buffer), so a column made of one fetched part is
+        used without another copy.
+        """
         fetched = read_rows(self.requests, fetch)
+        local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)} if fetched_private else None
+
+        def owned(segment: Segment) -> bool:
+            return (
+                local is not None and isinstance(segment.source, RequestSlot) and segment.source.number not in local
+            )
+
         tensors: dict[str, Any] = {}
         arrays: dict[str, Any] = {}
         for name, plan in self.plans.items():
@@ -79,7 +91,7 @@ class LazyChunk:
                     return part.batch[name] if self.specs[name].tensor else part.non_tensor_batch[name]
                 return segment.source
 
-            column = plan.assemble(rows_of) if plan.segments else _empty(self.specs[name], self.length)
+            column = plan.assemble(rows_of, owned) if plan.segments else _empty(self.specs[name], self.length)
             (tensors if self.specs[name].tensor else arrays)[name] = column
         batch = TensorBatch(tensors, batch_size=[self.length]) if self.has_batch else None
         return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=self.meta_info)
@@ -133,7 +145,7 @@ def read_rows(requests: Sequence[RowRequest], fetch: RowFetcher | None) -> list[
 
 
 def resolve_lazy_arguments(
-    args: tuple[Any, ...], kwargs: dict[str, Any], fetch: RowFetcher | None
+    args: tuple[Any, ...], kwargs: dict[str, Any], fetch: RowFetcher | None, fetched_private: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Rank side: every :class:`LazyChunk` argument replaced by its rows."""
     if not any(isinstance(a, LazyChunk) for a in args) and not any(isinstance(v, LazyChunk) for v in kwargs.values()):
@@ -144,7 +156,7 @@ def resolve_lazy_arguments(
         if not isinstance(v, LazyChunk):
             return v
         if id(v) not in resolved:
-            resolved[id(v)] = v.resolve(fetch)
+            resolved[id(v)] = v.resolve(fetch, fetched_private)
         return resolved[id(v)]
 
     return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}

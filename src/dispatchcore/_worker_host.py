@@ -88,6 +88,9 @@ class WorkerHost:
         self.worker: Any = None
         #: The executor's rank-to-rank transport for lazy arguments' rows kept in other processes.
         self.fetch_rows: RowFetcher | None = None
+        #: Set by an executor whose ``fetch_rows`` returns fresh, writable memory (receive buffers),
+        #: so the rows are used without another copy; leave False for shared or read-only memory.
+        self.fetched_rows_private = False
 
     def start(self) -> RemoteFailure | None:
         """Build the worker; a failure is returned (method ``__init__``), not raised."""
@@ -125,7 +128,7 @@ class WorkerHost:
                 failure.message = f"{cls} has no method {method!r}"
                 return False, failure
         try:
-            args, kwargs = resolve_lazy_arguments(args, kwargs, self.fetch_rows)
+            args, kwargs = resolve_lazy_arguments(args, kwargs, self.fetch_rows, self.fetched_rows_private)
             value = fn(*args, **kwargs)
             if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                 value = self._event_loop().run_until_complete(_await(value))

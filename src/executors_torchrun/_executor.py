@@ -3,8 +3,8 @@
 Everything generic comes from the public contract
 (:mod:`dispatchcore.executor`, :mod:`dispatchcore.wire`); this package holds
 only what is specific to torchrun: how ranks start (``_worlds``, ``_spawn``),
-how bytes move (``_protocol``, ``_wire``, ``_transport``, ``_rows``) and how
-death is seen (``_hub``).
+how bytes move (``_protocol``, ``_wire``, ``_transport``, ``_rows``,
+``_row_plane``) and how death is seen (``_hub``).
 
 Rank 0 (the driver) is the hub: each call's per-rank arguments are pickled
 once per distinct object (``Call.unique_values``), their tensors posted as
@@ -16,10 +16,16 @@ concatenates, else into fresh buffers.  Under torchrun, worker 0 lives in
 the driver on a :class:`~dispatchcore.executor.RankThread` and gets what a
 pickle round trip would give it (:func:`~dispatchcore.executor.run_isolated`);
 self-started worlds (no torchrun) put every worker in a child process.
+
+Lazy results: a consuming rank fetches its rows straight from the processes
+keeping them (``_row_plane``), when both groups live in one world (the
+launch, or one self-started group with its colocated roles); otherwise the
+driver reads the rows and sends them on (``can_fetch_rows`` says which).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 import weakref
@@ -46,7 +52,7 @@ from . import _env
 from ._hub import Hub
 from ._rows import RowPlan
 from ._wire import Packed, pack
-from ._worlds import SpawnedWorld, torchrun_hub
+from ._worlds import SpawnedWorld, torchrun_hub, torchrun_identity
 
 _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0, "spare_ranks": 0}
 
@@ -119,6 +125,7 @@ class TorchrunExecutor(Executor):
                 raise ValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
             #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
+            self._world_identity = torchrun_identity()
         else:
             self._world = SpawnedWorld(
                 spec.world_size,
@@ -129,6 +136,7 @@ class TorchrunExecutor(Executor):
             )
             self._hub = self._world.hub
             self._data_ranks = [self._world.data_rank(g) for g in range(spec.world_size)]
+            self._world_identity = self._world.identity
         try:
             self._start(start_timeout)
         except BaseException:
@@ -175,9 +183,8 @@ class TorchrunExecutor(Executor):
                 env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
                 first = self._hub.send_value(packed, d)
                 cid = self._hub.next_cid()
-                self._hub.command(
-                    d, ("start", cid, self._gid, g, spec.world_size, packed.header, first, env), (handle, p), cid
-                )
+                message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, env, spec.death_timeout)
+                self._hub.command(d, message, (handle, p), cid)
         handle.result(self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
 
@@ -189,17 +196,21 @@ class TorchrunExecutor(Executor):
         if 0 in self._data_ranks:
             rank = self._data_ranks.index(0)
             host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
+            if self._hub.rows is not None:
+                host.fetch_rows = functools.partial(self._hub.rows.fetch, death_timeout=spec.death_timeout)
+                host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
             self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
         if remote:
             packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
+            death = spec.death_timeout
             with self._submit_lock:
                 for g in remote:
                     d = self._data_ranks[g]
                     first = self._hub.send_value(packed, d)
                     cid = self._hub.next_cid()
-                    message = ("start", cid, self._gid, g, spec.world_size, packed.header, first)
+                    message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, None, death)
                     self._hub.command(d, message, (handle, g), cid)
         handle.result(timeout)
 
@@ -257,6 +268,15 @@ class TorchrunExecutor(Executor):
             handle.deliver(position, *outcome)
 
         self._local.put(task)
+
+    # -- lazy results: rows fetched process to process ----------------------------------
+    def row_address(self, rank: int) -> Any:
+        """``(world, data rank)``: the process keeping rank ``rank``'s rows (the driver for worker 0 under torchrun)."""
+        return (self._world_identity, self._data_ranks[rank])
+
+    def can_fetch_rows(self, address: Any) -> bool:
+        """Rows move between processes of one world only: the launch's, or one self-started group's."""
+        return isinstance(address, tuple) and len(address) == 2 and address[0] == self._world_identity
 
     def gone_reason(self, group_rank: int) -> str | None:
         """Why the rank hosting ``group_rank`` is known to be gone, or ``None``."""

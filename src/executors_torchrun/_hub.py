@@ -13,7 +13,9 @@ every call waiting on it.  Under torchrun ranks are not children, so it also
 reads their heartbeats; a silent rank fails only the calls whose own
 ``death_timeout`` has passed (each receiver carries its group's), so groups
 sharing the launch's hub never change each other's bound.  Heartbeats are
-read as often as the shortest bound waiting needs.
+read as often as the shortest bound waiting needs.  The monitor also marks
+each rank it knows dead in the store (``dead/<rank>``), where ranks fetching
+lazy results' rows from it look (``_row_plane``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import torch.distributed as dist
 
 from dispatchcore.executor import liveness_poll
 
-from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
+from ._protocol import STOPPING_KEY, cmd_key, dead_key, decode, encode, heartbeat_key, status_key
+from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
 from ._wire import Packed, adopt_views, unpack
 
@@ -82,6 +85,8 @@ class Hub:
         self._stopped = {d: threading.Event() for d in self.remote}
         self._closing = threading.Event()
         self._cids = itertools.count()
+        #: This process's row traffic, when it hosts workers (worker 0 under torchrun); stopped with the hub.
+        self.rows: RowPlane | None = None
         self._rank_tags = TagCounter(1)
         self._stop_requested = False
         self._gone: dict[int, str] = {}
@@ -198,6 +203,7 @@ class Hub:
         """Turn a dead process into a ``dead`` status; under torchrun, read heartbeats too."""
         store = self.store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         beats_read = 0.0
+        marked: set[int] = set()
         while not self._closing.wait(PROCESS_POLL_S):
             for rank in self.remote:
                 if rank in self._dead:
@@ -209,10 +215,21 @@ class Hub:
                         store.queue_push(status_key(rank), encode(("dead", detail)))
                     except Exception:  # noqa: BLE001
                         self._fail_rank(rank, detail)
+            self._mark_dead(store, marked)
             now = time.monotonic()
             if self._processes is None and not self._stop_requested and now - beats_read >= self._beat_poll():
                 beats_read = now
                 self._read_heartbeats(store)
+
+    def _mark_dead(self, store: dist.Store, marked: set[int]) -> None:
+        """Mark the ranks known dead in the store, once each (ranks fetching rows from them look there)."""
+        for rank, detail in list(self._dead.items()):
+            if rank not in marked:
+                try:
+                    store.set(dead_key(rank), detail.encode())  # type: ignore[arg-type]  # the binding takes bytes
+                except Exception:  # noqa: BLE001 - the store is gone: so is every rank's wait on it
+                    return
+                marked.add(rank)
 
     def _gone_reason(self, rank: int) -> str | None:
         """Why ``rank``'s process is certainly gone, or ``None``."""
@@ -318,6 +335,8 @@ class Hub:
                 if host == socket.gethostname():
                     _wait_process_ended(pid, until)
         self._closing.set()
+        if self.rows is not None:
+            self.rows.close()
         if on_stopped is not None:
             on_stopped()
         for rank in self.remote:
@@ -327,11 +346,21 @@ class Hub:
                 pass
         for reader in self._readers:
             reader.join(1.0)
+        self._abandon_pending("the group was shut down while this call ran")
         self._monitor.join(1.0)
         for thread in self._canary_threads:
             thread.join(1.0)
         self.transport.reaper.drain(1.0)
         self.transport.close()
+
+    def _abandon_pending(self, detail: str) -> None:
+        """End every call still waiting for an answer: none can come once the readers are gone."""
+        with self._lock:
+            answers = [answer for pending in self._pending.values() for answer in pending.values()]
+            for pending in self._pending.values():
+                pending.clear()
+        for receiver, position in answers:
+            receiver.rank_died(position, detail)
 
     def release_store(self) -> None:
         """After ``stop``: let go of the store, so a self-started world's store port closes now."""

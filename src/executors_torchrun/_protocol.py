@@ -8,7 +8,9 @@ their first tag named in the message.
 
 Commands (hub to rank)::
 
-    ("start", cid, gid, group_rank, group_size, header, first_tag)
+    ("start", cid, gid, group_rank, group_size, header, first_tag, env, death_timeout)
+                                               env: a spare's rank variables (or None);
+                                               death_timeout: the group's, bounding row fetches
     ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, timed)
                                                timed: a traced call (``Call.timed``); the value
                                                comes back as a ``TimedResult``
@@ -25,6 +27,16 @@ Statuses (rank to hub)::
     ("stopped", host, pid)                     acknowledged "stop", exiting
     ("dead", detail)                           pushed by the hub's own monitor
     ("quit",)                                  pushed by the hub to end a reader
+
+Rows of lazy results, between any two processes of a world (``_row_plane``)::
+
+    rows/<rank>   ("fetch", requester, fetch_id, [RowRequest])    to the producing process
+                  ("quit",)                                       ends its data thread
+    rowsre/<rank> ("rows", fetch_id, producer, header, first_tag) payload posted, row tags
+                  ("failed", fetch_id, producer, message)         e.g. the rows were freed
+                  ("dead", fetch_id, producer, detail)            pushed by the consumer's watcher
+                  ("stopped", fetch_id)                           the world is stopping
+    dead/<rank>   set by the hub once it knows that process is gone (its detail)
 """
 
 from __future__ import annotations
@@ -48,6 +60,20 @@ def status_key(rank: int) -> str:
 
 def heartbeat_key(rank: int) -> str:
     return f"hb/{rank}"
+
+
+def rows_key(rank: int) -> str:
+    """Row requests to process ``rank`` (its data thread pops them)."""
+    return f"rows/{rank}"
+
+
+def rows_reply_key(rank: int) -> str:
+    """Answers to process ``rank``'s row requests (one fetch at a time per process)."""
+    return f"rowsre/{rank}"
+
+
+def dead_key(rank: int) -> str:
+    return f"dead/{rank}"
 
 
 STOPPING_KEY = "stopping"

@@ -3,11 +3,15 @@
 One process hosts one worker per group placed on it (actor, critic, ...),
 each built by :class:`~dispatchcore.WorkerHost` so a raising worker becomes a
 status, never a crash: every command that expects an answer gets one, and
-the group stays in step.  The loop returns on ``stop``; the caller exits 0.
+the group stays in step.  Beside the loop, the process's
+:class:`~._row_plane.RowPlane` serves the lazy results it keeps to other
+ranks and fetches the ones its workers' arguments name.  The loop returns
+on ``stop``; the caller exits 0.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -20,6 +24,7 @@ from dispatchcore.executor import RemoteFailure, WorkerHost
 
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
+from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
 from ._wire import NONE, batch_layout, pack, unpack
 
@@ -40,11 +45,13 @@ class Server:
         self._hosts: dict[str, WorkerHost] = {}
         self._hub_tags = TagCounter(0)
         self._done = threading.Event()
+        self._rows: RowPlane | None = None
 
     def serve(self) -> None:
         """Run commands until ``stop``; then release the workers and the transport."""
         set_local_device()
         threading.Thread(target=self._heartbeat, name="dispatchcore-heartbeat", daemon=True).start()
+        self._rows = RowPlane(self._store, self._transport)
         key = cmd_key(self._rank)
         try:
             while True:
@@ -69,7 +76,15 @@ class Server:
 
     # -- commands ---------------------------------------------------------------
     def _start(
-        self, cid: int, gid: str, rank: int, size: int, header: Any, first: int, env: dict[str, str] | None = None
+        self,
+        cid: int,
+        gid: str,
+        rank: int,
+        size: int,
+        header: Any,
+        first: int,
+        env: dict[str, str] | None = None,
+        death_timeout: float = 60.0,
     ) -> None:
         if env:  # a spare taking over a rank: its rank variables come now
             os.environ.update(env)
@@ -79,6 +94,9 @@ class Server:
             self._reply(cid, False, RemoteFailure.capture(rank, "__init__", exc))
             return
         host = WorkerHost(worker_cls, rank, size, args, kwargs)
+        if self._rows is not None:
+            host.fetch_rows = functools.partial(self._rows.fetch, death_timeout=death_timeout)
+            host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host
@@ -143,6 +161,8 @@ class Server:
 
     # -- housekeeping -------------------------------------------------------------
     def _finish(self) -> None:
+        if self._rows is not None:
+            self._rows.close()
         self._transport.reaper.drain(10.0)
         for host in self._hosts.values():
             host.close()

@@ -3,9 +3,15 @@
 The default process group belongs to the user, so the executor never calls
 ``init_process_group`` or ``new_group``: it constructs ``ProcessGroupGloo``
 (CPU payloads) and, on first use, ``ProcessGroupNCCL`` (CUDA payloads) on a
-``PrefixStore`` of its own.  Only point-to-point ops are used, each posted
-after the control message saying it is coming, so no rank ever sits in a
+``PrefixStore`` of its own.  Only point-to-point ops are used, each received
+after the control message saying it was posted, so no rank ever sits in a
 gloo op while idle (a gloo op that waits past its timeout kills the group).
+
+Two kinds of traffic share the gloo group with disjoint tags: the hub's
+commands and results (tags below :data:`ROW_TAG_BASE`) and lazy results'
+rows moved between any two processes (:class:`RowTagCounter`, from
+:data:`ROW_TAG_BASE` up).  CUDA rows get NCCL groups of their own, one per
+direction, so they never queue behind (or match) a command's tensors.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +35,9 @@ _TAG_SPACE = 1 << 29
 #: A one-byte message each rank sends the hub when it leaves; the hub keeps a
 #: receive for it posted, so a rank that dies is seen within ~0.1 s (torn socket).
 CANARY_TAG = (1 << 31) - 1
+#: Row payloads (lazy results moved rank to rank) use tags from here up to below CANARY_TAG.
+ROW_TAG_BASE = 1 << 30
+_ROW_TAG_SPACE = CANARY_TAG - ROW_TAG_BASE - 1
 
 
 class TagCounter:
@@ -48,6 +58,16 @@ class TagCounter:
 
     def tag(self, number: int) -> int:
         return (number % _TAG_SPACE) * 2 + self._parity
+
+
+class RowTagCounter(TagCounter):
+    """Tags for the rows one process sends: above every hub tag, so the two kinds never match."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def tag(self, number: int) -> int:
+        return ROW_TAG_BASE + number % _ROW_TAG_SPACE
 
 
 #: Queued after the last send: the reaper thread exits when it reaches it.
@@ -134,6 +154,7 @@ class Transport:
         self._timeout = timeout
         self.gloo = _gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout, loopback)
         self._nccl: Any = None
+        self._rows_nccl: dict[str, Any] = {}
         self._nccl_lock = threading.Lock()
         self.sent = TagCounter(0 if rank == 0 else 1)
         self.reaper = SendReaper(f"dispatchcore-send-reaper{rank}")
@@ -149,20 +170,51 @@ class Transport:
                 )
             return self._nccl
 
+    def rows_device_group(self, sender: int, receiver: int) -> Any:
+        """The NCCL group for CUDA rows moving ``sender`` -> ``receiver`` (built on first use).
+
+        One group per direction: NCCL matches a pair's point-to-point ops in
+        the order they were issued, so rows going both ways between two
+        processes at once would deadlock on one communicator; with a group per
+        direction each side only sends, or only receives, on it, in the order
+        requests were made (one fetch at a time per process, ``_row_plane``).
+        """
+        lane = "up" if sender < receiver else "down"
+        with self._nccl_lock:
+            group = self._rows_nccl.get(lane)
+            if group is None:
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = self._timeout
+                group = self._rows_nccl[lane] = dist.ProcessGroupNCCL(
+                    dist.PrefixStore(f"nccl-rows-{lane}/", self._store), self.rank, self.size, options
+                )
+            return group
+
     def send(self, packed: Packed, peer: int, first: int) -> None:
         """Post the sends of ``packed``'s payload; the reaper keeps its tensors alive until sent."""
         self.reaper.add(self.post(packed, peer, first), packed)
 
-    def post(self, packed: Packed, peer: int, first: int) -> list[Any]:
-        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete."""
+    def post(
+        self,
+        packed: Packed,
+        peer: int,
+        first: int,
+        tags: TagCounter | None = None,
+        device_group: Callable[[], Any] | None = None,
+    ) -> list[Any]:
+        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete.
+
+        ``tags`` and ``device_group`` default to the hub's (commands and results).
+        """
+        tags = tags or self.sent
         works = []
         number = first
         for buf in packed.buffers:
             if buf.numel():
-                works.append(self.gloo.send([buf], peer, self.sent.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
+                works.append(self.gloo.send([buf], peer, tags.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
                 number += 1
         if packed.device_tensors:
-            group = self._device_group()
+            group = (device_group or self._device_group)()
             for t in packed.device_tensors:
                 works.append(group.send([t.contiguous()], peer, 0))
         return works
@@ -176,6 +228,21 @@ class Transport:
         targets: dict[int, torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Receive a value's payload (into ``targets[i]`` where given); waits until it has arrived."""
+        buffers, device, works = self.post_recv(header, peer, first, counter, targets)
+        for work in works:
+            work.wait()
+        return buffers, device
+
+    def post_recv(
+        self,
+        header: Header,
+        peer: int,
+        first: int,
+        counter: TagCounter,
+        targets: dict[int, torch.Tensor] | None = None,
+        device_group: Callable[[], Any] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]:
+        """Post the receives of a value's payload; the buffers are filled once every work is waited on."""
         buffers = empty_buffers(header, targets)
         device = empty_device_tensors(header)
         works = []
@@ -185,11 +252,9 @@ class Transport:
                 works.append(self.gloo.recv([buf], peer, counter.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
                 number += 1
         if device:
-            group = self._device_group()
+            group = (device_group or self._device_group)()
             works.extend(group.recv([t], peer, 0) for t in device)
-        for work in works:
-            work.wait()
-        return buffers, device
+        return buffers, device, works
 
     def post_canaries(self) -> dict[int, Any]:
         """On the hub: one pending one-byte receive per other rank (see :data:`CANARY_TAG`)."""
@@ -217,5 +282,6 @@ class Transport:
         """
         self.reaper.close()
         self._nccl = None
+        self._rows_nccl = {}
         self.gloo = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]

@@ -41,6 +41,7 @@ from dispatchcore import WorkerDiedError
 from . import _env
 from ._hub import Hub
 from ._protocol import FOREVER_S, READY_KEY
+from ._row_plane import RowPlane
 from ._server import Server
 from ._spawn import OutputRelay, reap, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
@@ -61,6 +62,8 @@ class SpawnedWorld:
         # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
         master = start_store()
         prefix = f"dispatchcore/{uuid.uuid4().hex}/"
+        #: Names this world in row addresses: only its own processes can move rows to one another.
+        self.identity = f"spawned:{prefix}"
         store = dist.PrefixStore(prefix, master)
         self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
@@ -144,9 +147,15 @@ def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
             _wait_count(store, size - 1, start_timeout)
             transport = _connect(store, 0, size, start_timeout, transport_timeout)
             _torchrun_hub = Hub(store, transport, processes=None)
+            _torchrun_hub.rows = RowPlane(store, transport)  # worker 0 of every group lives here
             atexit.register(_stop_torchrun_world)
             _install_sigterm_report()
         return _torchrun_hub
+
+
+def torchrun_identity() -> str:
+    """Names the launch's world in row addresses (every group of the launch shares its processes)."""
+    return f"torchrun:{_env.run_id()}"
 
 
 def serve_and_exit(start_timeout: float, transport_timeout: float) -> NoReturn:

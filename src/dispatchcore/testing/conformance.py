@@ -283,6 +283,15 @@ class ExecutorConformance:
         expected = group.echo(DataProto.concat([eager.select(*columns)] * 2)[1:])
         assert_dataproto_equal(out, expected)
 
+    def test_lazy_rows_are_isolated_from_consumers(self, group: WorkerGroup[Any]) -> None:
+        data = batch(2 * self.world_size)
+        lazy = group.echo.options(lazy=True)(data)
+        for consumer in (group, group[1:3]):  # same ranks (rows read in place) and others (rows moved)
+            out = consumer.mutate_chunk(lazy)
+            assert out.batch["x"].tolist() == list(range(2 * self.world_size))
+        assert lazy.materialize().batch["x"].tolist() == list(range(2 * self.world_size))
+        assert list(lazy.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+
     def test_lazy_column_read_fetches_that_column_only(self, group: WorkerGroup[Any]) -> None:
         data = batch(8 * self.world_size)
         data.batch["wide"] = torch.zeros(len(data), 256)

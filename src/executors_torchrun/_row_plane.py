@@ -1,0 +1,339 @@
+"""Lazy results' rows, moved process to process inside one world, never through the driver.
+
+Every process of a world that hosts workers (each rank's, and the torchrun
+driver's, which hosts worker 0) runs one :class:`RowPlane`:
+
+* **Serving.**  A data thread pops row requests from the store queue
+  ``rows/<data rank>`` and answers each with
+  :func:`~dispatchcore.executor.take_kept_rows`: the rows' tensors are posted
+  to the requesting process over the transport (gloo; NCCL for CUDA
+  tensors) before a small reply on the requester's queue names their tags.
+  It runs beside the command loop, so a process busy in a long call (even one
+  waiting for rows itself, from this very call) still serves the rows it keeps.
+* **Fetching.**  :meth:`RowPlane.fetch` is each worker's
+  ``WorkerHost.fetch_rows``: it sends one request to every producing process
+  first, then receives the answers as they come, so producers work in parallel.
+  A process runs one fetch at a time (one reply queue; NCCL's in-order
+  matching, see ``Transport.rows_device_group``); on a rank's process only
+  the command loop fetches anyway.
+
+Row payloads use their own tags (``RowTagCounter``), never the hub's.
+
+Death: while a fetch waits for answers, a watcher thread reads each awaited
+producer's liveness from the store: the hub's ``dead/<rank>`` mark (set
+within ~0.1 s of a process exiting), its heartbeat (silent longer than the
+consuming group's ``death_timeout``), and the world's ``stopping`` mark.  Any
+of them ends the wait: ``WorkerDiedError`` naming the producing rank, or a
+``DispatchError`` while the driver stops the world.  A producer that dies
+after posting its rows tears its connection, and the receive raises at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from dispatchcore import DataProto, DispatchError, WorkerDiedError
+from dispatchcore.executor import RowRequest, liveness_poll, take_kept_rows
+
+from ._env import set_local_device
+from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
+from ._transport import RowTagCounter, SendReaper, Transport
+from ._wire import Header, pack, unpack
+
+#: A heartbeat comes every second (``_server.HEARTBEAT_S``); silence shorter than
+#: three of them is never taken for death, whatever the group's ``death_timeout``.
+HEARTBEAT_SILENCE_FLOOR_S = 3.0
+#: The data rank of the torchrun driver, which sends no heartbeat (its death ends the launch).
+_HUB = 0
+
+
+class RowPlane:
+    """One process's row traffic: the data thread serving its kept rows, and its fetches."""
+
+    def __init__(self, store: dist.Store, transport: Transport) -> None:
+        self._store = store
+        self._transport = transport
+        self.rank = transport.rank
+        self._tags = RowTagCounter()
+        self._reaper = SendReaper(f"dispatchcore-row-reaper{self.rank}")
+        self._fetch_lock = threading.Lock()
+        self._fetch_ids = itertools.count()
+        self._replies: Any = None  # the store connection fetches wait on (made on first fetch)
+        self._watch: _Watch | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=f"dispatchcore-rows{self.rank}", daemon=True)
+        self._thread.start()
+
+    # -- serving ------------------------------------------------------------------------
+    def _serve(self) -> None:
+        set_local_device()  # CUDA rows are sent from this thread
+        try:
+            store = self._store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
+        except Exception:  # noqa: BLE001 - the store is gone: nothing to serve
+            return
+        key = rows_key(self.rank)
+        while True:
+            try:
+                message = decode(store.queue_pop(key, True))
+            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+                continue
+            except Exception:  # noqa: BLE001 - the store went away: the world is over
+                return
+            if message[0] == "quit":
+                return
+            _, requester, fetch_id, requests = message
+            try:
+                self._answer(store, requester, fetch_id, requests)
+            except Exception:  # noqa: BLE001, S112 - the requester (or the store) is gone
+                continue
+
+    def _answer(self, store: dist.Store, requester: int, fetch_id: int, requests: list[RowRequest]) -> None:
+        """Post the requested rows to ``requester``, then tell it their header and tags."""
+        reply = rows_reply_key(requester)
+        try:
+            packed = pack([take_kept_rows(request) for request in requests])
+            first = self._tags.take(packed.header.tags)
+            works = self._transport.post(
+                packed, requester, first, self._tags, lambda: self._transport.rows_device_group(self.rank, requester)
+            )
+        except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
+            store.queue_push(reply, encode(("failed", fetch_id, self.rank, f"{type(exc).__name__}: {exc}")))
+            return
+        self._reaper.add(works, packed)
+        store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first)))
+
+    # -- fetching -----------------------------------------------------------------------
+    def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
+        """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them.
+
+        ``request.address`` is ``(world, data rank)``; ``death_timeout`` (the
+        consuming group's) bounds the wait on a silent producer.
+        """
+        out: list[DataProto | None] = [None] * len(requests)
+        by_process: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            if request.address[1] == self.rank:  # kept here after all (or freed: this raises saying so)
+                out[i] = take_kept_rows(request)
+            else:
+                by_process.setdefault(int(request.address[1]), []).append(i)
+        if not by_process:
+            return [part for part in out if part is not None]
+        # The producing group's rank of each process, for errors.
+        producers = {d: requests[index[0]].rank for d, index in by_process.items()}
+        with self._fetch_lock:
+            if self._closed:
+                raise DispatchError("this process is leaving: its torchrun world was stopped")
+            replies, watch = self._fetching()
+            fetch_id = next(self._fetch_ids)
+            for d, index in by_process.items():
+                message = ("fetch", self.rank, fetch_id, [requests[i] for i in index])
+                replies.queue_push(rows_key(d), encode(message))
+            watched = watch.begin(fetch_id, producers, death_timeout)
+            try:
+                answers = self._receive(replies, watched)
+            finally:
+                watch.end()
+        for d, index in by_process.items():
+            for i, part in zip(index, answers[d], strict=True):
+                out[i] = part
+        return [part for part in out if part is not None]
+
+    def _fetching(self) -> tuple[Any, _Watch]:
+        if self._replies is None:
+            self._replies = self._store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
+        if self._watch is None:
+            self._watch = _Watch(self._store.clone(), rows_reply_key(self.rank))  # type: ignore[attr-defined]
+        return self._replies, self._watch
+
+    def _receive(self, replies: Any, watched: _Watched) -> dict[int, list[DataProto]]:
+        """Post the receives of each producer's rows as its answer comes; then wait for all of them."""
+        key = rows_reply_key(self.rank)
+        posted: dict[int, tuple[Header, list[Any], list[Any], list[Any]]] = {}
+        error: BaseException | None = None
+        while watched.pending() and error is None:
+            try:
+                message = decode(replies.queue_pop(key, True))
+            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+                continue
+            except Exception as exc:  # noqa: BLE001 - the store is gone: the world is over
+                error = DispatchError(f"lost the store connection while fetching rows ({exc})")
+                break
+            kind, fetch_id = message[0], message[1]
+            if fetch_id != watched.fetch_id:  # left over from a fetch that ended early
+                if kind == "rows":
+                    self._drain(*message[2:])
+                continue
+            if kind == "rows":
+                _, _, d, header, first = message
+                try:
+                    posted[d] = (header, *self._post_recv(header, d, first))
+                except Exception as exc:  # noqa: BLE001 - a torn connection
+                    error = _died(watched.producers[d], exc)
+                watched.answered(d)
+            elif kind == "failed":
+                _, _, d, text = message
+                error = DispatchError(f"rank {watched.producers[d]} could not send the rows it keeps: {text}")
+            elif kind == "dead":
+                _, _, d, detail = message
+                error = WorkerDiedError(watched.producers[d], f"{detail} (while this rank fetched rows it keeps)")
+            elif kind == "stopped":
+                error = DispatchError("the driver stopped the torchrun world while this rank fetched rows")
+        answers: dict[int, list[DataProto]] = {}
+        for d, (header, buffers, device, works) in posted.items():  # always waited: they hold buffers
+            try:
+                for work in works:
+                    work.wait()
+                answers[d] = unpack(header, buffers, device)
+            except Exception as exc:  # noqa: BLE001 - a torn connection: the producer died mid-transfer
+                error = error or _died(watched.producers[d], exc)
+        if error is not None:
+            raise error
+        return answers
+
+    def _post_recv(self, header: Header, d: int, first: int) -> tuple[list[Any], list[Any], list[Any]]:
+        return self._transport.post_recv(
+            header, d, first, self._tags, device_group=lambda: self._transport.rows_device_group(d, self.rank)
+        )
+
+    def _drain(self, d: int, header: Header, first: int) -> None:
+        """Receive and drop rows an abandoned fetch asked for, so their sender is not left waiting."""
+        try:
+            for work in self._post_recv(header, d, first)[2]:
+                work.wait()
+        except Exception:  # noqa: BLE001, S110 - the producer is gone
+            pass
+
+    # -- stopping -----------------------------------------------------------------------
+    def close(self, timeout: float = 1.0) -> None:
+        """End the data thread and the watcher; wait up to ``timeout`` s for rows being sent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._store.queue_push(rows_key(self.rank), encode(("quit",)))
+        except Exception:  # noqa: BLE001, S110 - the store is gone: so is the data thread's pop
+            pass
+        self._thread.join(timeout)
+        if self._watch is not None:
+            self._watch.close()
+        self._reaper.drain(timeout)
+        self._reaper.close()
+
+
+def _died(rank: int, exc: BaseException) -> WorkerDiedError:
+    lines = str(exc).strip().splitlines()
+    text = lines[-1] if lines else type(exc).__name__
+    if "] " in text:  # gloo's source location
+        text = text.split("] ", 1)[1]
+    return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {text})")
+
+
+@dataclass
+class _Watched:
+    """The fetch in flight: which producers (data rank -> group rank) it still waits for."""
+
+    fetch_id: int
+    producers: dict[int, int]
+    death_timeout: float
+    waiting: set[int] = field(default_factory=set)
+    #: Per producer: (heartbeat count, when it last changed).
+    beats: dict[int, tuple[int, float]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pending(self) -> bool:
+        with self.lock:
+            return bool(self.waiting)
+
+    def answered(self, d: int) -> None:
+        with self.lock:
+            self.waiting.discard(d)
+
+    def awaited(self) -> list[int]:
+        with self.lock:
+            return sorted(self.waiting)
+
+
+class _Watch:
+    """The watcher thread of one process: ends a fetch's wait when a producer it awaits is gone."""
+
+    def __init__(self, store: dist.Store, reply_key: str) -> None:
+        self._store = store
+        self._reply_key = reply_key
+        self._cond = threading.Condition()
+        self._current: _Watched | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dispatchcore-row-watch", daemon=True)
+        self._thread.start()
+
+    def begin(self, fetch_id: int, producers: dict[int, int], death_timeout: float) -> _Watched:
+        watched = _Watched(fetch_id, dict(producers), death_timeout, set(producers))
+        with self._cond:
+            self._current = watched
+            self._cond.notify_all()
+        return watched
+
+    def end(self) -> None:
+        with self._cond:
+            self._current = None
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._current is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                watched = self._current
+                assert watched is not None  # noqa: S101 - the loop above
+            verdict = self._check(watched)
+            if verdict is not None:
+                with self._cond:
+                    if self._current is watched:  # still waiting: wake it
+                        self._current = None
+                        try:
+                            self._store.queue_push(self._reply_key, encode(verdict))
+                        except Exception:  # noqa: BLE001, S110 - the store is gone: the fetch sees that itself
+                            pass
+                continue
+            with self._cond:
+                if self._current is watched and not self._closed:
+                    self._cond.wait(liveness_poll(watched.death_timeout))
+
+    def _check(self, watched: _Watched) -> tuple[Any, ...] | None:
+        """The message that ends ``watched``'s wait, or ``None`` while every awaited producer lives."""
+        store = self._store
+        try:
+            if store.check([STOPPING_KEY]):
+                return ("stopped", watched.fetch_id)
+            now = time.monotonic()
+            for d in watched.awaited():
+                if store.check([dead_key(d)]):
+                    detail = bytes(store.get(dead_key(d))).decode(errors="replace")
+                    return ("dead", watched.fetch_id, d, detail)
+                if d == _HUB:
+                    continue
+                latest = int(store.add(heartbeat_key(d), 0))
+                count, changed = watched.beats.get(d, (latest, now))
+                if latest != count:
+                    changed = now
+                watched.beats[d] = (latest, changed)
+                silence = now - changed
+                if silence > max(watched.death_timeout, HEARTBEAT_SILENCE_FLOOR_S):
+                    return ("dead", watched.fetch_id, d, f"no heartbeat for {silence:.0f} s")
+        except Exception:  # noqa: BLE001 - the store is gone: the fetch's own wait on it fails too
+            return None
+        return None
