@@ -413,7 +413,17 @@ class DataProto:
         return self
 
     def union(self, other: DataProto) -> Self:
-        """Merge ``other``'s columns and meta into self (shared keys must be equal); returns self."""
+        """Merge ``other``'s columns and meta into self (shared keys must be equal); returns self.
+
+        With a lazy ``other`` (rows kept on ranks), self becomes lazy in place
+        (same object, now a ``LazyDataProto``): its own columns stay on the
+        driver, ``other``'s stay on the ranks, nothing is fetched.
+        """
+        if getattr(other, "is_lazy", False) and not getattr(self, "is_lazy", False):
+            joined = type(other).of_local(self).union(other)  # type: ignore[attr-defined]
+            self.__class__ = type(joined)  # in place, as verl code expects of union
+            self.__dict__ = joined.__dict__
+            return self
         if other.batch is not None:
             if self.batch is None:
                 if self.non_tensor_batch and len(other) != len(self):

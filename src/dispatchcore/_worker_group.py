@@ -389,6 +389,10 @@ class WorkerGroup(Generic[W]):
                 )
                 return again if registration.blocking else again.get()
             del read_sources[:]  # the call is over: the rows it read may be freed
+            if registration.setup:
+                root._membership.setup_log.record(call)
+            if tracer is not None:
+                results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if lazy:
                 results = [
                     LazyDataProto.of_remote(r) if isinstance(r, RemoteRows) else r
@@ -396,10 +400,6 @@ class WorkerGroup(Generic[W]):
                 ]
             else:
                 count_received(results)
-            if registration.setup:
-                root._membership.setup_log.record(call)
-            if tracer is not None:
-                results = self._record_ranks(tracer, name, call, results, submitted, call_id)
             if unwrap:
                 return results[0]
             ctx.row_buffers = handle.row_buffers

@@ -292,6 +292,17 @@ class ExecutorConformance:
         assert lazy.materialize().batch["x"].tolist() == list(range(2 * self.world_size))
         assert list(lazy.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
 
+    def test_plain_union_lazy_stays_lazy_in_place(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        prompts = DataProto.from_dict({"prompt": torch.arange(2 * n)})
+        before = driver_traffic()
+        gen = group.echo.options(lazy=True)(batch(2 * n))
+        joined = prompts.union(gen)  # the verl pattern: batch = batch.union(gen_output)
+        assert joined is prompts and isinstance(prompts, LazyDataProto)
+        assert (driver_traffic() - before).received_bytes == 0, "nothing fetched by the union"
+        assert sorted(prompts.batch.keys()) == ["prompt", "rank", "x", "y"]
+        assert_dataproto_equal(group.echo(prompts).select(["prompt", "x"]), prompts.select(["prompt", "x"]))
+
     def test_lazy_column_read_fetches_that_column_only(self, group: WorkerGroup[Any]) -> None:
         data = batch(8 * self.world_size)
         data.batch["wide"] = torch.zeros(len(data), 256)
