@@ -77,9 +77,7 @@ class LazyChunk:
         local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)} if fetched_private else None
 
         def owned(segment: Segment) -> bool:
-            return (
-                local is not None and isinstance(segment.source, RequestSlot) and segment.source.number not in local
-            )
+            return local is not None and isinstance(segment.source, RequestSlot) and segment.source.number not in local
 
         tensors: dict[str, Any] = {}
         arrays: dict[str, Any] = {}
