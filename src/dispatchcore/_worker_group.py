@@ -590,8 +590,8 @@ def _send_data(
 ) -> tuple[tuple[Any, ...], dict[str, Any], list[RemoteRows]]:
     """Lazy DataProto arguments as row requests (or driver-read rows), counting what the driver sends."""
     columns = [*per_rank_args, *per_rank_kwargs.values()]
-    if not columns:
-        return per_rank_args, per_rank_kwargs, []
+    if not columns or not all(isinstance(c, (list, tuple)) for c in columns):
+        return per_rank_args, per_rank_kwargs, []  # malformed: _make_call says what the dispatch returned
     sent, sources = send_lazy_arguments(executor, columns)
     n = len(per_rank_args)
     return tuple(sent[:n]), dict(zip(per_rank_kwargs, sent[n:], strict=True)), sources
