@@ -3,7 +3,11 @@
     python benchmarks/bench_chain.py --quick
     python benchmarks/bench_chain.py --backends ray torchrun --ranks 4 --sizes 64MB --steps 7
 
-Every step, on two worker groups of N ranks each (torchrun: self-started ranks):
+Every step, on two worker groups of N ranks each (torchrun: self-started ranks).
+``--layout colocated`` (the default, as verl places actor and reference)
+makes them two roles of one colocated class, sharing each rank's process;
+``--layout separate`` makes them two groups (two worlds under self-started
+torchrun, so there the lazy rows go through the driver):
 
 1. ``generate`` (group "actor", ``DP_COMPUTE_PROTO``) turns a small prompt
    batch of 1024 rows into ``responses`` int64 [1024, L] and
@@ -29,6 +33,7 @@ deltas over a step (sent + received).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -43,7 +48,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table  # noqa: E402
-from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, driver_traffic, register  # noqa: E402
+from dispatchcore import (  # noqa: E402
+    DataProto,
+    Dispatch,
+    Worker,
+    WorkerGroup,
+    create_colocated_worker_cls,
+    driver_traffic,
+    register,
+)
 
 ROWS = 1024
 MB = 1 << 20
@@ -164,17 +177,24 @@ def ray_session(backend: str) -> tuple[Any, bool]:
 Row = tuple[Any, ...]
 
 
-def run_backend(backend: str, ranks: Sequence[int], sizes: Sequence[str], steps: int) -> tuple[list[Row], bool]:
+def run_backend(
+    backend: str, ranks: Sequence[int], sizes: Sequence[str], steps: int, layout: str = "colocated"
+) -> tuple[list[Row], bool]:
     """Table rows for one backend; also whether every lazy step matched its eager twin."""
     rows: list[Row] = []
     all_equal = True
     ray, started = ray_session(backend)
     try:
         for n in ranks:
-            with (
-                WorkerGroup(ChainWorker, n, backend=backend) as actor,
-                WorkerGroup(ChainWorker, n, backend=backend) as ref,
-            ):
+            with contextlib.ExitStack() as stack:
+                if layout == "colocated":  # verl's layout: actor and reference roles share each rank
+                    roles = create_colocated_worker_cls({"actor": ChainWorker, "ref": ChainWorker})
+                    group = stack.enter_context(WorkerGroup(roles, n, backend=backend))
+                    views = group.spawn({"actor", "ref"})
+                    actor, ref = views["actor"], views["ref"]
+                else:  # two groups: under self-started torchrun, two worlds (rows go through the driver)
+                    actor = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend))
+                    ref = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend))
                 for label in sizes:
                     payload = SIZES[label]
                     got = measure(actor, ref, payload, steps)
@@ -214,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="ranks per group")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="payload per step (default: both)")
     parser.add_argument("--steps", type=int, help="timed steps of each mode (default 5; --quick 3)")
+    parser.add_argument("--layout", choices=["colocated", "separate"], default="colocated", help="see above")
     args = parser.parse_args(argv)
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         raise SystemExit("bench_chain starts its own ranks: run it with python, not under torchrun")
@@ -230,11 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if backend not in available_backends():
             skipped.append(backend)
             continue
-        got, equal = run_backend(backend, args.ranks, sizes, steps)
+        got, equal = run_backend(backend, args.ranks, sizes, steps, args.layout)
         rows += got
         all_equal = all_equal and equal
     print_table(
-        f"chain generate -> ref -> update, eager vs lazy (medians of {steps} alternating steps each)",
+        f"chain generate -> ref -> update ({args.layout} roles), eager vs lazy "
+        f"(medians of {steps} alternating steps each)",
         [
             "backend",
             "N",
