@@ -11,7 +11,8 @@ from ._dataproto import DataProto
 from ._errors import BatchSizeError, DispatchError
 from ._forward_plan import plan_forward
 from ._futures import DataProtoFuture
-from ._lazy_chunk import KEEP_ROWS_KWARG
+from ._lazy_chunk import KEEP_ROWS_KWARG, bring_unreachable_rows
+from ._lazy_dataproto import LazyDataProto
 from ._modes import Dispatch, DispatchSpec, set_builtin
 from ._padding import PADDING_ROWS_KEY, chunk_with_padding
 from ._tensordict_dispatch import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
@@ -69,6 +70,8 @@ def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
         if parts is not None:
             return parts
         value = value.get()
+    if isinstance(value, LazyDataProto):
+        bring_unreachable_rows(getattr(wg, "executor", None), value)
     if isinstance(value, DataProto):
         try:
             value.check_consistency()  # a column mutated to another length would split out of step

@@ -160,6 +160,25 @@ def resolve_lazy_arguments(
     return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
 
 
+def bring_unreachable_rows(executor: Any, data: LazyDataProto) -> None:
+    """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
+
+    Called before a lazy argument is chunked, so the rows come over once for
+    the whole batch (and stay on the driver for later calls with the same
+    object) instead of once per chunk.
+    """
+    reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
+    unreachable = {id(s) for s in data.remote_sources() if not reaches(s.address)}
+    if not unreachable:
+        return
+    names = [
+        name
+        for name, plan in data._plans.items()
+        if any(isinstance(seg.source, RemoteRows) and id(seg.source) in unreachable for seg in plan.segments)
+    ]
+    data.read(names)
+
+
 def send_lazy_arguments(
     executor: Any, per_rank: Sequence[Sequence[Any]]
 ) -> tuple[Sequence[Sequence[Any]], list[RemoteRows]]:
