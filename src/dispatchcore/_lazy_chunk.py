@@ -21,7 +21,9 @@ from ._column_plan import ColumnPlan, Segment, index_key
 from ._dataproto import DataProto
 from ._driver_traffic import count_sent, count_sent_bytes
 from ._errors import DispatchError
-from ._lazy_dataproto import LazyDataProto, RemoteRows, plan_requests
+from ._lazy_dataproto import LazyDataProto
+from ._row_fetch import plan_requests
+from ._row_ledger import RemoteRows
 from ._row_store import ROW_STORE, ColumnSpec, RowRequest
 from ._tensor_batch import TensorBatch
 

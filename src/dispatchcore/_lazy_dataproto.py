@@ -22,19 +22,20 @@ correct, but it brings the rows to the driver.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from ._coerce import as_index
-from ._column_plan import ColumnPlan, Segment, index_key
+from ._column_plan import ColumnPlan, Segment
 from ._dataproto import DataProto
-from ._driver_traffic import count_received
 from ._errors import BatchSizeError
+from ._lazy_columns import LazyArrayColumns, LazyTensorColumns
 from ._meta_info import merge_meta_info, union_two_dict
-from ._row_ledger import RemoteRows as RemoteRows
+from ._row_fetch import assemble_column, fetch_on_driver, plan_requests
+from ._row_ledger import RemoteRows
 from ._row_store import ColumnSpec
 from ._tensor_batch import TensorBatch
 
@@ -172,7 +173,7 @@ class LazyDataProto(DataProto):
             raise KeyError(f"{missing} not among this DataProto's columns {sorted(self._plans)}")
         wanted = {n: self._plans[n] for n in names}
         requests, slots = plan_requests(wanted)
-        fetched = _fetch_on_driver(requests, timeout)
+        fetched = fetch_on_driver(requests, timeout)
         out: dict[str, Any] = {}
         for name, plan in wanted.items():
             column = assemble_column(plan, self._specs[name], self._length, name, slots, fetched)
@@ -377,195 +378,3 @@ class LazyDataProto(DataProto):
 
 def _plain(data: DataProto) -> DataProto:
     return data
-
-
-class LazyTensorColumns:
-    """``data.batch`` of a lazy DataProto: names known, each tensor fetched when read.
-
-    Offers the TensorBatch surface verl code uses; anything else works on
-    the fetched :class:`TensorBatch` (a copy: writes through it are lost).
-    """
-
-    def __init__(self, owner: LazyDataProto) -> None:
-        self._owner = owner
-
-    def keys(self) -> list[str]:
-        return self._owner.tensor_keys()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys()
-
-    def __len__(self) -> int:
-        return len(self._owner)
-
-    @property
-    def batch_size(self) -> torch.Size:
-        return torch.Size([len(self._owner)])
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.batch_size
-
-    @property
-    def device(self) -> torch.device | None:
-        devices = {self._owner._specs[n].device for n in self.keys()}
-        return torch.device(devices.pop()) if len(devices) == 1 else None
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            if key not in self.keys():
-                raise KeyError(f"{key!r} is not a tensor column (has {sorted(self.keys())})")
-            return self._owner.read([key])[key]
-        return self._fetched()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self.keys() else default
-
-    def __setitem__(self, key: str, value: torch.Tensor) -> None:
-        if not isinstance(key, str):
-            raise TypeError("a lazy DataProto's batch takes column writes only (batch['name'] = tensor)")
-        self._owner.set_column(key, torch.as_tensor(value))
-
-    def set(self, key: str, value: torch.Tensor) -> LazyTensorColumns:
-        self[key] = value
-        return self
-
-    def __delitem__(self, key: str) -> None:
-        self._owner.drop_column(key)
-
-    def pop(self, key: str, *default: Any) -> Any:
-        if key not in self.keys():
-            if default:
-                return default[0]
-            raise KeyError(key)
-        value = self[key]
-        self._owner.drop_column(key)
-        return value
-
-    def update(self, other: Mapping[str, Any] | TensorBatch, **kwargs: Any) -> LazyTensorColumns:
-        for key, value in {**dict(other.items()), **kwargs}.items():
-            self[key] = value
-        return self
-
-    def items(self) -> list[tuple[str, torch.Tensor]]:
-        columns = self._owner.read(self.keys())
-        return [(k, columns[k]) for k in self.keys()]
-
-    def values(self) -> list[torch.Tensor]:
-        return [v for _, v in self.items()]
-
-    def select(self, *keys: str, strict: bool = True) -> TensorBatch:
-        columns = self._owner.read([k for k in keys if strict or k in self.keys()])
-        return TensorBatch(columns, batch_size=[len(self._owner)])
-
-    def rename_key_(self, old_key: str, new_key: str, safe: bool = False) -> LazyTensorColumns:
-        self._owner.rename(old_key, new_key)
-        return self
-
-    def _fetched(self) -> TensorBatch:
-        return TensorBatch(dict(self.items()), batch_size=[len(self._owner)])
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._fetched(), name)
-
-    def __repr__(self) -> str:
-        return f"LazyTensorColumns(rows={len(self._owner)}, keys={self.keys()})"
-
-
-class LazyArrayColumns(MutableMapping[str, Any]):
-    """``data.non_tensor_batch`` of a lazy DataProto: a mapping whose arrays are fetched when read."""
-
-    def __init__(self, owner: LazyDataProto) -> None:
-        self._owner = owner
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._owner.array_keys():
-            raise KeyError(key)
-        return self._owner.read([key])[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._owner.set_column(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        if key not in self._owner.array_keys():
-            raise KeyError(key)
-        self._owner.drop_column(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._owner.array_keys())
-
-    def __len__(self) -> int:
-        return len(self._owner.array_keys())
-
-    def copy(self) -> dict[str, Any]:
-        return dict(self._owner.read(self._owner.array_keys()))
-
-    def __repr__(self) -> str:
-        return f"LazyArrayColumns(keys={self._owner.array_keys()})"
-
-
-# -- moving the rows ----------------------------------------------------------------------------
-
-
-def plan_requests(plans: Mapping[str, ColumnPlan]) -> tuple[list[tuple[RemoteRows, Any]], dict[tuple[int, Any], int]]:
-    """One request per (remote source, row index) across ``plans``, with every column it serves.
-
-    Returns ``(source, RowRequest)`` pairs and a map from (source id, index key) to their position.
-    """
-    columns: dict[tuple[int, Any], list[str]] = {}
-    first: dict[tuple[int, Any], Segment] = {}
-    for name, plan in plans.items():
-        for segment in plan.segments:
-            if isinstance(segment.source, RemoteRows):
-                slot = (id(segment.source), index_key(segment.index))
-                columns.setdefault(slot, []).append(name)
-                first.setdefault(slot, segment)
-    slots = {slot: i for i, slot in enumerate(columns)}
-    requests = [(first[slot].source, first[slot].source.request(columns[slot], first[slot].index)) for slot in columns]
-    return requests, slots
-
-
-def assemble_column(
-    plan: ColumnPlan,
-    spec: ColumnSpec,
-    length: int,
-    name: str,
-    slots: Mapping[tuple[int, Any], int],
-    fetched: Sequence[DataProto],
-) -> Any:
-    """Column ``name``: each segment's rows (fetched or local), joined and reordered (a private copy)."""
-
-    def rows_of(segment: Segment) -> Any:
-        if isinstance(segment.source, RemoteRows):
-            part = fetched[slots[(id(segment.source), index_key(segment.index))]]
-            return part.batch[name] if spec.tensor else part.non_tensor_batch[name]
-        source, index = segment.source, segment.index
-        if isinstance(index, slice) or not isinstance(source, torch.Tensor):
-            return source[index]
-        return source[torch.from_numpy(index)]
-
-    if not plan.segments:
-        if spec.tensor:
-            return torch.empty((length, *spec.shape), dtype=spec.dtype, device=spec.device)
-        return np.empty((length, *spec.shape), dtype=spec.dtype)
-    return plan.assemble(rows_of)
-
-
-def _fetch_on_driver(requests: Sequence[tuple[RemoteRows, Any]], timeout: float | None) -> list[DataProto]:
-    """Rows for ``requests`` read to the driver, grouped by the group (ledger) holding them."""
-    out: list[DataProto | None] = [None] * len(requests)
-    by_ledger: dict[int, tuple[Any, list[int]]] = {}
-    for i, (source, _) in enumerate(requests):
-        by_ledger.setdefault(id(source.ledger), (source.ledger, []))[1].append(i)
-    for ledger, positions in by_ledger.values():
-        parts = ledger.read([requests[i][1] for i in positions], timeout)
-        for i, part in zip(positions, parts, strict=True):
-            out[i] = part
-    fetched = [p for p in out if p is not None]
-    count_received(fetched)
-    return fetched
