@@ -261,6 +261,10 @@ class ExecutorConformance:
             assert again.batch["rank"].tolist() == consumer.echo(expected).batch["rank"].tolist()
             lazy_again = consumer.echo.options(lazy=True)(produced)
             assert_dataproto_equal(lazy_again, again)
+        future = group.echo_later.options(lazy=True)(data)  # blocking=False: a future of a lazy result
+        assert isinstance(future, DataProtoFuture)
+        assert_dataproto_equal(group[0:3].echo(future), group[0:3].echo(expected))
+        assert isinstance(future.get(), LazyDataProto)
         # re-chunked for an nd mesh (replicas of a dp rank share a chunk)
         assert_dataproto_equal(group.nd_checksum(data=produced), group.nd_checksum(data=expected))
 
