@@ -181,10 +181,11 @@ class TorchrunExecutor(Executor):
         with self._submit_lock:
             for p, (g, d) in enumerate(taken.items()):
                 env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
-                first = self._hub.send_value(packed, d)
+                sends: list[Any] = []
+                first = self._hub.send_value(packed, d, sends)
                 cid = self._hub.next_cid()
                 message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, env, spec.death_timeout)
-                self._hub.command(d, message, (handle, p), cid)
+                self._hub.command(d, message, (handle, p), cid, (sends, packed))
         handle.result(self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
 
@@ -208,10 +209,11 @@ class TorchrunExecutor(Executor):
             with self._submit_lock:
                 for g in remote:
                     d = self._data_ranks[g]
-                    first = self._hub.send_value(packed, d)
+                    sends: list[Any] = []
+                    first = self._hub.send_value(packed, d, sends)
                     cid = self._hub.next_cid()
                     message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, None, death)
-                    self._hub.command(d, message, (handle, g), cid)
+                    self._hub.command(d, message, (handle, g), cid, (sends, packed))
         handle.result(timeout)
 
     # -- calls ------------------------------------------------------------------------
@@ -230,7 +232,10 @@ class TorchrunExecutor(Executor):
                     packed[slot] = _pack_or_explain(unique.values[slot], call.method)
         with self._submit_lock:
             for p, d in remote:
-                values = [(slot, packed[slot].header, self._hub.send_value(packed[slot], d)) for slot in needed[p]]
+                works: list[Any] = []
+                values = [
+                    (slot, packed[slot].header, self._hub.send_value(packed[slot], d, works)) for slot in needed[p]
+                ]
                 cid = self._hub.next_cid()
                 message = (
                     "call",
@@ -242,7 +247,7 @@ class TorchrunExecutor(Executor):
                     unique.kwarg_slots[p],
                     call.timed,
                 )
-                self._hub.command(d, message, (handle, p), cid)
+                self._hub.command(d, message, (handle, p), cid, (works, packed))
         for p, g in enumerate(call.ranks):
             if self._data_ranks[g] == 0:
                 self._run_local(call, handle, p)

@@ -79,6 +79,8 @@ class Hub:
         self._processes = processes
         self._lock = threading.Lock()
         self._pending: dict[int, dict[int, tuple[Receiver, int]]] = {d: {} for d in self.remote}
+        #: Per rank and command: the sends carrying its arguments and the values they read (see ``command``).
+        self._sends: dict[int, dict[int, tuple[list[Any], Any]]] = {d: {} for d in self.remote}
         #: Per rank: (heartbeat count, when it last changed), under torchrun.
         self._beats: dict[int, tuple[int, float]] = {}
         self._dead: dict[int, str] = {}
@@ -119,9 +121,21 @@ class Hub:
         return self._dead.get(rank)
 
     def command(
-        self, rank: int, message: tuple[Any, ...], answer: tuple[Receiver, int] | None = None, cid: int | None = None
+        self,
+        rank: int,
+        message: tuple[Any, ...],
+        answer: tuple[Receiver, int] | None = None,
+        cid: int | None = None,
+        sends: tuple[list[Any], Any] | None = None,
     ) -> None:
-        """Queue ``message`` for ``rank``; ``answer`` (receiver, position) hears the answer to ``cid``."""
+        """Queue ``message`` for ``rank``; ``answer`` (receiver, position) hears the answer to ``cid``.
+
+        ``sends`` (works, what they read): the command's argument payloads,
+        posted by :meth:`send_value`.  A rank answers ``ok`` only after it has
+        received every argument, so the reader completes them on that answer
+        (already finished: no wait, no hand-off to the reaper's thread); any
+        other ending leaves them to the reaper.
+        """
         with self._lock:
             reason = self._dead.get(rank)
             if reason is None and self._stop_requested:
@@ -129,16 +143,28 @@ class Hub:
             if reason is None:
                 if answer is not None and cid is not None:
                     self._pending[rank][cid] = answer
+                    if sends is not None and sends[0]:
+                        self._sends[rank][cid] = sends
+                        sends = None
                 self.store.queue_push(cmd_key(rank), encode(message))
-                return
-        if answer is not None:
+        if sends is not None:
+            self.transport.reaper.add(*sends)
+        if reason is not None and answer is not None:
             answer[0].rank_died(answer[1], reason)
 
-    def send_value(self, packed: Packed, rank: int) -> int:
-        """Post a value's payload to ``rank``; returns the first tag to name in the command."""
+    def send_value(self, packed: Packed, rank: int, works: list[Any] | None = None) -> int:
+        """Post a value's payload to ``rank``; returns the first tag to name in the command.
+
+        With ``works`` the posted sends are added to it (the caller hands them
+        to :meth:`command`); without, the reaper completes them.
+        """
         first = self.transport.sent.take(packed.header.tags)
-        if rank not in self._dead:
-            self.transport.send(packed, rank, first)
+        if rank not in self._dead and packed.header.tags:
+            posted = self.transport.post(packed, rank, first)
+            if works is None:
+                self.transport.reaper.add(posted, packed)
+            else:
+                works.extend(posted)
         return first
 
     # -- receiving ------------------------------------------------------------------
@@ -168,8 +194,14 @@ class Hub:
     def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int, layout: Any = None) -> None:
         with self._lock:
             answer = self._pending[rank].pop(cid, None)
+            sends = self._sends[rank].pop(cid, None)
+        if sends is not None:
+            if ok:
+                _complete(sends[0])
+            else:  # it may have failed before receiving them all
+                self.transport.reaper.add(*sends)
         value = payload
-        if ok:
+        if ok and payload is not None:  # None: the value None, no payload (most calls without data)
             # Drained even when nobody waits any more, so the rank is never left blocked sending.
             placed = answer[0].targets(answer[1], layout) if answer is not None and layout else None
             targets, views = placed if placed is not None else (None, None)
@@ -195,6 +227,7 @@ class Hub:
             self._dead.setdefault(rank, detail)
             answers = list(self._pending[rank].values())
             self._pending[rank].clear()
+            self._release_sends(rank)
         self._stopped[rank].set()
         for receiver, position in answers:
             receiver.rank_died(position, detail)
@@ -273,6 +306,9 @@ class Hub:
                 for cid, (receiver, position) in list(pending.items()):
                     if silence > receiver.death_timeout:
                         del pending[cid]
+                        sends = self._sends[rank].pop(cid, None)
+                        if sends is not None:
+                            self.transport.reaper.add(*sends)
                         expired.append((receiver, position, f"no heartbeat for {silence:.0f} s"))
         for receiver, position, detail in expired:
             receiver.rank_died(position, detail)
@@ -359,12 +395,29 @@ class Hub:
             answers = [answer for pending in self._pending.values() for answer in pending.values()]
             for pending in self._pending.values():
                 pending.clear()
+            for rank in self.remote:
+                self._release_sends(rank)
         for receiver, position in answers:
             receiver.rank_died(position, detail)
+
+    def _release_sends(self, rank: int) -> None:
+        """Hand ``rank``'s outstanding argument sends to the reaper (they fail or finish there); under the lock."""
+        for sends in self._sends[rank].values():
+            self.transport.reaper.add(*sends)
+        self._sends[rank].clear()
 
     def release_store(self) -> None:
         """After ``stop``: let go of the store, so a self-started world's store port closes now."""
         self.store = None  # type: ignore[assignment]
+
+
+def _complete(works: list[Any]) -> None:
+    """Wait on sends known to be finished (a gloo send reports completion only through ``wait``)."""
+    for work in works:
+        try:
+            work.wait()
+        except Exception:  # noqa: BLE001, S112 - the peer is gone; its death is reported elsewhere
+            continue
 
 
 def _wait_process_ended(pid: int, until: float) -> None:

@@ -19,6 +19,7 @@ Commands (hub to rank)::
 
 Statuses (rank to hub)::
 
+    ("done", cid, True, None, 0, None)         the value None (no header, no payload)
     ("done", cid, True, header, first_tag, layout)
                                                a value follows on the data path; layout
                                                (or None) names a DataProto result's tensor

@@ -26,7 +26,7 @@ from ._env import set_local_device
 from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
 from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
-from ._wire import NONE, batch_layout, pack, unpack
+from ._wire import batch_layout, pack, unpack
 
 HUB = 0
 #: Seconds between heartbeats (the hub's monitor reads them under torchrun).
@@ -137,8 +137,8 @@ class Server:
         if not ok:
             self._store.queue_push(status_key(self._rank), encode(("done", cid, False, value, 0)))
             return
-        if value is None:  # most calls without data: no pickler, no payload
-            self._store.queue_push(status_key(self._rank), encode(("done", cid, True, NONE, 0, None)))
+        if value is None:  # most calls without data: no pickler, no payload, no header
+            self._store.queue_push(status_key(self._rank), encode(("done", cid, True, None, 0, None)))
             return
         try:
             packed = pack(value)
