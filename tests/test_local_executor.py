@@ -7,9 +7,11 @@ import sys
 import textwrap
 import threading
 
+import pytest
 import torch
 
-from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register
+from dispatchcore import DataProto, Dispatch, Worker, WorkerError, WorkerGroup, register
+from executors_local._executor import DRIVER_COPY_BYTES
 
 
 class Holder(Worker):
@@ -63,3 +65,29 @@ def test_interpreter_exits_with_a_stuck_worker() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "leaving" in done.stdout
+
+
+class Mutator(Worker):
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def add_one(self, data: DataProto) -> DataProto:
+        seen = data.batch["x"].clone()
+        data.batch["x"].add_(1)  # a write the driver and the other ranks must not see
+        return DataProto.from_dict({"x": seen, "p": torch.full((len(data),), data.batch["x"].data_ptr())})
+
+
+@pytest.mark.parametrize("rows", [8, 2 * DRIVER_COPY_BYTES // 8], ids=["copied on the driver", "copied on the ranks"])
+def test_dp_chunks_are_private_copies_at_every_size(rows: int) -> None:
+    x = torch.arange(rows)
+    with WorkerGroup(Mutator, 2) as wg:
+        out = wg.add_one(DataProto.from_dict({"x": x}))
+    assert torch.equal(out.batch["x"], torch.arange(rows)) and torch.equal(x, torch.arange(rows))
+    pointers = set(out.batch["p"].tolist())
+    assert len(pointers) == 2 and x.data_ptr() not in pointers
+
+
+def test_small_argument_that_cannot_be_copied_fails_that_call_only() -> None:
+    unpicklable = DataProto.from_dict({"x": torch.arange(4)}, meta_info={"lock": threading.Lock()})
+    with WorkerGroup(Mutator, 2) as wg:
+        with pytest.raises(WorkerError, match="cannot be pickled for isolation"):
+            wg.add_one(unpicklable)
+        assert wg.add_one(DataProto.from_dict({"x": torch.arange(4)})).batch["x"].tolist() == [0, 1, 2, 3]

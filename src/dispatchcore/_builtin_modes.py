@@ -65,6 +65,8 @@ def dispatch_dp_compute(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
 def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
     """Per-rank chunks of a DataProto or future, or None for other values."""
     ctx = current_call()
+    if type(value) is DataProto:  # the common case: none of the checks below can apply
+        return _chunk_dataproto(value, n, ctx)
     if isinstance(value, DataProtoFuture):
         parts = _forward(getattr(wg, "executor", None), value, n, ctx)
         if parts is not None:
@@ -73,18 +75,22 @@ def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
     if isinstance(value, LazyDataProto):
         bring_unreachable_rows(getattr(wg, "executor", None), value)
     if isinstance(value, DataProto):
-        try:
-            value.check_consistency()  # a column mutated to another length would split out of step
-        except (BatchSizeError, TypeError) as exc:
-            raise BatchSizeError(f"call {ctx.method!r}: a DataProto argument is inconsistent: {exc}") from exc
-        chunks, pad_size = chunk_with_padding(value, n, allow_padding=value.is_padding_enabled())
-        _note_padding(ctx, pad_size, len(value) + pad_size)
-        return chunks
+        return _chunk_dataproto(value, n, ctx)
     if is_tensordict(value):
         chunks = chunk_tensordict(value, n)
         _note_padding(ctx, 0, len(value))
         return chunks
     return None
+
+
+def _chunk_dataproto(value: DataProto, n: int, ctx: Any) -> list[Any]:
+    try:
+        value.check_consistency()  # a column mutated to another length would split out of step
+    except (BatchSizeError, TypeError) as exc:
+        raise BatchSizeError(f"call {ctx.method!r}: a DataProto argument is inconsistent: {exc}") from exc
+    chunks, pad_size = chunk_with_padding(value, n, allow_padding=value.is_padding_enabled())
+    _note_padding(ctx, pad_size, len(value) + pad_size)
+    return chunks
 
 
 def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[Any] | None:
@@ -187,7 +193,6 @@ def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
 
     ``ranks`` names the rank of each output in error messages (default: its position).
     """
-    ranks = list(range(len(outputs))) if ranks is None else ranks
     try:
         if outputs and all(isinstance(o, DataProto) for o in outputs):
             return DataProto.concat(outputs)
@@ -196,12 +201,14 @@ def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
         if outputs and all(is_tensordict(o) for o in outputs):
             return concat_tensordicts(outputs)
     except (ValueError, TypeError, RuntimeError) as exc:
+        ranks = list(range(len(outputs))) if ranks is None else ranks
         raise DispatchError(
             f"call {current_call().method!r}: the DataProto results of ranks {ranks} cannot be concatenated "
             f"({exc}); every rank must return the same keys, dtypes and meta_info"
         ) from exc
     if all(o is None for o in outputs):
         return None
+    ranks = list(range(len(outputs))) if ranks is None else ranks
     wrong = {r: type(o).__name__ for r, o in zip(ranks, outputs, strict=True) if not isinstance(o, DataProto)}
     raise DispatchError(
         f"call {current_call().method!r} collects one DataProto from its ranks, so every rank must return a "
@@ -213,8 +220,10 @@ def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
 
 def collect_dp_compute_proto(wg: Any, outputs: list[Any]) -> Any:
     ctx = current_call()
-    positions = list(range(len(outputs))) if ctx.collect_positions is None else ctx.collect_positions
-    result = concat_outputs([outputs[i] for i in positions], positions)
+    positions = ctx.collect_positions
+    result = (
+        concat_outputs(outputs) if positions is None else concat_outputs([outputs[i] for i in positions], positions)
+    )
     if isinstance(result, DataProto):
         result.meta_info.pop(PADDING_ROWS_KEY, None)
     return trim_padding(result, ctx.pad_size, ctx.padded_len)

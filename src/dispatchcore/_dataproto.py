@@ -25,7 +25,7 @@ import os
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -62,6 +62,9 @@ class DataProtoItem:
 
 class DataProto:
     """Tensors, non-tensor columns and meta info for one batch of rows."""
+
+    #: True on a ``LazyDataProto`` (rows kept on ranks); a class attribute, so checking it costs no lookup miss.
+    is_lazy: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -298,29 +301,37 @@ class DataProto:
         items = list(data)
         if not items:
             raise BatchSizeError("DataProto.concat got an empty list; there is nothing to concatenate")
+        lazy = None
         for pos, item in enumerate(items):
             if not isinstance(item, DataProto):
                 raise TypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
-        lazy = next((item for item in items if getattr(item, "is_lazy", False)), None)
+            if lazy is None and item.is_lazy:
+                lazy = item
         if lazy is not None:  # rows kept on ranks: join the plans only (LazyDataProto.concat_lazy)
             return type(lazy).concat_lazy(items)  # type: ignore[attr-defined, no-any-return]
-        has_batch = [item.batch is not None for item in items]
-        if any(has_batch) and not all(has_batch):
+        batches = [item._batch for item in items]
+        missing = [i for i, b in enumerate(batches) if b is None]
+        if missing and len(missing) < len(items):
             raise ValueError(
-                f"DataProto.concat: items {[i for i, h in enumerate(has_batch) if not h]} have no tensor batch "
-                f"while items {[i for i, h in enumerate(has_batch) if h]} do"
+                f"DataProto.concat: items {missing} have no tensor batch while items "
+                f"{[i for i, b in enumerate(batches) if b is not None]} do"
             )
-        batch = TensorBatch.cat([item.batch for item in items]) if all(has_batch) else None
-        keys = list(items[0].non_tensor_batch)
+        batch = None if missing else TensorBatch.cat(cast(list[TensorBatch], batches))
+        first_keys = items[0].non_tensor_batch.keys()
         for pos, item in enumerate(items[1:], start=1):
-            if set(item.non_tensor_batch) != set(keys):
+            if item.non_tensor_batch.keys() != first_keys:  # keys views compare as sets, without copying
                 raise ValueError(
-                    f"DataProto.concat: non_tensor_batch keys differ: item 0 has {sorted(keys)}, "
+                    f"DataProto.concat: non_tensor_batch keys differ: item 0 has {sorted(first_keys)}, "
                     f"item {pos} has {sorted(item.non_tensor_batch)}"
                 )
-        non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items], axis=0) for k in keys}
+        non_tensor = {k: np.concatenate([item.non_tensor_batch[k] for item in items], axis=0) for k in first_keys}
         meta = merge_meta_info([item.meta_info for item in items])
-        return type(items[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        cls = type(items[0])
+        if cls is DataProto:  # columns of one dtype per key, joined above: skip the constructor's conversions
+            out = items[0]._new(batch, non_tensor, meta)
+            out.check_consistency()
+            return out
+        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` copies of the first (``"first"``) or last row, in place (verl)."""

@@ -44,8 +44,10 @@ def isolated_copy(obj: Any) -> Any:
 
 
 def _copy_tensor(t: torch.Tensor) -> torch.Tensor:
+    if not t.requires_grad:
+        return t.clone()  # no history to drop: one torch call (each releases and retakes the GIL)
     out = t.detach().clone()
-    if t.requires_grad and t.is_leaf:
+    if t.is_leaf:
         out.requires_grad_(True)
     return out
 
@@ -61,17 +63,28 @@ def _copy_array(a: np.ndarray) -> np.ndarray:
 
 def _copy_batch(batch: TensorBatch) -> TensorBatch:
     out = TensorBatch.__new__(TensorBatch)
-    out._batch_size = batch.batch_size
-    out._tensors = {k: _copy_tensor(v) for k, v in batch.items()}
+    out._batch_size = batch._batch_size
+    out._tensors = {k: _copy_tensor(v) for k, v in batch._tensors.items()}
     return out
+
+
+def _copy_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """A chunk's meta_info: usually empty or a few immutable entries, copied without recursing."""
+    for key, value in meta.items():
+        if type(key) not in ATOMS or type(value) not in ATOMS:
+            return {isolated_copy(k): isolated_copy(v) for k, v in meta.items()}
+    return dict(meta)
 
 
 def _copy_dataproto(data: DataProto) -> DataProto:
     out = DataProto.__new__(type(data))
     out.__dict__.update(data.__dict__)
-    out._batch = None if data.batch is None else _copy_batch(data.batch)
-    out.non_tensor_batch = {k: _copy_array(v) for k, v in data.non_tensor_batch.items()}
-    out.meta_info = isolated_copy(data.meta_info)
+    batch = data._batch
+    out._batch = None if batch is None else _copy_batch(batch)
+    arrays = data.non_tensor_batch
+    out.non_tensor_batch = {k: _copy_array(v) for k, v in arrays.items()} if arrays else {}
+    meta = data.meta_info
+    out.meta_info = _copy_meta(meta) if type(meta) is dict else isolated_copy(meta)
     return out
 
 

@@ -159,20 +159,23 @@ def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tu
 
 
 def _even_views(data: D, n: int, size: int) -> list[D]:
-    """``n`` views of ``size`` rows each: one ``torch.split`` per column instead of ``n`` slices."""
+    """``n`` views of ``size`` rows each: one split per column instead of ``n`` slices of every column."""
     batch = data.batch
     if len(batch.batch_size) != 1:
         return [data[i * size : (i + 1) * size] for i in range(n)]
-    columns = {k: torch.split(t, size) for k, t in batch._tensors.items()}
+    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); the length divides by n, so
+    # it gives exactly n views of ``size`` rows.
+    columns = [(k, t.chunk(n)) for k, t in batch._tensors.items()]
     arrays = data.non_tensor_batch
+    meta = data.meta_info
     row_size = torch.Size([size])
     out: list[D] = []
     for i in range(n):
         part = TensorBatch.__new__(TensorBatch)
         part._batch_size = row_size
-        part._tensors = {k: pieces[i] for k, pieces in columns.items()}
-        lo, hi = i * size, (i + 1) * size
-        out.append(data._new(part, {k: a[lo:hi] for k, a in arrays.items()}, dict(data.meta_info)))
+        part._tensors = {k: pieces[i] for k, pieces in columns}
+        rows = {k: a[i * size : (i + 1) * size] for k, a in arrays.items()} if arrays else {}
+        out.append(data._new(part, rows, dict(meta)))
     return out
 
 

@@ -360,9 +360,10 @@ class TensorBatch:
                     f"cannot concatenate batches with different keys: item 0 has {sorted(keys)}, "
                     f"item {pos} has {sorted(item.keys())}"
                 )
-        size = torch.Size([sum(len(b) for b in items), *items[0].batch_size[1:]])
+        first_size = items[0]._batch_size
+        rows = sum([b._batch_size[0] if b._batch_size else 0 for b in items])
         out = cls.__new__(cls)
-        out._batch_size = size
+        out._batch_size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
         out._tensors = {k: cat_rows([b._tensors[k] for b in items]) for k in keys}
         return out
 

@@ -479,14 +479,14 @@ class WorkerGroup(Generic[W]):
                     f"it must be a list with one entry per rank ({n})"
                 )
         # Per-rank lists are indexed by position in this group; the call names real ranks (views).
-        positions = range(1) if rank_zero else range(n)
-        ranks = tuple(self._all_ranks[p] for p in positions)
-        if per_rank_args:
-            args = [tuple(a[p] for a in per_rank_args) for p in positions]
-        else:
-            args = [()] * len(ranks)
+        ranks = self._all_ranks[:1] if rank_zero else self._all_ranks
+        count = len(ranks)
+        # Every list has n entries (checked above): zip transposes them into one tuple per rank.
+        args = list(itertools.islice(zip(*per_rank_args, strict=True), count)) if per_rank_args else [()] * count
         if per_rank_kwargs:
-            kwargs = [{k: v[p] for k, v in per_rank_kwargs.items()} for p in positions]
+            keys = tuple(per_rank_kwargs)
+            per_rank = itertools.islice(zip(*per_rank_kwargs.values(), strict=True), count)
+            kwargs = [dict(zip(keys, values, strict=True)) for values in per_rank]
         else:
             kwargs = [{} for _ in ranks]
         return Call(self._prefix + name, ranks, args, kwargs, timeout, copied)

@@ -5,6 +5,9 @@ executor contract: :class:`~dispatchcore.executor.RankThread` serves a rank,
 :func:`~dispatchcore.executor.run_isolated` gives it what a pickle round trip
 would (copied on the rank's own thread, so copies run in parallel), and
 :class:`~dispatchcore.executor.RankCallHandle` owns every time bound.
+Small arguments are copied on the driver instead, before any rank wakes:
+every torch call releases the GIL, and a rank thread retaking it behind
+the driver or another rank costs far more than the copy itself.
 A rank whose thread exited is reported dead.  Lazy results stay in this
 process, so a consuming rank reads a producer's rows directly (copying them
 once, as isolation asks).
@@ -18,19 +21,28 @@ import time
 import weakref
 from typing import Any
 
-from dispatchcore import DispatchError
+import torch
+
+from dispatchcore import DataProto, DispatchError
 from dispatchcore.executor import (
+    ATOMS,
     Call,
     Executor,
     GroupSpec,
     RankCallHandle,
     RankThread,
+    RemoteFailure,
     WorkerHost,
     check_options,
+    isolated_copy,
     run_isolated,
 )
 
 _DEFAULTS = {"start_timeout": 300.0}
+#: Calls whose arguments hold at most this many bytes (all ranks together) are copied on the driver.
+#: Measured on 2 cores (8 KB .. 1 MB DP echo, N=2 and 4): the driver copy is as fast or faster up to
+#: 512 KB; above, ranks copying in parallel win.
+DRIVER_COPY_BYTES = 256 << 10
 
 
 class _LocalCallHandle(RankCallHandle):
@@ -83,20 +95,33 @@ class LocalExecutor(Executor):
         self._calls.add(handle)
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
-        method, timed = call.method, call.timed
-        for position, rank in enumerate(call.ranks):
-            host = self.rank_threads[rank].host
-            args, kwargs = call.args[position], call.kwargs[position]
-
-            def task(position: int = position, host: WorkerHost = host, args: Any = args, kwargs: Any = kwargs) -> None:
-                handle.deliver(
-                    position,
-                    *run_isolated(
-                        host, method, args, kwargs, isolate_inputs=isolate, isolate_result=copy_result, timed=timed
-                    ),
-                )
-
-            self.rank_threads[rank].put(task)
+        method, timed, threads = call.method, call.timed, self.rank_threads
+        copy_here = isolate and _small_arguments(call)
+        # Every task is built before the first is queued: a woken rank then competes with the driver
+        # for the GIL only while the driver queues the rest and starts waiting.
+        tasks = []
+        for position, (rank, args, kwargs) in enumerate(zip(call.ranks, call.args, call.kwargs, strict=True)):
+            if copy_here:
+                copied = _copy_arguments(rank, method, args, kwargs)
+                if isinstance(copied, RemoteFailure):
+                    handle.deliver(position, False, copied)
+                    continue
+                args, kwargs = copied
+            run = functools.partial(
+                _run,
+                handle,
+                position,
+                threads[rank].host,
+                method,
+                args,
+                kwargs,
+                isolate and not copy_here,
+                copy_result,
+                timed,
+            )
+            tasks.append((threads[rank], run))
+        for thread, task in tasks:
+            thread.put(task)
         return handle
 
     def row_address(self, rank: int) -> Any:
@@ -117,6 +142,59 @@ class LocalExecutor(Executor):
         deadline = time.monotonic() + (0.0 if stuck else 2.0)
         for rank in self.rank_threads:
             rank.join(deadline - time.monotonic())
+
+
+def _small_arguments(call: Call) -> bool:
+    """Whether every argument is of a kind whose size is known and all of them hold little (see module doc)."""
+    total = 0
+    for values in (*call.args, *(kwargs.values() for kwargs in call.kwargs)):
+        for value in values:
+            kind = type(value)
+            if kind is DataProto:
+                batch = value.batch
+                if batch is not None:
+                    total += sum(t.nbytes for t in batch.values())
+                total += sum(a.nbytes for a in value.non_tensor_batch.values())
+                if value.non_tensor_batch and any(a.dtype == object for a in value.non_tensor_batch.values()):
+                    return False  # object columns: their items' sizes are unknown
+            elif kind is torch.Tensor:
+                total += value.nbytes
+            elif kind not in ATOMS:
+                return False
+    return total <= DRIVER_COPY_BYTES
+
+
+def _copy_arguments(
+    rank: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | RemoteFailure:
+    """Private copies of one rank's arguments (as ``run_isolated`` makes them), or the failure to report."""
+    try:
+        return tuple([isolated_copy(a) for a in args]), {k: isolated_copy(v) for k, v in kwargs.items()}
+    except Exception as exc:  # noqa: BLE001 - that rank's failure; Ctrl-C stops the submit, nothing queued yet
+        failure = RemoteFailure.capture(rank, method, exc)
+        failure.message = (
+            f"its arguments cannot be pickled for isolation ({exc}); pass picklable values, or "
+            "WorkerGroup(..., isolate=False) to share them uncopied"
+        )
+        return failure
+
+
+def _run(
+    handle: RankCallHandle,
+    position: int,
+    host: WorkerHost,
+    method: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    isolate: bool,
+    copy_result: bool,
+    timed: bool,
+) -> None:
+    """One rank's part of a call, on its thread: what a remote rank would see, then the outcome to the handle."""
+    ok, value = run_isolated(
+        host, method, args, kwargs, isolate_inputs=isolate, isolate_result=copy_result, timed=timed
+    )
+    handle.deliver(position, ok, value)
 
 
 def _start(handle: RankCallHandle, position: int, host: WorkerHost) -> None:
