@@ -178,7 +178,12 @@ Row = tuple[Any, ...]
 
 
 def run_backend(
-    backend: str, ranks: Sequence[int], sizes: Sequence[str], steps: int, layout: str = "colocated"
+    backend: str,
+    ranks: Sequence[int],
+    sizes: Sequence[str],
+    steps: int,
+    layout: str = "colocated",
+    isolate: bool = True,
 ) -> tuple[list[Row], bool]:
     """Table rows for one backend; also whether every lazy step matched its eager twin."""
     rows: list[Row] = []
@@ -189,12 +194,12 @@ def run_backend(
             with contextlib.ExitStack() as stack:
                 if layout == "colocated":  # verl's layout: actor and reference roles share each rank
                     roles = create_colocated_worker_cls({"actor": ChainWorker, "ref": ChainWorker})
-                    group = stack.enter_context(WorkerGroup(roles, n, backend=backend))
+                    group = stack.enter_context(WorkerGroup(roles, n, backend=backend, isolate=isolate))
                     views = group.spawn({"actor", "ref"})
                     actor, ref = views["actor"], views["ref"]
                 else:  # two groups: under self-started torchrun, two worlds (rows go through the driver)
-                    actor = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend))
-                    ref = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend))
+                    actor = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend, isolate=isolate))
+                    ref = stack.enter_context(WorkerGroup(ChainWorker, n, backend=backend, isolate=isolate))
                 for label in sizes:
                     payload = SIZES[label]
                     got = measure(actor, ref, payload, steps)
@@ -235,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="payload per step (default: both)")
     parser.add_argument("--steps", type=int, help="timed steps of each mode (default 5; --quick 3)")
     parser.add_argument("--layout", choices=["colocated", "separate"], default="colocated", help="see above")
+    parser.add_argument(
+        "--no-isolate", action="store_true", help="WorkerGroup(isolate=False): workers promise not to write inputs"
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         raise SystemExit("bench_chain starts its own ranks: run it with python, not under torchrun")
@@ -251,11 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if backend not in available_backends():
             skipped.append(backend)
             continue
-        got, equal = run_backend(backend, args.ranks, sizes, steps, args.layout)
+        got, equal = run_backend(backend, args.ranks, sizes, steps, args.layout, not args.no_isolate)
         rows += got
         all_equal = all_equal and equal
     print_table(
-        f"chain generate -> ref -> update ({args.layout} roles), eager vs lazy "
+        f"chain generate -> ref -> update ({args.layout} roles, isolate={not args.no_isolate}), eager vs lazy "
         f"(medians of {steps} alternating steps each)",
         [
             "backend",

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from typing import ClassVar
 
 import pytest
 import torch
@@ -91,3 +92,28 @@ def test_small_argument_that_cannot_be_copied_fails_that_call_only() -> None:
         with pytest.raises(WorkerError, match="cannot be pickled for isolation"):
             wg.add_one(unpicklable)
         assert wg.add_one(DataProto.from_dict({"x": torch.arange(4)})).batch["x"].tolist() == [0, 1, 2, 3]
+
+
+class _KeptRows(Worker):
+    produced: ClassVar[dict[int, int]] = {}
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def make(self, data: DataProto) -> DataProto:
+        out = DataProto.from_dict({"x": data.batch["x"] * 2})
+        _KeptRows.produced[self.rank] = out.batch["x"].untyped_storage().data_ptr()
+        return out
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def shares(self, data: DataProto) -> DataProto:
+        ptr = data.batch["x"].untyped_storage().data_ptr()
+        shared = ptr == _KeptRows.produced[self.rank]
+        return DataProto.from_dict({"shared": torch.full((len(data),), shared)})
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_lazy_rows_read_in_place_only_without_isolation(isolate: bool) -> None:
+    with WorkerGroup(_KeptRows, 2, backend="local", isolate=isolate) as wg:
+        lazy = wg.make.options(lazy=True)(DataProto.from_dict({"x": torch.arange(8)}))
+        shared = wg.shares(lazy).batch["shared"]
+        assert shared.tolist() == [not isolate] * 8
+        assert lazy.batch["x"].tolist() == [2 * i for i in range(8)]

@@ -68,18 +68,22 @@ class LazyChunk:
             plans[name] = ColumnPlan(tuple(segments), plan.order)
         return cls(len(data), dict(data._specs), plans, [r for _, r in requests], dict(data.meta_info), data._has_batch)
 
-    def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False) -> DataProto:
-        """The chunk's rows as a private, writable DataProto.
+    def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False, share_local: bool = False) -> DataProto:
+        """The chunk's rows as a DataProto the worker may write to.
 
         ``fetched_private``: what ``fetch`` returns is fresh memory of this
         process (a receive buffer), so a column made of one fetched part is
-        used without another copy.
+        used without another copy.  ``share_local`` (``isolate=False``
+        groups): rows kept in this process are handed over without a copy,
+        which only a worker that promised not to write may get.
         """
         fetched = read_rows(self.requests, fetch)
-        local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)} if fetched_private else None
+        local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)}
 
         def owned(segment: Segment) -> bool:
-            return local is not None and isinstance(segment.source, RequestSlot) and segment.source.number not in local
+            if not isinstance(segment.source, RequestSlot):
+                return False
+            return share_local if segment.source.number in local else fetched_private
 
         tensors: dict[str, Any] = {}
         arrays: dict[str, Any] = {}
@@ -145,7 +149,11 @@ def read_rows(requests: Sequence[RowRequest], fetch: RowFetcher | None) -> list[
 
 
 def resolve_lazy_arguments(
-    args: tuple[Any, ...], kwargs: dict[str, Any], fetch: RowFetcher | None, fetched_private: bool = False
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    fetch: RowFetcher | None,
+    fetched_private: bool = False,
+    share_local: bool = False,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Rank side: every :class:`LazyChunk` argument replaced by its rows."""
     if not any(isinstance(a, LazyChunk) for a in args) and not any(isinstance(v, LazyChunk) for v in kwargs.values()):
@@ -156,7 +164,7 @@ def resolve_lazy_arguments(
         if not isinstance(v, LazyChunk):
             return v
         if id(v) not in resolved:
-            resolved[id(v)] = v.resolve(fetch, fetched_private)
+            resolved[id(v)] = v.resolve(fetch, fetched_private, share_local)
         return resolved[id(v)]
 
     return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}

@@ -91,6 +91,9 @@ class WorkerHost:
         #: Set by an executor whose ``fetch_rows`` returns fresh, writable memory (receive buffers),
         #: so the rows are used without another copy; leave False for shared or read-only memory.
         self.fetched_rows_private = False
+        #: Set by an executor for an ``isolate=False`` group: rows kept in this process reach a consuming
+        #: worker without a copy (shared memory, as ``isolate=False`` promises not to write).
+        self.share_kept_rows = False
 
     def start(self) -> RemoteFailure | None:
         """Build the worker; a failure is returned (method ``__init__``), not raised."""
@@ -128,7 +131,9 @@ class WorkerHost:
                 failure.message = f"{cls} has no method {method!r}"
                 return False, failure
         try:
-            args, kwargs = resolve_lazy_arguments(args, kwargs, self.fetch_rows, self.fetched_rows_private)
+            args, kwargs = resolve_lazy_arguments(
+                args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
+            )
             value = fn(*args, **kwargs)
             if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                 value = self._event_loop().run_until_complete(_await(value))

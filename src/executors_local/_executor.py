@@ -81,6 +81,7 @@ class LocalExecutor(Executor):
         ranks = tuple(range(spec.world_size))
         started = _LocalCallHandle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
         for position, rank in enumerate(self.rank_threads):
+            rank.host.share_kept_rows = not spec.isolate  # isolate=False: lazy rows read in place
             rank.put(functools.partial(_start, started, position, rank.host))
         try:
             started.result(float(options["start_timeout"]))

@@ -95,6 +95,7 @@ class RankActor:
             return RemoteFailure.capture(rank, "__init__", exc)
         self._host = WorkerHost(worker_cls, rank, world_size, tuple(init_args), dict(init_kwargs))
         self._host.fetch_rows = RowFetcher(death_timeout)
+        self._host.share_kept_rows = not isolate  # isolate=False: rows kept in this actor are read in place
         return self._host.start()
 
     @staticmethod

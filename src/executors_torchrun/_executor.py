@@ -184,7 +184,18 @@ class TorchrunExecutor(Executor):
                 sends: list[Any] = []
                 first = self._hub.send_value(packed, d, sends)
                 cid = self._hub.next_cid()
-                message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, env, spec.death_timeout)
+                message = (
+                    "start",
+                    cid,
+                    self._gid,
+                    g,
+                    spec.world_size,
+                    packed.header,
+                    first,
+                    env,
+                    spec.death_timeout,
+                    spec.isolate,
+                )
                 self._hub.command(d, message, (handle, p), cid, (sends, packed))
         handle.result(self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
@@ -197,6 +208,7 @@ class TorchrunExecutor(Executor):
         if 0 in self._data_ranks:
             rank = self._data_ranks.index(0)
             host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
+            host.share_kept_rows = not spec.isolate  # isolate=False: rows kept in the driver read in place
             if self._hub.rows is not None:
                 host.fetch_rows = functools.partial(self._hub.rows.fetch, death_timeout=spec.death_timeout)
                 host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
@@ -212,7 +224,18 @@ class TorchrunExecutor(Executor):
                     sends: list[Any] = []
                     first = self._hub.send_value(packed, d, sends)
                     cid = self._hub.next_cid()
-                    message = ("start", cid, self._gid, g, spec.world_size, packed.header, first, None, death)
+                    message = (
+                        "start",
+                        cid,
+                        self._gid,
+                        g,
+                        spec.world_size,
+                        packed.header,
+                        first,
+                        None,
+                        death,
+                        spec.isolate,
+                    )
                     self._hub.command(d, message, (handle, g), cid, (sends, packed))
         handle.result(timeout)
 

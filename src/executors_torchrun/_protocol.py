@@ -8,7 +8,7 @@ their first tag named in the message.
 
 Commands (hub to rank)::
 
-    ("start", cid, gid, group_rank, group_size, header, first_tag, env, death_timeout)
+    ("start", cid, gid, group_rank, group_size, header, first_tag, env, death_timeout, isolate)
                                                env: a spare's rank variables (or None);
                                                death_timeout: the group's, bounding row fetches
     ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, timed)

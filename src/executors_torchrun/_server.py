@@ -85,6 +85,7 @@ class Server:
         first: int,
         env: dict[str, str] | None = None,
         death_timeout: float = 60.0,
+        isolate: bool = True,
     ) -> None:
         if env:  # a spare taking over a rank: its rank variables come now
             os.environ.update(env)
@@ -97,6 +98,7 @@ class Server:
         if self._rows is not None:
             host.fetch_rows = functools.partial(self._rows.fetch, death_timeout=death_timeout)
             host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
+        host.share_kept_rows = not isolate  # isolate=False: rows kept in this process are read in place
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host
