@@ -25,7 +25,6 @@ driver reads the rows and sends them on (``can_fetch_rows`` says which).
 
 from __future__ import annotations
 
-import functools
 import threading
 import uuid
 import weakref
@@ -50,6 +49,7 @@ from dispatchcore.wire import RowBuffers
 
 from . import _env
 from ._hub import Hub
+from ._row_plane import RowPlane
 from ._rows import RowPlan
 from ._wire import Packed, pack
 from ._worlds import SpawnedWorld, torchrun_hub, torchrun_identity
@@ -181,22 +181,7 @@ class TorchrunExecutor(Executor):
         with self._submit_lock:
             for p, (g, d) in enumerate(taken.items()):
                 env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
-                sends: list[Any] = []
-                first = self._hub.send_value(packed, d, sends)
-                cid = self._hub.next_cid()
-                message = (
-                    "start",
-                    cid,
-                    self._gid,
-                    g,
-                    spec.world_size,
-                    packed.header,
-                    first,
-                    env,
-                    spec.death_timeout,
-                    spec.isolate,
-                )
-                self._hub.command(d, message, (handle, p), cid, (sends, packed))
+                self._send_start(packed, g, d, env, (handle, p))
         handle.result(self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
 
@@ -208,36 +193,27 @@ class TorchrunExecutor(Executor):
         if 0 in self._data_ranks:
             rank = self._data_ranks.index(0)
             host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
-            host.share_kept_rows = not spec.isolate  # isolate=False: rows kept in the driver read in place
-            if self._hub.rows is not None:
-                host.fetch_rows = functools.partial(self._hub.rows.fetch, death_timeout=spec.death_timeout)
-                host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
+            RowPlane.equip(host, self._hub.rows, death_timeout=spec.death_timeout, isolate=spec.isolate)
             self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
         if remote:
             packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
-            death = spec.death_timeout
             with self._submit_lock:
                 for g in remote:
-                    d = self._data_ranks[g]
-                    sends: list[Any] = []
-                    first = self._hub.send_value(packed, d, sends)
-                    cid = self._hub.next_cid()
-                    message = (
-                        "start",
-                        cid,
-                        self._gid,
-                        g,
-                        spec.world_size,
-                        packed.header,
-                        first,
-                        None,
-                        death,
-                        spec.isolate,
-                    )
-                    self._hub.command(d, message, (handle, g), cid, (sends, packed))
+                    self._send_start(packed, g, self._data_ranks[g], None, (handle, g))
         handle.result(timeout)
+
+    def _send_start(self, packed: Any, g: int, d: int, env: dict[str, str] | None, slot: Any) -> None:
+        """Ask process ``d`` to build group rank ``g``'s worker (``env``: a spare's new rank variables)."""
+        spec = self.spec
+        sends: list[Any] = []
+        first = self._hub.send_value(packed, d, sends)
+        cid = self._hub.next_cid()
+        message = (
+            "start", cid, self._gid, g, spec.world_size, packed.header, first, env, spec.death_timeout, spec.isolate
+        )  # fmt: skip
+        self._hub.command(d, message, slot, cid, (sends, packed))
 
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> RankCallHandle:

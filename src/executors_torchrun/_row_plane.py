@@ -30,6 +30,7 @@ after posting its rows tears its connection, and the receive raises at once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -40,7 +41,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, liveness_poll, take_kept_rows
+from dispatchcore.executor import RowRequest, WorkerHost, liveness_poll, take_kept_rows
 
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
@@ -110,6 +111,14 @@ class RowPlane:
         store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first)))
 
     # -- fetching -----------------------------------------------------------------------
+    @staticmethod
+    def equip(host: WorkerHost, plane: RowPlane | None, *, death_timeout: float, isolate: bool) -> None:
+        """Wire a rank's host to lazy rows: fetch through ``plane`` (if any) and read own rows per ``isolate``."""
+        host.share_kept_rows = not isolate  # isolate=False: rows kept in this process are read in place
+        if plane is not None:
+            host.fetch_rows = functools.partial(plane.fetch, death_timeout=death_timeout)
+            host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
+
     def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
         """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them.
 

@@ -11,7 +11,6 @@ on ``stop``; the caller exits 0.
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import threading
@@ -95,10 +94,7 @@ class Server:
             self._reply(cid, False, RemoteFailure.capture(rank, "__init__", exc))
             return
         host = WorkerHost(worker_cls, rank, size, args, kwargs)
-        if self._rows is not None:
-            host.fetch_rows = functools.partial(self._rows.fetch, death_timeout=death_timeout)
-            host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
-        host.share_kept_rows = not isolate  # isolate=False: rows kept in this process are read in place
+        RowPlane.equip(host, self._rows, death_timeout=death_timeout, isolate=isolate)
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host
