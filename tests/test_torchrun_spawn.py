@@ -52,6 +52,10 @@ class PGWorker(Worker):
         return {name: os.environ.get(name) for name in ENV_NAMES}
 
     @register(Dispatch.ONE_TO_ALL)
+    def threads(self) -> tuple[str | None, int]:
+        return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+    @register(Dispatch.ONE_TO_ALL)
     def allreduce(self, value: float) -> float:
         t = torch.tensor([value + self.rank])
         self.dist.all_reduce(t)
@@ -87,6 +91,13 @@ def test_children_get_the_env_contract(pg_group: WorkerGroup[PGWorker]) -> None:
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+
+
+def test_ranks_share_the_cores_instead_of_each_taking_all(pg_group: WorkerGroup[PGWorker]) -> None:
+    """Two ranks on one host get half the cores each for torch's intra-op pool (or the user's own setting)."""
+    cores = len(os.sched_getaffinity(0))
+    expected = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // 2))
+    assert pg_group.threads() == [(expected, int(expected))] * 2
 
 
 def test_user_collectives_between_and_inside_calls(pg_group: WorkerGroup[PGWorker]) -> None:

@@ -8,6 +8,7 @@ meaning do not, so they are built here once.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping, Sequence
 
@@ -47,6 +48,24 @@ def rank_environment(
         }
     )
     return env
+
+
+def cpu_thread_environment(ranks_on_host: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for a rank process that shares its host with ``ranks_on_host - 1`` others.
+
+    torch sizes its intra-op pool to every core of the host, so N rank
+    processes on one host run N times as many compute threads as there are
+    cores and slow each other down (on 2 cores, 4 ranks made a chain of
+    tensor ops twice as slow).  torchrun sets ``OMP_NUM_THREADS=1`` for the
+    same reason; this gives each rank its share of the cores the driver may
+    use instead.  A value the user set (``environ``, default ``os.environ``)
+    is kept: the result is then empty, as it is for a rank alone on its host.
+    """
+    env = os.environ if environ is None else environ
+    if ranks_on_host <= 1 or "OMP_NUM_THREADS" in env:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cores // ranks_on_host))}
 
 
 def local_ranks(node_of_rank: Sequence[str]) -> list[tuple[int, int]]:

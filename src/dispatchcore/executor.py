@@ -68,7 +68,7 @@ from ._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemb
 from ._isolation import ATOMS, isolated_copy
 from ._options import check_options
 from ._plugins import register_executor
-from ._rank_env import LOOPBACK, RANK_ENV_KEYS, free_port, local_ranks, rank_environment
+from ._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
 from ._rank_thread import RankThread, run_isolated
 from ._row_store import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
 from ._row_store import ROW_STORE as _ROW_STORE
@@ -115,6 +115,7 @@ __all__ = [
     "WorkerHost",
     "assemble_chunk",
     "check_options",
+    "cpu_thread_environment",
     "first_failure",
     "free_port",
     "holds_kept_rows",

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, free_port, rank_environment
+from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, rank_environment
 
 from ._protocol import READY_KEY
 
@@ -129,6 +129,7 @@ def spawn_ranks(
     master_port = free_port(LOOPBACK)
     processes: dict[int, subprocess.Popen[bytes]] = {}
     inherited = {k: v for k, v in os.environ.items() if k not in RANK_ENV_KEYS}
+    inherited.update(cpu_thread_environment(world_size))  # spares take a rank's place: same share
     for rank in range(world_size + spares):
         boot = {
             "host": LOOPBACK,
