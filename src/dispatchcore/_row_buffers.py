@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import torch
 
+from ._buffer_pool import BUFFERS
 from ._call_context import current_call_or_none
 
 
@@ -24,12 +24,13 @@ def numpy_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
     numpy advises huge pages for large allocations and torch's CPU allocator
     does not: a fresh 64 MB buffer filled through numpy's memory page-faults
-    far less (MEASURED.md, "into a fresh tensor").  Use it for every large
-    receive or output buffer.
+    far less (MEASURED.md, "into a fresh tensor"), and large buffers come
+    from this process's :data:`~dispatchcore._buffer_pool.BUFFERS`, which
+    recycles freed ones.  Use it for every large receive or output buffer.
     """
     numel = int(torch.Size(shape).numel())
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    raw = np.empty(max(1, numel * itemsize), dtype=np.uint8)
+    raw = BUFFERS.take(max(1, numel * itemsize))
     return torch.from_numpy(raw)[: numel * itemsize].view(dtype).reshape(shape)
 
 

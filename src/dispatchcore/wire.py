@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._buffer_pool import BUFFERS
 from ._row_buffers import NUMPY_ALLOC_BYTES, RowBuffers, cat_rows, numpy_tensor
 from ._serialization import PROTOCOL, Serialized, dumps, loads, rebuild_tensor, reduce_tensor, round_trip
 
@@ -36,8 +37,11 @@ INLINE_LIMIT = 64 * 1024
 
 
 def receive_buffer(nbytes: int) -> np.ndarray:
-    """A fresh writable ``uint8`` buffer of ``nbytes`` to receive one out-of-band buffer into."""
-    return np.empty(nbytes, dtype=np.uint8)
+    """A writable ``uint8`` buffer of ``nbytes`` that nothing else can see, to receive one out-of-band buffer into.
+
+    Large ones are recycled from this process's buffer pool (see ``_buffer_pool``).
+    """
+    return BUFFERS.take(nbytes)
 
 
 __all__ = [
