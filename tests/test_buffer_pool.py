@@ -84,3 +84,29 @@ def test_a_bad_limit_in_the_environment_says_what_to_write() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0
     assert "DISPATCHCORE_BUFFER_POOL_MB must be a whole number of MiB" in proc.stderr
+
+
+def test_threads_taking_and_freeing_at_once_keep_the_books_straight() -> None:
+    import threading
+
+    pool = BufferPool(idle_limit=16 * MB)
+
+    def churn(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        held = []
+        for _ in range(200):
+            buffer = pool.take(int(rng.integers(MB, 4 * MB)))
+            buffer[:1] = seed  # each buffer is private to its taker
+            held.append(buffer)
+            if len(held) > 3:
+                first = held.pop(0)
+                assert int(first[0]) == seed
+                del first
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 0 < pool.idle_bytes() <= 16 * MB
+    assert pool.reused > 0

@@ -67,8 +67,10 @@ class BufferPool:
     def __init__(self, idle_limit: int = IDLE_LIMIT_BYTES, idle_seconds: float = IDLE_SECONDS) -> None:
         self.idle_limit = idle_limit
         self.idle_seconds = idle_seconds
-        # Reentrant: a collection inside the lock may free a view, whose finalizer releases here.
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        #: Buffers just released, not yet filed: finalizers only append here (atomic, no lock), so
+        #: one that runs while this thread holds the lock (a collection inside it) cannot deadlock.
+        self._released: deque[tuple[int, np.ndarray]] = deque()
         self._idle: dict[int, list[tuple[float, np.ndarray]]] = {}
         #: Release order (size class, release time), oldest first, for trimming.
         self._order: deque[tuple[int, float]] = deque()
@@ -82,7 +84,7 @@ class BufferPool:
         cls = size_class(nbytes)
         raw = None
         with self._lock:
-            self._trim(time.monotonic())
+            self._file_released()
             free = self._idle.get(cls)
             if free:
                 raw = free.pop()[1]
@@ -95,15 +97,21 @@ class BufferPool:
         return view
 
     def _release(self, raw: np.ndarray, cls: int) -> None:
-        now = time.monotonic()
-        with self._lock:
+        self._released.append((cls, raw))
+        if self._lock.acquire(blocking=False):  # busy (maybe this very thread): the next request files it
+            try:
+                self._file_released()
+            finally:
+                self._lock.release()
+
+    def _file_released(self) -> None:
+        """File the buffers released since, then let go of what is over the bounds (lock held)."""
+        now = time.monotonic()  # filing time, taken under the lock: every list stays in time order
+        while self._released:
+            cls, raw = self._released.popleft()
             self._idle.setdefault(cls, []).append((now, raw))
             self._order.append((cls, now))
             self._idle_bytes += cls
-            self._trim(now)
-
-    def _trim(self, now: float) -> None:
-        """Let go of the oldest idle buffers while over the limit or idle too long (lock held)."""
         while self._order:
             cls, released = self._order[0]
             free = self._idle.get(cls)
@@ -119,11 +127,13 @@ class BufferPool:
 
     def idle_bytes(self) -> int:
         with self._lock:
+            self._file_released()
             return self._idle_bytes
 
     def clear(self) -> None:
         """Let go of every idle buffer."""
         with self._lock:
+            self._released.clear()
             self._idle.clear()
             self._order.clear()
             self._idle_bytes = 0
