@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from dispatchcore import (
     driver_traffic,
     register,
 )
+from dispatchcore.executor import TAKE_ROWS_METHOD, Call, RowRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -49,6 +51,10 @@ class Gen(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_later(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class Use(Worker):
@@ -203,3 +209,40 @@ def test_shutdown_ends_a_call_stuck_fetching_rows() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(producer, signal.SIGKILL)
         wg.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_a_busy_producer_serves_driver_reads_and_frees() -> None:
+    """Rank 1 sleeps far past this test's timeout: only reads and frees beside its call let this pass."""
+    if "torchrun" not in available_backends():
+        pytest.skip("torchrun backend unavailable")
+    with WorkerGroup(Colocated, 2, backend="torchrun") as wg:
+        gen = wg.spawn(["gen"])["gen"]
+        batch = prompts(8, 16)
+        first, second = gen.gen.options(lazy=True)(batch), gen.gen.options(lazy=True)(batch)
+        expected = gen.gen(batch)
+        held = next(source.held for source in first.remote_sources() if source.rank == 1)
+        executor = gen.executor
+        busy = gen.ranks([1]).sleep_later(3600)
+        assert torch.equal(first.batch["small"], expected.batch["small"])  # a driver read of both ranks' rows
+
+        def still_held() -> bool:
+            probe = RowRequest(executor.row_address(1), 1, held.key, (), slice(0, 0))
+            handle = executor.submit(Call(TAKE_ROWS_METHOD, (1,), [([probe],)], [{}], 30.0))
+            try:
+                handle.result(30.0)
+            except DispatchError as exc:
+                assert "no longer held" in str(exc)
+                return False
+            return True
+
+        assert still_held()
+        del first
+        assert torch.equal(second.batch["big"], expected.batch["big"])  # another read; it sends the frees too
+        for _ in range(100):
+            if not still_held():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"{held.key} still held by rank 1 after its free")
+        assert not busy.done()

@@ -58,6 +58,7 @@ directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._call import Call, UniqueValues
@@ -84,6 +85,15 @@ def take_kept_rows(request: RowRequest) -> Any:
     when the key was freed.
     """
     return _ROW_STORE.take(request)
+
+
+def free_kept_rows(keys: Sequence[str]) -> None:
+    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
+
+    For executors that deliver the core's frees (:data:`FREE_ROWS_METHOD`)
+    beside the command loop, so a rank busy in a long call still frees.
+    """
+    _ROW_STORE.free(keys)
 
 
 def holds_kept_rows(key: str) -> bool:
@@ -117,6 +127,7 @@ __all__ = [
     "check_options",
     "cpu_thread_environment",
     "first_failure",
+    "free_kept_rows",
     "free_port",
     "holds_kept_rows",
     "isolated_copy",

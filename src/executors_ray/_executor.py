@@ -37,7 +37,9 @@ from typing import Any, ClassVar
 
 from dispatchcore import DispatchError, WorkerDiedError
 from dispatchcore.executor import (
+    FREE_ROWS_METHOD,
     LOOPBACK,
+    TAKE_ROWS_METHOD,
     Call,
     CallHandle,
     ChunkPlan,
@@ -537,11 +539,6 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
-
-
-#: The core's own calls on kept rows (``WorkerHost.run`` serves them; see ``docs/lazy-results.md``).
-TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
-FREE_ROWS_METHOD = "_dispatchcore_free_rows"
 
 
 def _compiled_graph(executor: RayExecutor, compiled: Any, idle_s: Any) -> CompiledGraph | None:

@@ -31,14 +31,17 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError
+from dispatchcore import DispatchError, WorkerDiedError
 from dispatchcore.executor import (
+    FREE_ROWS_METHOD,
     LOOPBACK,
+    TAKE_ROWS_METHOD,
     Call,
     Executor,
     GroupSpec,
     RankCallHandle,
     RankThread,
+    RemoteFailure,
     WorkerHost,
     check_options,
     free_port,
@@ -219,6 +222,13 @@ class TorchrunExecutor(Executor):
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
+        rows = self._hub.rows
+        if rows is not None and call.method == TAKE_ROWS_METHOD:
+            return self._read_rows(rows, call)  # beside any running call, never queued behind it
+        if rows is not None and call.method == FREE_ROWS_METHOD:
+            # Freed at once by the keeping process's data thread; and again in order, as any call.
+            for g in call.ranks:
+                self._hub_free(rows, self._data_ranks[g], call.args[0][0])
         handle = _Handle(self, call)
         self._calls.add(handle)
         unique = call.unique_values()
@@ -251,6 +261,32 @@ class TorchrunExecutor(Executor):
             if self._data_ranks[g] == 0:
                 self._run_local(call, handle, p)
         return handle
+
+    def _read_rows(self, rows: RowPlane, call: Call) -> RankCallHandle:
+        """A driver read of kept rows, fetched by this process's row plane on a thread of its own."""
+        handle = _Handle(self, call)
+        self._calls.add(handle)
+        rank, requests = call.ranks[0], call.args[0][0]
+
+        def fetch() -> None:
+            try:
+                parts = rows.fetch(requests, death_timeout=self.spec.death_timeout)
+            except WorkerDiedError as exc:
+                handle.rank_died(0, exc.detail)
+            except BaseException as exc:  # noqa: BLE001 - reported to the reading caller
+                handle.deliver(0, False, RemoteFailure.capture(rank, call.method, exc))
+            else:
+                handle.deliver(0, True, parts)
+
+        threading.Thread(target=fetch, name=f"dispatchcore-{self.spec.name}-read-rows", daemon=True).start()
+        return handle
+
+    def _hub_free(self, rows: RowPlane, data_rank: int, keys: list[str]) -> None:
+        if data_rank != 0 and self._hub.dead_reason(data_rank) is None:
+            try:
+                rows.free(data_rank, keys)
+            except Exception:  # noqa: BLE001, S110 - the store is gone: so are the rows
+                pass
 
     def _run_local(self, call: Call, handle: RankCallHandle, position: int) -> None:
         """Queue worker 0's part on its thread, isolated as a remote rank would be."""

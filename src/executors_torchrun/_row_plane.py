@@ -10,6 +10,10 @@ driver's, which hosts worker 0) runs one :class:`RowPlane`:
   tensors) before a small reply on the requester's queue names their tags.
   It runs beside the command loop, so a process busy in a long call (even one
   waiting for rows itself, from this very call) still serves the rows it keeps.
+* **The driver's reads and frees.**  The driver's process (data rank 0) has
+  a plane too: its column reads fetch like a worker does, and its frees go
+  to the keeping process's data thread, so neither waits behind a long call
+  (``TorchrunExecutor.submit``).
 * **Fetching.**  :meth:`RowPlane.fetch` is each worker's
   ``WorkerHost.fetch_rows``: it sends one request to every producing process
   first, then receives the answers as they come, so producers work in parallel.
@@ -41,7 +45,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, WorkerHost, liveness_poll, take_kept_rows
+from dispatchcore.executor import RowRequest, WorkerHost, free_kept_rows, liveness_poll, take_kept_rows
 
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
@@ -89,6 +93,9 @@ class RowPlane:
                 return
             if message[0] == "quit":
                 return
+            if message[0] == "free":
+                free_kept_rows(message[1])
+                continue
             _, requester, fetch_id, requests = message
             try:
                 self._answer(store, requester, fetch_id, requests)
@@ -109,6 +116,10 @@ class RowPlane:
             return
         self._reaper.add(works, packed)
         store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first)))
+
+    def free(self, process: int, keys: Sequence[str]) -> None:
+        """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
+        self._store.queue_push(rows_key(process), encode(("free", list(keys))))
 
     # -- fetching -----------------------------------------------------------------------
     @staticmethod
