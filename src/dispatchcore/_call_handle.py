@@ -28,6 +28,7 @@ from typing import Any
 from ._call import Call
 from ._errors import DispatchTimeoutError, WorkerDiedError
 from ._executor import CallHandle
+from ._latch import Latch
 from ._worker_host import RemoteFailure, first_failure
 
 #: Longest pause between liveness checks while a call runs.
@@ -91,7 +92,7 @@ class RankCallHandle(CallHandle):
         self._finished = [False] * n
         self._pending = n
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._event = Latch()
         if not n:
             self._event.set()
 

@@ -97,7 +97,9 @@ class LocalExecutor(Executor):
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
         method, timed, threads = call.method, call.timed, self.rank_threads
-        copy_here = isolate and _small_arguments(call)
+        # Nothing to copy (no arguments at all): neither here nor on the ranks.
+        bare = not any(call.args) and not any(call.kwargs)
+        copy_here = isolate and not bare and _small_arguments(call)
         # Every task is built before the first is queued: a woken rank then competes with the driver
         # for the GIL only while the driver queues the rest and starts waiting.
         tasks = []
@@ -116,7 +118,7 @@ class LocalExecutor(Executor):
                 method,
                 args,
                 kwargs,
-                isolate and not copy_here,
+                isolate and not copy_here and not bare,
                 copy_result,
                 timed,
             )

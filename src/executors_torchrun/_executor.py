@@ -222,11 +222,11 @@ class TorchrunExecutor(Executor):
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
-        rows = self._hub.rows
-        if rows is not None and call.method == TAKE_ROWS_METHOD:
-            return self._read_rows(rows, call)  # beside any running call, never queued behind it
-        if rows is not None and call.method == FREE_ROWS_METHOD:
+        if call.method == TAKE_ROWS_METHOD:
+            return self._read_rows(self._hub.row_plane(), call)  # beside any running call, never behind it
+        if call.method == FREE_ROWS_METHOD:
             # Freed at once by the keeping process's data thread; and again in order, as any call.
+            rows = self._hub.row_plane()
             for g in call.ranks:
                 self._hub_free(rows, self._data_ranks[g], call.args[0][0])
         handle = _Handle(self, call)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from dispatchcore import DispatchError
 from dispatchcore.executor import liveness_poll
 
 from ._protocol import STOPPING_KEY, cmd_key, dead_key, decode, encode, heartbeat_key, status_key
@@ -116,6 +117,15 @@ class Hub:
     # -- sending ------------------------------------------------------------------
     def next_cid(self) -> int:
         return next(self._cids)
+
+    def row_plane(self) -> RowPlane:
+        """This process's row plane, started on first use (a self-started world's driver keeps no rows)."""
+        with self._lock:
+            if self.rows is None:
+                if self._closing.is_set():
+                    raise DispatchError("this torchrun world was stopped")
+                self.rows = RowPlane(self.store, self.transport)
+            return self.rows
 
     def dead_reason(self, rank: int) -> str | None:
         return self._dead.get(rank)
@@ -370,9 +380,11 @@ class Hub:
                 host, pid = self._processes_seen.get(rank, ("", 0))
                 if host == socket.gethostname():
                     _wait_process_ended(pid, until)
-        self._closing.set()
-        if self.rows is not None:
-            self.rows.close()
+        with self._lock:
+            self._closing.set()
+            rows, self.rows = self.rows, None  # it holds the store: dropped so release_store frees it
+        if rows is not None:
+            rows.close()
         if on_stopped is not None:
             on_stopped()
         for rank in self.remote:

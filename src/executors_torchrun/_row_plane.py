@@ -243,6 +243,8 @@ class RowPlane:
         self._thread.join(timeout)
         if self._watch is not None:
             self._watch.close()
+            self._watch = None
+        self._replies = None  # its store connection goes with it
         self._reaper.drain(timeout)
         self._reaper.close()
 

@@ -76,7 +76,6 @@ class SpawnedWorld:
             self.output.join(1.0)
             raise
         self.hub = Hub(store, transport, processes=self.processes)
-        self.hub.rows = RowPlane(store, transport)  # the driver's column reads and frees (see _row_plane)
         self._stopped = False
 
     def data_rank(self, group_rank: int) -> int:
