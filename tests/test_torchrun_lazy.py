@@ -9,6 +9,7 @@ driver reading the rows, with the same result.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -246,3 +247,25 @@ def test_a_busy_producer_serves_driver_reads_and_frees() -> None:
         else:
             pytest.fail(f"{held.key} still held by rank 1 after its free")
         assert not busy.done()
+
+
+def test_a_shut_down_group_still_referenced_holds_no_connections() -> None:
+    """The driver's row plane (made by a column read) goes at shutdown, with the store it holds."""
+    if "torchrun" not in available_backends():
+        pytest.skip("torchrun backend unavailable")
+
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    with WorkerGroup(Colocated, 2, backend="torchrun"):  # one-time imports and threads
+        pass
+    gc.collect()
+    before = open_fds()
+    wg = WorkerGroup(Colocated, 2, backend="torchrun")
+    gen = wg.spawn(["gen"])["gen"]
+    column = gen.gen.options(lazy=True)(prompts(8, 16)).batch["small"]  # a driver read: the plane starts
+    wg.shutdown()
+    gc.collect()
+    assert open_fds() <= before, "the shut-down group (still referenced) kept connections open"
+    assert torch.equal(column, torch.arange(8).float() / 2)
+    del gen, wg
