@@ -202,9 +202,9 @@ class RowPlane:
                 error = DispatchError(f"rank {watched.producers[d]} could not send the rows it keeps: {text}")
             elif kind == "dead":
                 _, _, d, detail = message
-                error = WorkerDiedError(watched.producers[d], f"{detail} (while this rank fetched rows it keeps)")
+                error = WorkerDiedError(watched.producers[d], f"{detail} (seen while fetching the rows it keeps)")
             elif kind == "stopped":
-                error = DispatchError("the driver stopped the torchrun world while this rank fetched rows")
+                error = DispatchError("the driver stopped the torchrun world while rows were being fetched")
         answers: dict[int, list[DataProto]] = {}
         for d, (header, buffers, device, works) in posted.items():  # always waited: they hold buffers
             try:
