@@ -269,3 +269,23 @@ def test_a_shut_down_group_still_referenced_holds_no_connections() -> None:
     assert open_fds() <= before, "the shut-down group (still referenced) kept connections open"
     assert torch.equal(column, torch.arange(8).float() / 2)
     del gen, wg
+
+
+@pytest.mark.timeout(60)
+def test_a_driver_read_from_a_frozen_or_killed_producer_names_it() -> None:
+    """The driver's own fetch sees a silent producer (heartbeat) and a killed one (torn connection)."""
+    if "torchrun" not in available_backends():
+        pytest.skip("torchrun backend unavailable")
+    for stop in (signal.SIGSTOP, signal.SIGKILL):
+        with WorkerGroup(Colocated, 2, backend="torchrun", death_timeout=1.0) as wg:
+            gen = wg.spawn(["gen"])["gen"]
+            lazy = gen.gen.options(lazy=True)(prompts(8, 16))
+            producer = gen.pid()[1]
+            os.kill(producer, stop)
+            try:
+                with pytest.raises(WorkerDiedError) as died:
+                    lazy.batch["big"]
+                assert died.value.rank == 1
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(producer, signal.SIGKILL)
