@@ -430,7 +430,7 @@ class DataProto:
         (same object, now a ``LazyDataProto``): its own columns stay on the
         driver, ``other``'s stay on the ranks, nothing is fetched.
         """
-        if getattr(other, "is_lazy", False) and not getattr(self, "is_lazy", False):
+        if other.is_lazy and not self.is_lazy:
             joined = type(other).of_local(self).union(other)  # type: ignore[attr-defined]
             self.__class__ = type(joined)  # in place, as verl code expects of union
             self.__dict__ = joined.__dict__

@@ -48,7 +48,7 @@ def driver_traffic() -> DriverTraffic:
 
 def payload_bytes(data: Any) -> int:
     """Bytes of a DataProto's tensors and numpy columns (0 for anything else)."""
-    if not isinstance(data, DataProto) or getattr(data, "is_lazy", False):
+    if not isinstance(data, DataProto) or data.is_lazy:
         return 0
     total = 0
     batch = data._batch

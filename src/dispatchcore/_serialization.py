@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._buffer_pool import BUFFERS, POOL_MIN_BYTES
+from ._buffer_pool import BUFFERS
 
 try:  # cloudpickle ships functions and classes from ``__main__`` by value.
     import cloudpickle as _cloudpickle
@@ -211,9 +211,7 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
 
 def _private_copy(buffer: Any) -> np.ndarray:
     source = np.frombuffer(memoryview(buffer), dtype=np.uint8)
-    if source.nbytes < POOL_MIN_BYTES:
-        return source.copy()
-    out = BUFFERS.take(source.nbytes)
+    out = BUFFERS.take(source.nbytes)  # small ones are plain numpy memory; large ones may be recycled
     np.copyto(out, source)
     return out
 
