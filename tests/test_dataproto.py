@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -385,6 +386,29 @@ def test_pickled_chunk_carries_only_its_rows() -> None:
     assert total < own + 2048
     back = pickle.loads(head, buffers=bufs)
     assert_dataproto_equal(back, chunk)
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_pickles_under_every_protocol_and_copies(protocol: int) -> None:
+    data = make(5)
+    data.batch["flag"] = torch.tensor([True, False, True, True, False])
+    back = pickle.loads(pickle.dumps(data.chunk(5)[2], protocol=protocol))
+    assert_dataproto_equal(back, data.chunk(5)[2])
+    deep = copy.deepcopy(data)
+    deep.batch["ids"].add_(100)
+    assert_dataproto_equal(copy.copy(data), data)
+    assert data.batch["ids"].max() < 100
+
+
+def test_protocol5_stream_names_no_numpy() -> None:
+    """Under protocol 5 tensors go as bare buffers: the stream stays short (it is paid per rank per call)."""
+    data = DataProto.from_dict({"a": torch.arange(8), "b": torch.zeros(8, 2)}, meta_info={"k": 1})
+    bufs: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(data, protocol=5, buffer_callback=bufs.append)
+    assert b"numpy" not in head and len(bufs) == 2
+    assert_dataproto_equal(pickle.loads(head, buffers=bufs), data)
+    readonly = pickle.loads(head, buffers=[bytes(b.raw()) for b in bufs])  # as shared memory arrives
+    assert_dataproto_equal(readonly, data)
 
 
 def test_serialization_round_trip() -> None:

@@ -21,11 +21,12 @@ tensordict conversion (``_tensordict_interop``), DataLoader glue
 from __future__ import annotations
 
 import copy
+import copyreg
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, SupportsIndex, cast
 
 import numpy as np
 import torch
@@ -510,9 +511,24 @@ class DataProto:
     # -- pickling -------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        """Tensors as their own bytes: out-of-band buffers under protocol 5, only this view's rows."""
+        """Tensors as their own bytes (numpy arrays, out of band under protocol 5), only this view's rows."""
+        return self._pickle_state(protocol5=False)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        """Under protocol 5 (every executor's and Ray's), tensors go as bare out-of-band buffers.
+
+        That stream is about a third shorter than with numpy arrays and
+        cheaper both ways, which small calls pay per rank.  Older protocols
+        and ``copy`` take the default path through :meth:`__getstate__`;
+        subclasses with a reduction of their own keep it.
+        """
+        if int(protocol) < 5 or type(self).__reduce__ is not object.__reduce__:
+            return super().__reduce_ex__(protocol)
+        return copyreg.__newobj__, (type(self),), self._pickle_state(protocol5=True)
+
+    def _pickle_state(self, *, protocol5: bool) -> dict[str, Any]:
         return {
-            "batch": None if self.batch is None else batch_state(self.batch),
+            "batch": None if self.batch is None else batch_state(self.batch, protocol5=protocol5),
             "non_tensor_batch": self.non_tensor_batch,
             "meta_info": self.meta_info,
         }

@@ -2,9 +2,12 @@
 
 torch's own pickling of a tensor goes through ``torch.save`` of its whole
 storage: a 10-row view of a 1M-row batch ships all 1M rows, in-band.  Here a
-tensor is reduced to a flat ``uint8`` numpy view of exactly its bytes, which
-pickle protocol 5 hands out as a :class:`pickle.PickleBuffer` (no copy), and
-rebuilt with ``torch.from_numpy`` (no copy either).  Executors that move bytes
+tensor is reduced to a :class:`pickle.PickleBuffer` over exactly its bytes,
+which protocol 5 hands out of band (no copy), and rebuilt with
+``torch.frombuffer`` over whatever buffer the receiver supplies (no copy
+either).  A bare ``PickleBuffer`` rather than a numpy array: the stream then
+names no numpy dtype or rebuild helper, which makes a small DataProto's
+pickle about a third shorter and its pickling and unpickling cheaper.  Executors that move bytes
 themselves (threads, torch.distributed, Ray) call :func:`dumps` / :func:`loads`;
 :class:`~dispatchcore.DataProto` uses :func:`reduce_tensor` in its own
 ``__reduce_ex__`` so that any protocol-5 pickler (Ray's included) gets the
@@ -45,8 +48,8 @@ _BY_REFERENCE = (
 )
 
 
-def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """A flat uint8 numpy view of ``t``'s own elements (copying only if needed)."""
+def tensor_array(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of ``t``'s own elements (copying only if needed); pickles under any protocol."""
     if t.device.type != "cpu":
         t = t.detach().to("cpu")
     t = t.detach()
@@ -59,34 +62,38 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
+    """:func:`tensor_array` as a bare buffer (protocol 5 only: out of band, and no numpy in the stream)."""
+    return pickle.PickleBuffer(tensor_array(t))
+
+
+def _flat_bytes(raw: Any) -> torch.Tensor:
+    """A uint8 tensor over any buffer (numpy array, bytearray, memoryview, ...), without copying."""
+    if memoryview(raw).readonly:
+        # Read-only shared memory (Ray's object store) or bytes.  torch would
+        # only warn and then let a worker write into buffers other readers
+        # share.  Executors that keep isolation copy before this point; here
+        # the memory is wrapped as is and the flag is the caller's business.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(raw, dtype=torch.uint8)
+    return torch.frombuffer(raw, dtype=torch.uint8)
+
+
 def rebuild_tensor(
-    raw: np.ndarray,
+    raw: Any,
     dtype: torch.dtype,
     shape: tuple[int, ...],
     device: str | None = None,
     requires_grad: bool = False,
 ) -> torch.Tensor:
-    """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory."""
-    if raw.size == 0:
+    """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory (any buffer; numpy in older pickles)."""
+    if memoryview(raw).nbytes == 0:
         t = torch.empty(shape, dtype=dtype)
         if device is not None and device != "cpu":
             t = t.to(_receiving_device(device))
         return t.requires_grad_(True) if requires_grad else t
-    if not raw.flags.writeable:
-        # Read-only shared memory (Ray's object store).  torch would only warn
-        # and then let a worker write into buffers other readers share.
-        # Executors that keep isolation copy before this point; here the
-        # memory is wrapped as is and the flag is the caller's business.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.from_numpy(raw)
-    else:
-        flat = torch.from_numpy(raw)
-    if dtype == torch.bool:
-        t = flat.view(torch.uint8).view(torch.bool)
-    else:
-        t = flat.view(dtype)
-    t = t.reshape(shape)
+    t = _flat_bytes(raw).view(dtype).reshape(shape)
     if device is not None and device != "cpu":
         t = t.to(_receiving_device(device))
     if requires_grad:
@@ -102,7 +109,7 @@ def _receiving_device(device: str) -> torch.device:
 
 
 def reduce_tensor(t: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce__`` value of a tensor as its own bytes, never its storage."""
+    """``__reduce__`` value of a tensor as its own bytes, never its storage (for protocol-5 picklers)."""
     device = None if t.device.type == "cpu" else str(t.device)
     return rebuild_tensor, (
         _tensor_bytes(t),

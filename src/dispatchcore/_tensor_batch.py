@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dispatchcore._errors import BatchSizeError
-from dispatchcore._serialization import rebuild_tensor, reduce_tensor
+from dispatchcore._serialization import rebuild_tensor, reduce_tensor, tensor_array
 
 from ._row_buffers import cat_rows
 
@@ -406,11 +406,16 @@ class TensorBatch:
         return f"TensorBatch({{{fields}}}, batch_size={list(self._batch_size)})"
 
 
-def batch_state(batch: TensorBatch) -> dict[str, Any]:
-    """Picklable state: each tensor as its own bytes (out of band under protocol 5)."""
+def batch_state(batch: TensorBatch, *, protocol5: bool = False) -> dict[str, Any]:
+    """Picklable state: each tensor as its own bytes.
+
+    ``protocol5``: as bare pickle buffers (out of band, the leanest stream;
+    only protocol 5 can pickle them); otherwise as numpy arrays, which every
+    protocol, ``copy.deepcopy`` included, can handle.
+    """
     return {
         "batch_size": tuple(batch.batch_size),
-        "tensors": {k: _tensor_args(v) for k, v in batch.items()},
+        "tensors": {k: _tensor_args(v, protocol5) for k, v in batch.items()},
     }
 
 
@@ -421,7 +426,7 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
     return out
 
 
-def _tensor_args(t: torch.Tensor) -> tuple[Any, ...]:
+def _tensor_args(t: torch.Tensor, protocol5: bool = False) -> tuple[Any, ...]:
     """``reduce_tensor``'s arguments; empty tensors carry no bytes at all.
 
     (Byte views of zero-element tensors can have stride 0, which
@@ -430,7 +435,8 @@ def _tensor_args(t: torch.Tensor) -> tuple[Any, ...]:
     if t.numel() == 0:
         device = None if t.device.type == "cpu" else str(t.device)
         return (None, t.dtype, tuple(t.shape), device, False)
-    return reduce_tensor(t)[1]
+    args = reduce_tensor(t)[1]
+    return args if protocol5 else (tensor_array(t), *args[1:])
 
 
 def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
