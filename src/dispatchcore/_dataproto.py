@@ -524,7 +524,7 @@ class DataProto:
         """
         if int(protocol) < 5 or type(self).__reduce__ is not object.__reduce__:
             return super().__reduce_ex__(protocol)
-        return copyreg.__newobj__, (type(self),), self._pickle_state(protocol5=True)
+        return copyreg.__newobj__, (type(self),), self._pickle_state(protocol5=True)  # type: ignore[attr-defined]  # missing from the stubs
 
     def _pickle_state(self, *, protocol5: bool) -> dict[str, Any]:
         return {

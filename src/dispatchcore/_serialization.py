@@ -64,7 +64,7 @@ def tensor_array(t: torch.Tensor) -> np.ndarray:
 
 def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
     """:func:`tensor_array` as a bare buffer (protocol 5 only: out of band, and no numpy in the stream)."""
-    return pickle.PickleBuffer(tensor_array(t))
+    return pickle.PickleBuffer(tensor_array(t))  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
 
 
 def _flat_bytes(raw: Any) -> torch.Tensor:
