@@ -3,13 +3,13 @@
 Everything generic comes from the public contract
 (:mod:`dispatchcore.executor`, :mod:`dispatchcore.wire`); this package holds
 only what is specific to torchrun: how ranks start (``_worlds``, ``_spawn``),
-how bytes move (``_protocol``, ``_wire``, ``_transport``, ``_rows``,
-``_row_plane``) and how death is seen (``_hub``).
+how messages and bytes move (``_protocol``, ``_control``, ``_wire``,
+``_transport``, ``_rows``, ``_row_plane``) and how death is seen (``_hub``).
 
 Rank 0 (the driver) is the hub: each call's per-rank arguments are pickled
 once per distinct object (``Call.unique_values``), their tensors posted as
-gloo sends straight from the caller's memory, and a command pushed on each
-rank's store queue.  The hub's reader threads deliver each rank's answer to
+gloo sends straight from the caller's memory (small ones ride inside the
+command), and a command sent on each rank's control link.  The hub's reader threads deliver each rank's answer to
 the call's :class:`~dispatchcore.executor.RankCallHandle` as it comes: into
 the handle's :class:`~dispatchcore.wire.RowBuffers` when the collect step
 concatenates, else into fresh buffers.  Under torchrun, worker 0 lives in

@@ -1,15 +1,18 @@
 """The driver's side of a world: commands out, statuses and results in.
 
 One :class:`Hub` per world (the whole torchrun launch, or one set of
-self-started ranks).  Each other rank gets a reader thread that pops its
-statuses from the store in order and drains the results' payloads at once,
-so a rank is never left blocked sending a result nobody asked for yet.
-Answers go to a :class:`Receiver` (a call handle) at the position the
-command named.
+self-started ranks).  Commands and statuses travel on one control link per
+rank (``_control``).  Each other rank gets a reader thread that reads its
+statuses in order and drains the results' payloads at once, so a rank is
+never left blocked sending a result nobody asked for yet.  Answers go to a
+:class:`Receiver` (a call handle) at the position the command named.
 
-Liveness: a monitor thread turns a dead process (its exit code, or the torn
-canary connection) into a ``dead`` status on that rank's queue, which fails
-every call waiting on it.  Under torchrun ranks are not children, so it also
+Liveness: a rank's link ending fails every call waiting on it, once the
+reader has taken every status the rank sent before it went (named by its
+exit code or torn canary connection when the monitor has seen those).  The
+monitor thread also fails them itself shortly after it sees the process gone,
+in case the link outlives it (a forked child holding the socket).  Under
+torchrun ranks are not children, so it also
 reads their heartbeats; a silent rank fails only the calls whose own
 ``death_timeout`` has passed (each receiver carries its group's), so groups
 sharing the launch's hub never change each other's bound.  Heartbeats are
@@ -33,7 +36,8 @@ import torch.distributed as dist
 from dispatchcore import DispatchError
 from dispatchcore.executor import liveness_poll
 
-from ._protocol import STOPPING_KEY, cmd_key, dead_key, decode, encode, heartbeat_key, status_key
+from ._control import ControlLink, accept_ranks
+from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key
 from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
 from ._wire import Packed, adopt_views, unpack
@@ -42,6 +46,10 @@ from ._wire import Packed, adopt_views, unpack
 PROCESS_POLL_S = 0.1
 #: How often it reads heartbeats under torchrun, at most (shorter bounds waiting read more often).
 HEARTBEAT_POLL_S = 1.0
+#: A rank seen gone whose link is still open has its calls failed this much later (the reader's grace).
+GONE_GRACE_S = 0.3
+#: How long a reader whose link closed waits for the monitor to say why (exit code, torn canary).
+REASON_WAIT_S = 1.0
 
 
 class Receiver(Protocol):
@@ -72,7 +80,10 @@ class Hub:
         transport: Transport,
         *,
         processes: dict[int, subprocess.Popen[bytes]] | None = None,
+        host: str,
+        connect_timeout: float,
     ) -> None:
+        """``host``: the address ranks connect to for their control links (loopback for a one-machine world)."""
         self.store = store
         self.transport = transport
         self.size = transport.size
@@ -97,6 +108,9 @@ class Hub:
         self._exited = {d: threading.Event() for d in self.remote}
         #: (host, pid) each stopping rank reported, to see its process end on this host.
         self._processes_seen: dict[int, tuple[str, int]] = {}
+        self._links: dict[int, ControlLink] = accept_ranks(
+            store, self.remote, host, connect_timeout, gone=self._exit_reason
+        )
         self._canary_threads = [
             threading.Thread(
                 target=self._canary, args=(rank, work), name=f"dispatchcore-torchrun-canary{rank}", daemon=True
@@ -146,17 +160,28 @@ class Hub:
         (already finished: no wait, no hand-off to the reaper's thread); any
         other ending leaves them to the reaper.
         """
+        registered = False
         with self._lock:
             reason = self._dead.get(rank)
             if reason is None and self._stop_requested:
                 reason = "the world was stopped (driver exiting)"
-            if reason is None:
-                if answer is not None and cid is not None:
-                    self._pending[rank][cid] = answer
-                    if sends is not None and sends[0]:
-                        self._sends[rank][cid] = sends
-                        sends = None
-                self.store.queue_push(cmd_key(rank), encode(message))
+            if reason is None and answer is not None and cid is not None:
+                self._pending[rank][cid] = answer
+                registered = True
+                if sends is not None and sends[0]:
+                    self._sends[rank][cid] = sends
+                    sends = None
+        if reason is None:
+            # Sent outside the lock: a rank busy in a long call may leave the send waiting for room.
+            try:
+                self._links[rank].send(encode(message))
+            except OSError as exc:
+                reason = f"its connection to the driver failed ({exc})"
+                if registered and cid is not None:
+                    with self._lock:
+                        if self._pending[rank].pop(cid, None) is None:
+                            answer = None  # already answered (the rank was failed meanwhile)
+                        sends = self._sends[rank].pop(cid, None)
         if sends is not None:
             self.transport.reaper.add(*sends)
         if reason is not None and answer is not None:
@@ -179,27 +204,31 @@ class Hub:
 
     # -- receiving ------------------------------------------------------------------
     def _read(self, rank: int) -> None:
-        store = self.store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
-        key = status_key(rank)
+        link = self._links[rank]
         while True:
             try:
-                message = decode(store.queue_pop(key, True))
-            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                continue
-            except Exception as exc:  # noqa: BLE001 - the store went away: the world is over
-                self._fail_rank(rank, f"lost the store connection ({exc})")
+                message = decode(link.recv())
+            except Exception as exc:  # noqa: BLE001 - the link ended: the rank left, died, or the hub stops
+                self._link_ended(rank, exc)
                 return
             kind = message[0]
-            if kind == "quit":
-                return
             if kind == "stopped":
                 if len(message) == 3:
                     self._processes_seen[rank] = (message[1], message[2])
                 self._stopped[rank].set()
-            elif kind == "dead":
-                self._fail_rank(rank, message[1])
             elif kind == "done":
                 self._done(rank, *message[1:])
+
+    def _link_ended(self, rank: int, exc: BaseException) -> None:
+        """After every status the rank sent: fail its waiting calls, unless it was told to stop."""
+        if self._closing.is_set() or self._stop_requested or self._stopped[rank].is_set():
+            return
+        deadline = time.monotonic() + REASON_WAIT_S
+        detail = self._dead.get(rank) or self._gone_reason(rank)
+        while detail is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            detail = self._dead.get(rank) or self._gone_reason(rank)
+        self._fail_rank(rank, detail or f"its process is gone (its connection to the driver closed: {exc})")
 
     def _done(self, rank: int, cid: int, ok: bool, payload: Any, first: int, layout: Any = None) -> None:
         with self._lock:
@@ -247,17 +276,21 @@ class Hub:
         store = self.store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         beats_read = 0.0
         marked: set[int] = set()
+        gone_since: dict[int, float] = {}
+        failed: set[int] = set()
         while not self._closing.wait(PROCESS_POLL_S):
+            now = time.monotonic()
             for rank in self.remote:
-                if rank in self._dead:
-                    continue
-                detail = self._gone_reason(rank)
-                if detail is not None:
-                    self._dead.setdefault(rank, detail)
-                    try:
-                        store.queue_push(status_key(rank), encode(("dead", detail)))
-                    except Exception:  # noqa: BLE001
-                        self._fail_rank(rank, detail)
+                since = gone_since.get(rank)
+                if since is None:
+                    detail = None if rank in self._dead else self._gone_reason(rank)
+                    if detail is not None:
+                        # Its reader fails the waiting calls when the link ends, after the statuses sent before.
+                        self._dead.setdefault(rank, detail)
+                        gone_since[rank] = now
+                elif rank not in failed and now - since >= GONE_GRACE_S:
+                    failed.add(rank)  # the link outlived the process: fail them here
+                    self._fail_rank(rank, self._dead[rank])
             self._mark_dead(store, marked)
             now = time.monotonic()
             if self._processes is None and not self._stop_requested and now - beats_read >= self._beat_poll():
@@ -281,9 +314,15 @@ class Hub:
         gone = self._gone.get(rank)
         if gone is not None:
             return gone
+        if not self._stopped[rank].is_set():
+            return self._exit_reason(rank)
+        return None
+
+    def _exit_reason(self, rank: int) -> str | None:
+        """``"its process exited with code N"`` for a self-started rank that exited, else ``None``."""
         if self._processes is not None:
             code = self._processes[rank].poll()
-            if code is not None and not self._stopped[rank].is_set():
+            if code is not None:
                 return f"its process exited with code {code}"
         return None
 
@@ -365,11 +404,14 @@ class Hub:
         self._stop_requested = True
         try:
             self.store.set(STOPPING_KEY, b"1")  # type: ignore[arg-type]  # the binding takes bytes; the stub says str
-            for rank in self.remote:
-                if rank not in self._dead:
-                    self.store.queue_push(cmd_key(rank), encode(("stop",)))
-        except Exception:  # noqa: BLE001, S110 - the store is gone; nothing to tell
+        except Exception:  # noqa: BLE001, S110 - the store is gone; the links still tell
             pass
+        for rank in self.remote:
+            if rank not in self._dead:
+                try:
+                    self._links[rank].send(encode(("stop",)))
+                except OSError:  # the rank is gone already
+                    self._stopped[rank].set()
         deadline = time.monotonic() + wait
         for rank in self.remote:
             self._stopped[rank].wait(max(0.0, deadline - time.monotonic()))
@@ -387,11 +429,8 @@ class Hub:
             rows.close()
         if on_stopped is not None:
             on_stopped()
-        for rank in self.remote:
-            try:
-                self.store.queue_push(status_key(rank), encode(("quit",)))
-            except Exception:  # noqa: BLE001, S110
-                pass
+        for link in self._links.values():
+            link.close()  # ends each reader (it sees the hub closing)
         for reader in self._readers:
             reader.join(1.0)
         self._abandon_pending("the group was shut down while this call ran")

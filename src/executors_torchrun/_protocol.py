@@ -1,10 +1,10 @@
 """Control messages between the hub (rank 0, the driver) and the other ranks.
 
-Every message is a small pickled tuple on a c10d store queue: commands on
-``cmd/<rank>``, statuses on ``st/<rank>``.  A queue pop blocks in the store,
-never in gloo, so idle ranks can wait forever, and exactly one round trip
-carries each message.  Tensor payloads follow separately, point to point,
-their first tag named in the message.
+Every message is a small pickled tuple.  Commands and statuses travel on
+each rank's control link to the hub (``_control``); a rank waits for them in
+a socket read, never in gloo, so idle ranks can wait forever.  Lazy rows'
+requests and answers (below) use c10d store queues.  Tensor payloads follow
+separately, point to point, their first tag named in the message.
 
 Commands (hub to rank)::
 
@@ -26,8 +26,6 @@ Statuses (rank to hub)::
                                                buffers, so the hub can place their rows
     ("done", cid, False, RemoteFailure, 0)     the worker (or unpickling) raised
     ("stopped", host, pid)                     acknowledged "stop", exiting
-    ("dead", detail)                           pushed by the hub's own monitor
-    ("quit",)                                  pushed by the hub to end a reader
 
 Rows of lazy results, between any two processes of a world (``_row_plane``)::
 
@@ -49,14 +47,6 @@ from typing import Any
 #: timeout leaves the client socket out of step, so waiters are woken by a
 #: message instead).
 FOREVER_S = 365 * 24 * 3600
-
-
-def cmd_key(rank: int) -> str:
-    return f"cmd/{rank}"
-
-
-def status_key(rank: int) -> str:
-    return f"st/{rank}"
 
 
 def heartbeat_key(rank: int) -> str:

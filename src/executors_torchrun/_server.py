@@ -21,8 +21,9 @@ import torch.distributed as dist
 
 from dispatchcore.executor import RemoteFailure, WorkerHost
 
+from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
-from ._protocol import STOPPING_KEY, cmd_key, decode, encode, heartbeat_key, status_key
+from ._protocol import STOPPING_KEY, decode, encode, heartbeat_key
 from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
 from ._wire import batch_layout, pack, unpack
@@ -35,7 +36,7 @@ STOP_GRACE_S = 5.0
 
 
 class Server:
-    """One non-hub rank: a store queue in, statuses and tensors out."""
+    """One non-hub rank: commands in and statuses out on its control link, tensors point to point."""
 
     def __init__(self, store: dist.Store, transport: Transport) -> None:
         self._store = store
@@ -45,19 +46,20 @@ class Server:
         self._hub_tags = TagCounter(0)
         self._done = threading.Event()
         self._rows: RowPlane | None = None
+        self._link: ControlLink | None = None
 
     def serve(self) -> None:
         """Run commands until ``stop``; then release the workers and the transport."""
         set_local_device()
         threading.Thread(target=self._heartbeat, name="dispatchcore-heartbeat", daemon=True).start()
         self._rows = RowPlane(self._store, self._transport)
-        key = cmd_key(self._rank)
+        self._link = link = connect_to_hub(self._store, self._rank)
         try:
             while True:
                 try:
-                    message = decode(self._store.queue_pop(key, True))
-                except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                    continue
+                    message = decode(link.recv())
+                except ConnectionError:  # the driver is gone: nothing more will come
+                    break
                 kind = message[0]
                 if kind == "stop":
                     break
@@ -130,25 +132,29 @@ class Server:
         buffers, device = self._transport.recv(header, HUB, first, self._hub_tags)
         return unpack(header, buffers, device)
 
+    def _status(self, message: tuple[Any, ...]) -> None:
+        assert self._link is not None  # noqa: S101 - connected before the first command
+        self._link.send(encode(message))
+
     def _reply(self, cid: int, ok: bool, value: Any, *, method: str = "", rank: int = -1) -> None:
-        """Push the status; a value's payload is posted first, for the hub to drain."""
+        """Send the status; a value's payload is posted first, for the hub to drain."""
         if not ok:
-            self._store.queue_push(status_key(self._rank), encode(("done", cid, False, value, 0)))
+            self._status(("done", cid, False, value, 0))
             return
         if value is None:  # most calls without data: no pickler, no payload, no header
-            self._store.queue_push(status_key(self._rank), encode(("done", cid, True, None, 0, None)))
+            self._status(("done", cid, True, None, 0, None))
             return
         try:
             packed = pack(value)
         except BaseException as exc:  # noqa: BLE001
             failure = RemoteFailure.capture(rank, method, exc)
             failure.message = f"its result cannot be pickled ({exc}); return picklable values"
-            self._store.queue_push(status_key(self._rank), encode(("done", cid, False, failure, 0)))
+            self._status(("done", cid, False, failure, 0))
             return
         first = self._transport.sent.take(packed.header.tags)
         works = self._transport.post(packed, HUB, first)
         layout = batch_layout(value, packed)
-        self._store.queue_push(status_key(self._rank), encode(("done", cid, True, packed.header, first, layout)))
+        self._status(("done", cid, True, packed.header, first, layout))
         # The hub's reader receives a payload as soon as it reads the status, so waiting here is short;
         # it saves a hand-off to the send reaper's thread per result.
         for work in works:
@@ -170,10 +176,11 @@ class Server:
         except Exception:  # noqa: BLE001, S110 - the hub is gone already
             pass
         try:
-            stopped = ("stopped", socket.gethostname(), os.getpid())
-            self._store.queue_push(status_key(self._rank), encode(stopped))
+            self._status(("stopped", socket.gethostname(), os.getpid()))
         except Exception:  # noqa: BLE001, S110 - the hub may be gone already
             pass
+        if self._link is not None:
+            self._link.close()
         self._transport.close()
 
     def _heartbeat(self) -> None:

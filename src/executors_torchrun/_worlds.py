@@ -37,8 +37,10 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from dispatchcore import WorkerDiedError
+from dispatchcore.executor import LOOPBACK
 
 from . import _env
+from ._control import address_toward
 from ._hub import Hub
 from ._protocol import FOREVER_S, READY_KEY
 from ._row_plane import RowPlane
@@ -75,7 +77,12 @@ class SpawnedWorld:
             reap(self.processes, 0.0)
             self.output.join(1.0)
             raise
-        self.hub = Hub(store, transport, processes=self.processes)
+        try:
+            self.hub = Hub(store, transport, processes=self.processes, host=LOOPBACK, connect_timeout=start_timeout)
+        except BaseException:
+            reap(self.processes, 0.0)
+            self.output.join(1.0)
+            raise
         self._stopped = False
 
     def data_rank(self, group_rank: int) -> int:
@@ -146,7 +153,8 @@ def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
             store = _torchrun_store(start_timeout)
             _wait_count(store, size - 1, start_timeout)
             transport = _connect(store, 0, size, start_timeout, transport_timeout)
-            _torchrun_hub = Hub(store, transport, processes=None)
+            host = address_toward(*_env.store_address())
+            _torchrun_hub = Hub(store, transport, processes=None, host=host, connect_timeout=start_timeout)
             _torchrun_hub.rows = RowPlane(store, transport)  # worker 0 of every group lives here
             atexit.register(_stop_torchrun_world)
             _install_sigterm_report()

@@ -1,0 +1,109 @@
+"""The torchrun hub's control links: who may connect, sends that never block, deaths behind a forked child."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from dispatchcore import Dispatch, Worker, WorkerDiedError, WorkerGroup, register
+from executors_torchrun._control import CONTROL_KEY, ControlLink, accept_ranks, connect_to_hub
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+
+
+def client(store: dist.TCPStore) -> dist.Store:
+    """The ranks' own connection to the store (a client serves one blocking wait at a time)."""
+    return dist.TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=30))
+
+
+def test_only_the_worlds_ranks_get_a_link_and_messages_keep_their_order(store: dist.TCPStore) -> None:
+    links: dict[int, ControlLink] = {}
+    accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1, 2], "127.0.0.1", 30.0)))
+    accepting.start()
+    theirs = client(store)
+    host, port, _ = theirs.get(CONTROL_KEY).decode().split()
+    stranger = socket.create_connection((host, int(port)))
+    stranger.sendall((1).to_bytes(4, "little") + b"\0" * 16)  # claims rank 1 without the token
+    ranks = {rank: connect_to_hub(theirs, rank) for rank in (1, 2)}
+    accepting.join(30)
+    assert sorted(links) == [1, 2]
+    assert stranger.recv(1) == b""  # the hub dropped it
+    stranger.close()
+    for n in range(50):
+        links[1].send(f"to 1: {n}".encode())
+        ranks[2].send(f"from 2: {n}".encode())
+    assert [ranks[1].recv() for _ in range(50)] == [f"to 1: {n}".encode() for n in range(50)]
+    assert [links[2].recv() for _ in range(50)] == [f"from 2: {n}".encode() for n in range(50)]
+    ranks[1].close()
+    with pytest.raises(ConnectionError):
+        links[1].recv()
+    for link in (*links.values(), ranks[2]):
+        link.close()
+
+
+def test_sending_to_a_peer_that_is_not_reading_never_blocks(store: dist.TCPStore) -> None:
+    links: dict[int, ControlLink] = {}
+    accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1], "127.0.0.1", 30.0)))
+    accepting.start()
+    rank = connect_to_hub(client(store), 1)
+    accepting.join(30)
+    big = os.urandom(1 << 20)
+    started = time.monotonic()
+    for n in range(64):  # 64 MiB: far past what the socket buffers hold
+        links[1].send(n.to_bytes(4, "little") + big)
+    assert time.monotonic() - started < 20  # bounded only to fail instead of hanging; it is a few ms
+    for n in range(64):
+        message = rank.recv()
+        assert message[:4] == n.to_bytes(4, "little") and message[4:] == big
+    links[1].close()
+    rank.close()
+
+
+def test_a_rank_that_dies_before_connecting_fails_start_up_at_once(store: dist.Store) -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank process 2 never connected to the driver: it crashed"):
+        accept_ranks(store, [1, 2], "127.0.0.1", 60.0, gone=lambda rank: "it crashed" if rank == 2 else None)
+    assert time.monotonic() - started < 10
+
+
+def test_connecting_too_late_is_a_timeout_naming_the_ranks(store: dist.Store) -> None:
+    with pytest.raises(TimeoutError, match=r"rank processes \[3\] did not connect to the driver within 0.5 s"):
+        accept_ranks(store, [3], "127.0.0.1", 0.5)
+
+
+class Forker(Worker):
+    @register(Dispatch.ONE_TO_ALL)
+    def fork_and_die(self) -> None:
+        """Leave a child holding every inherited descriptor, then exit: the link outlives the rank."""
+        if self.rank == 1:
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+            time.sleep(0.2)
+            os._exit(3)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def ping(self) -> int:
+        return self.rank
+
+
+@pytest.mark.slow
+def test_a_rank_whose_link_outlives_it_is_still_reported_dead() -> None:
+    with WorkerGroup(Forker, 2, backend="torchrun", death_timeout=30) as group:
+        assert group.ping() == [0, 1]
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="exited with code 3") as info:
+            group.fork_and_die()
+        assert info.value.rank == 1
+        assert time.monotonic() - started < 10  # bounded only to fail instead of hanging
