@@ -61,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._allocator import keep_freed_memory
 from ._call import Call, UniqueValues
 from ._call_handle import RankCallHandle, liveness_poll, timeout_error
 from ._colocate import method_names
@@ -131,6 +132,7 @@ __all__ = [
     "free_port",
     "holds_kept_rows",
     "isolated_copy",
+    "keep_freed_memory",
     "liveness_poll",
     "local_ranks",
     "method_names",

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dispatchcore.executor import ATOMS, RemoteFailure, ResultShape, WorkerHost, free_port
+from dispatchcore.executor import ATOMS, RemoteFailure, ResultShape, WorkerHost, free_port, keep_freed_memory
 
 from . import _forward, _payload
 from ._rows import RowFetcher, serve_rows
@@ -88,6 +88,7 @@ class RankActor:
         os.environ.update(env)
         self._rank, self._world_size, self._isolate, self._group = rank, world_size, isolate, group
         try:
+            keep_freed_memory()  # this actor's process is the rank's own
             worker_cls, init_args, init_kwargs = _payload.unpack(packed_spec, copy=True)
             self._cls_name = worker_cls.__name__
             self._select_device()

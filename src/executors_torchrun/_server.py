@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore.executor import RemoteFailure, WorkerHost
+from dispatchcore.executor import RemoteFailure, WorkerHost, keep_freed_memory
 
 from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
@@ -51,6 +51,7 @@ class Server:
     def serve(self) -> None:
         """Run commands until ``stop``; then release the workers and the transport."""
         set_local_device()
+        keep_freed_memory()  # this process is the rank's own (the driver's is the user's: left alone)
         threading.Thread(target=self._heartbeat, name="dispatchcore-heartbeat", daemon=True).start()
         self._rows = RowPlane(self._store, self._transport)
         self._link = link = connect_to_hub(self._store, self._rank)
