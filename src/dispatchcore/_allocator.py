@@ -27,6 +27,8 @@ import os
 import platform
 from collections.abc import Mapping
 
+from ._reuse_limit import reuse_limit_bytes
+
 #: ``mallopt`` parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -37,21 +39,7 @@ _INT_MAX = (1 << 31) - 1
 
 def kept_bytes(environ: Mapping[str, str] | None = None) -> int:
     """Freed bytes a rank keeps for reuse: ``DISPATCHCORE_KEEP_FREED_MB``, else min(1 GiB, RAM / 16)."""
-    env = os.environ if environ is None else environ
-    configured = env.get("DISPATCHCORE_KEEP_FREED_MB")
-    if configured is not None:
-        try:
-            return max(0, int(configured)) << 20
-        except ValueError:
-            raise ValueError(
-                "DISPATCHCORE_KEEP_FREED_MB must be a whole number of MiB (0 lets freed memory go at once), "
-                f"got {configured!r}"
-            ) from None
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        physical = 16 << 30
-    return int(min(1 << 30, physical // 16))
+    return reuse_limit_bytes("DISPATCHCORE_KEEP_FREED_MB", "0 lets freed memory go at once", environ)
 
 
 def user_tuned_malloc(environ: Mapping[str, str] | None = None) -> bool:

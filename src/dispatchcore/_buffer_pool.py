@@ -21,7 +21,6 @@ Idle memory is bounded: at most :data:`IDLE_LIMIT_BYTES` per process (env
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -29,30 +28,16 @@ from collections import deque
 
 import numpy as np
 
+from ._reuse_limit import reuse_limit_bytes
+
 #: Smaller requests come from numpy directly (the allocator reuses them well).
 POOL_MIN_BYTES = 1 << 20
 #: Buffers idle this long are let go.
 IDLE_SECONDS = 30.0
 
 
-def _default_idle_limit() -> int:
-    configured = os.environ.get("DISPATCHCORE_BUFFER_POOL_MB")
-    if configured is not None:
-        try:
-            return max(0, int(configured)) << 20
-        except ValueError:
-            raise ValueError(
-                f"DISPATCHCORE_BUFFER_POOL_MB must be a whole number of MiB (0 turns the pool off), got {configured!r}"
-            ) from None
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        physical = 16 << 30
-    return int(min(1 << 30, physical // 16))
-
-
 #: Most idle bytes one process keeps (1 GiB, or 1/16 of physical memory if less).
-IDLE_LIMIT_BYTES = _default_idle_limit()
+IDLE_LIMIT_BYTES = reuse_limit_bytes("DISPATCHCORE_BUFFER_POOL_MB", "0 turns the pool off")
 
 
 def size_class(nbytes: int) -> int:
