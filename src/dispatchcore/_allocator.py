@@ -13,9 +13,13 @@ allocations come from the heap and freed memory stays mapped for the next
 step, as PyTorch's own CUDA allocator keeps device memory.
 
 Executors call it in the rank processes they own (never in the user's
-driver).  The cost is resident memory: a rank keeps up to
-:func:`kept_bytes` of freed memory (env ``DISPATCHCORE_KEEP_FREED_MB``;
-default 1 GiB or 1/16 of physical memory if less; 0 turns this off).
+driver).  The effect is surest on a process's main thread (torchrun ranks
+run workers there).  Ray runs actor methods on a thread of its own, whose
+malloc arena may be shared with Ray's busy internal threads, so there it
+helps when that arena stays unfragmented (seen in one run, not in another).
+The cost is resident memory: a rank keeps up to :func:`kept_bytes` of freed
+memory (env ``DISPATCHCORE_KEEP_FREED_MB``; default 1 GiB or 1/16 of
+physical memory if less; 0 turns this off).
 Nothing changes when the user tuned malloc already (``MALLOC_*_`` variables
 or ``GLIBC_TUNABLES``) or the C library is not glibc.
 """
@@ -68,4 +72,10 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
     mallopt.restype = ctypes.c_int
     trim_ok = mallopt(_M_TRIM_THRESHOLD, min(keep, _INT_MAX))
     mmap_ok = mallopt(_M_MMAP_THRESHOLD, min(keep, _MMAP_THRESHOLD_CAP))
+    global applied
+    applied = applied or bool(trim_ok and mmap_ok)
     return bool(trim_ok and mmap_ok)
+
+
+#: Whether :func:`keep_freed_memory` took effect in this process.
+applied = False
