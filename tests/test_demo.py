@@ -76,3 +76,4 @@ def test_bench_command_prints_the_local_ratio_table() -> None:
         check=True,
     ).stdout
     assert "local executor vs floor" in out and "| 4 | DP echo 1MB |" in out
+    assert "Core per-call cost, null executor" in out and "| 64 |" in out  # the core's own budget comes first

@@ -14,6 +14,8 @@ from pathlib import Path
 from ._plugins import available_backends
 
 BENCHMARKS = {"local": "bench_local.py", "ray": "bench_ray.py", "torchrun": "bench_torchrun.py"}
+#: Run first, whatever is selected: the driver-side cost every executor pays (a null executor; seconds).
+CORE = "bench_core.py"
 #: Run after the per-executor ones, on the selected executors that are available (eager vs lazy chain).
 ACROSS_BACKENDS = "bench_chain.py"
 
@@ -38,6 +40,8 @@ def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(folder))
     status = 0
+    if (folder / CORE).exists():
+        importlib.import_module(Path(CORE).stem).main(["--quick"] if quick else [])
     for backend in only or list(BENCHMARKS):
         path = folder / BENCHMARKS[backend]
         if backend not in available_backends():
