@@ -98,7 +98,7 @@ def test_self_started_torchrun_ranks_keep_freed_memory() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("ray_session")
-def test_ray_actors_apply_the_setting() -> None:
+def test_ray_actors_keep_most_freed_memory() -> None:
     import cloudpickle
     from ray import cloudpickle as ray_cloudpickle
 
@@ -107,9 +107,11 @@ def test_ray_actors_apply_the_setting() -> None:
         pickler.register_pickle_by_value(sys.modules[__name__])
     try:
         with WorkerGroup(Allocating, 2, backend="ray") as group:
-            # Applied in every actor.  Fewer faults is not asserted: Ray runs the method on a thread whose
-            # malloc arena its own threads may share and fragment (a fresh-clone CI run saw it; see _allocator).
             assert group.kept() == [True, True]
+            # Ray runs the method on a thread of its own whose malloc arena Ray's threads share: there the
+            # faults drop from every page to 0-15% of them (measured), not always under a tenth.
+            faults = group.faults()
+            assert all(f < STEP_PAGES / 2 for f in faults), f"faults per step {faults}, {STEP_PAGES} pages"
     finally:
         for pickler in picklers:
             pickler.unregister_pickle_by_value(sys.modules[__name__])
