@@ -52,6 +52,7 @@ def test_only_the_worlds_ranks_get_a_link_and_messages_keep_their_order(store: d
         link.close()
 
 
+@pytest.mark.timeout(30)  # a send that blocked would wait forever for this test to read
 def test_sending_to_a_peer_that_is_not_reading_never_blocks(store: dist.TCPStore) -> None:
     links: dict[int, ControlLink] = {}
     accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1], "127.0.0.1", 30.0)))
@@ -59,10 +60,8 @@ def test_sending_to_a_peer_that_is_not_reading_never_blocks(store: dist.TCPStore
     rank = connect_to_hub(client(store), 1)
     accepting.join(30)
     big = os.urandom(1 << 20)
-    started = time.monotonic()
-    for n in range(64):  # 64 MiB: far past what the socket buffers hold
+    for n in range(64):  # 64 MiB, far past what the socket buffers hold, before anything is read
         links[1].send(n.to_bytes(4, "little") + big)
-    assert time.monotonic() - started < 20  # bounded only to fail instead of hanging; it is a few ms
     for n in range(64):
         message = rank.recv()
         assert message[:4] == n.to_bytes(4, "little") and message[4:] == big
@@ -70,11 +69,10 @@ def test_sending_to_a_peer_that_is_not_reading_never_blocks(store: dist.TCPStore
     rank.close()
 
 
+@pytest.mark.timeout(30)  # the accept timeout (600 s) would end it with a TimeoutError instead
 def test_a_rank_that_dies_before_connecting_fails_start_up_at_once(store: dist.Store) -> None:
-    started = time.monotonic()
     with pytest.raises(RuntimeError, match="rank process 2 never connected to the driver: it crashed"):
-        accept_ranks(store, [1, 2], "127.0.0.1", 60.0, gone=lambda rank: "it crashed" if rank == 2 else None)
-    assert time.monotonic() - started < 10
+        accept_ranks(store, [1, 2], "127.0.0.1", 600.0, gone=lambda rank: "it crashed" if rank == 2 else None)
 
 
 def test_connecting_too_late_is_a_timeout_naming_the_ranks(store: dist.Store) -> None:
@@ -99,11 +97,10 @@ class Forker(Worker):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(60)  # unreported, the call would wait for its death_timeout (600 s)
 def test_a_rank_whose_link_outlives_it_is_still_reported_dead() -> None:
-    with WorkerGroup(Forker, 2, backend="torchrun", death_timeout=30) as group:
+    with WorkerGroup(Forker, 2, backend="torchrun", death_timeout=600) as group:
         assert group.ping() == [0, 1]
-        started = time.monotonic()
         with pytest.raises(WorkerDiedError, match="exited with code 3") as info:
             group.fork_and_die()
         assert info.value.rank == 1
-        assert time.monotonic() - started < 10  # bounded only to fail instead of hanging
