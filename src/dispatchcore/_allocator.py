@@ -72,10 +72,10 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     trim_ok = mallopt(_M_TRIM_THRESHOLD, min(keep, _INT_MAX))
-    mmap_ok = mallopt(_M_MMAP_THRESHOLD, min(keep, _MMAP_THRESHOLD_CAP))
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, min(keep, _MMAP_THRESHOLD_CAP)) and trim_ok)
     global applied
-    applied = applied or bool(trim_ok and mmap_ok)
-    return bool(trim_ok and mmap_ok)
+    applied = applied or ok
+    return ok
 
 
 #: Whether :func:`keep_freed_memory` took effect in this process.

@@ -67,9 +67,9 @@ def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
     return pickle.PickleBuffer(tensor_array(t))  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
 
 
-def _flat_bytes(raw: Any) -> torch.Tensor:
+def _flat_bytes(raw: Any, readonly: bool) -> torch.Tensor:
     """A uint8 tensor over any buffer (numpy array, bytearray, memoryview, ...), without copying."""
-    if memoryview(raw).readonly:
+    if readonly:
         # Read-only shared memory (Ray's object store) or bytes.  torch would
         # only warn and then let a worker write into buffers other readers
         # share.  Executors that keep isolation copy before this point; here
@@ -88,12 +88,13 @@ def rebuild_tensor(
     requires_grad: bool = False,
 ) -> torch.Tensor:
     """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory (any buffer; numpy in older pickles)."""
-    if memoryview(raw).nbytes == 0:
+    view = memoryview(raw)
+    if view.nbytes == 0:
         t = torch.empty(shape, dtype=dtype)
         if device is not None and device != "cpu":
             t = t.to(_receiving_device(device))
         return t.requires_grad_(True) if requires_grad else t
-    t = _flat_bytes(raw).view(dtype).reshape(shape)
+    t = _flat_bytes(raw, view.readonly).view(dtype).reshape(shape)
     if device is not None and device != "cpu":
         t = t.to(_receiving_device(device))
     if requires_grad:
@@ -108,11 +109,15 @@ def _receiving_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def reduce_tensor(t: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce__`` value of a tensor as its own bytes, never its storage (for protocol-5 picklers)."""
+def reduce_tensor(t: torch.Tensor, *, protocol5: bool = True) -> tuple[Any, tuple[Any, ...]]:
+    """``__reduce__`` value of a tensor as its own bytes, never its storage.
+
+    ``protocol5``: the bytes as a bare pickle buffer (only protocol 5 can
+    pickle it); otherwise as a numpy array, which any protocol can.
+    """
     device = None if t.device.type == "cpu" else str(t.device)
     return rebuild_tensor, (
-        _tensor_bytes(t),
+        _tensor_bytes(t) if protocol5 else tensor_array(t),
         t.dtype,
         tuple(t.shape),
         device,

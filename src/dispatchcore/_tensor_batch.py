@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dispatchcore._errors import BatchSizeError
-from dispatchcore._serialization import rebuild_tensor, reduce_tensor, tensor_array
+from dispatchcore._serialization import rebuild_tensor, reduce_tensor
 
 from ._row_buffers import cat_rows
 
@@ -435,8 +435,7 @@ def _tensor_args(t: torch.Tensor, protocol5: bool = False) -> tuple[Any, ...]:
     if t.numel() == 0:
         device = None if t.device.type == "cpu" else str(t.device)
         return (None, t.dtype, tuple(t.shape), device, False)
-    args = reduce_tensor(t)[1]
-    return args if protocol5 else (tensor_array(t), *args[1:])
+    return reduce_tensor(t, protocol5=protocol5)[1]
 
 
 def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
