@@ -6,14 +6,7 @@ their results come back.  Executors (``local`` threads, ``torchrun``
 processes, ``ray`` actors) are plugins found through pluggy.
 """
 
-from ._builtin_modes import concat_outputs, trim_padding
-from ._call import Call, UniqueValues
-from ._call_context import CallContext, current_call
-from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
-from ._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
-from ._direct_call import DirectCall, direct_call
-from ._driver_traffic import DriverTraffic, driver_traffic
-from ._errors import (
+from .base._errors import (
     BackendNotFoundError,
     BatchSizeError,
     DispatchError,
@@ -23,15 +16,16 @@ from ._errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ._executor import CallHandle, Executor, GroupSpec
-from ._fused import create_colocated_worker_raw_cls
-from ._futures import CallFuture, DataProtoFuture
-from ._hookspecs import hookimpl, hookspec
-from ._lazy_dataproto import LazyDataProto
-from ._membership import MembershipChange
-from ._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
-from ._method_proxy import MethodProxy
-from ._modes import (
+from .data._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
+from .data._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
+from .data._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
+from .data._reshape import fold_batch_dim, unfold_batch_dim
+from .data._tensor_batch import TensorBatch
+from .dispatch._builtin_modes import concat_outputs, trim_padding
+from .dispatch._call_context import CallContext, current_call
+from .dispatch._direct_call import DirectCall, direct_call
+from .dispatch._futures import CallFuture, DataProtoFuture
+from .dispatch._modes import (
     Dispatch,
     DispatchSpec,
     Execute,
@@ -39,16 +33,22 @@ from ._modes import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
-from ._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from ._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
-from ._plugins import available_backends
-from ._register import Registration, register
-from ._row_reshape import fold_batch_dim, unfold_batch_dim
-from ._tensor_batch import TensorBatch
-from ._trace import Tracer, trace
-from ._worker import Worker
-from ._worker_group import WorkerGroup
-from ._worker_host import RemoteFailure, WorkerHost
+from .dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from .dispatch._register import Registration, register
+from .group._membership import MembershipChange
+from .group._method_proxy import MethodProxy
+from .group._worker_group import WorkerGroup
+from .rows._lazy_dataproto import LazyDataProto
+from .runtime._worker_host import RemoteFailure, WorkerHost
+from .spi._call import Call, UniqueValues
+from .spi._executor_base import CallHandle, Executor, GroupSpec
+from .spi._hookspecs import hookimpl, hookspec
+from .spi._plugins import available_backends
+from .trace._driver_traffic import DriverTraffic, driver_traffic
+from .trace._tracer import Tracer, trace
+from .worker._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
+from .worker._fused import create_colocated_worker_raw_cls
+from .worker._worker import Worker
 
 __version__ = "0.1.0"
 

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._dataproto import DataProto
-from .._modes import Dispatch, Execute
-from .._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from .._padding import PADDING_ROWS_KEY
-from .._register import register
-from .._row_store import ROW_STORE
-from .._worker import Worker
+from ..data._dataproto import DataProto
+from ..data._padding import PADDING_ROWS_KEY
+from ..dispatch._modes import Dispatch, Execute
+from ..dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from ..dispatch._register import register
+from ..rows._store import ROW_STORE
+from ..worker._worker import Worker
 
 MESH = "train"
 
