@@ -10,8 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatchcore._wire._buffer_pool import POOL_MIN_BYTES, BufferPool, size_class
 from dispatchcore.wire import numpy_tensor
-from dispatchcore.wire._buffer_pool import POOL_MIN_BYTES, BufferPool, size_class
 
 MB = 1 << 20
 
@@ -79,7 +79,7 @@ def test_a_limit_of_zero_turns_the_pool_off() -> None:
 
 
 def test_a_bad_limit_in_the_environment_says_what_to_write() -> None:
-    code = "import dispatchcore.wire._buffer_pool"
+    code = "import dispatchcore._wire._buffer_pool"
     env = {"DISPATCHCORE_BUFFER_POOL_MB": "lots", "PATH": ""}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0

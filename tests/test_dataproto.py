@@ -22,11 +22,11 @@ from dispatchcore import (
     union_two_dict,
     unpad_dataproto,
 )
-from dispatchcore.base._errors import BatchSizeError, DispatchError
-from dispatchcore.data._padding import AUTO_PADDING_KEY
-from dispatchcore.data._tensor_batch import TensorBatch
+from dispatchcore._base._errors import BatchSizeError, DispatchError
+from dispatchcore._data._padding import AUTO_PADDING_KEY
+from dispatchcore._data._tensor_batch import TensorBatch
+from dispatchcore._wire._serialization import dumps, loads
 from dispatchcore.testing.assertions import assert_dataproto_equal
-from dispatchcore.wire._serialization import dumps, loads
 
 
 def make(n: int = 6, **kw: object) -> DataProto:

@@ -17,10 +17,10 @@ from dispatchcore import (
     pad_dataproto_to_divisor,
     unpad_dataproto,
 )
-from dispatchcore.base._errors import BatchSizeError
-from dispatchcore.data._meta_info import values_equal
+from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._data._meta_info import values_equal
+from dispatchcore._wire._serialization import dumps, loads
 from dispatchcore.testing.strategies import assert_dataproto_equal, dataprotos, world_sizes
-from dispatchcore.wire._serialization import dumps, loads
 
 # assume() keeps only lengths the world size divides (about one draw in four).
 FAST = settings(

@@ -19,7 +19,7 @@ from dispatchcore import (
     direct_call,
     make_nd_compute_dataproto_dispatch_fn,
 )
-from dispatchcore.dispatch._builtin_modes import dispatch_dp_compute_proto
+from dispatchcore._dispatch._builtin_modes import dispatch_dp_compute_proto
 from dispatchcore.testing import check_dispatch_mode, nd_meshes, strategies
 
 world_sizes = strategies.world_sizes()

@@ -142,7 +142,7 @@ def test_disjoint_views_run_independently() -> None:
 
 def test_replace_rank_on_a_view_names_the_groups_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A view's rank numbers are positions in it; replacement works on the whole group's ranks."""
-    import dispatchcore.group._membership as membership
+    import dispatchcore._group._membership as membership
 
     asked: list[tuple[int, ...]] = []
     monkeypatch.setattr(membership, "run_replacement", lambda root, ranks, generation: asked.append(ranks))

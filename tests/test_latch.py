@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from dispatchcore.base._latch import Latch
+from dispatchcore._base._latch import Latch
 
 
 def test_wait_times_out_until_set_then_passes_at_once() -> None:

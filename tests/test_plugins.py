@@ -12,7 +12,7 @@ import pytest
 
 import dispatchcore
 from dispatchcore import BackendNotFoundError, WorkerGroup, available_backends
-from dispatchcore.spi._plugins import registry
+from dispatchcore._spi._plugins import registry
 from dispatchcore.testing.workers import EchoWorker
 
 SERIAL_EXECUTOR = '''
@@ -174,7 +174,7 @@ def test_import_does_not_import_ray() -> None:
     code = textwrap.dedent(
         """
         import sys, dispatchcore
-        from dispatchcore.spi._plugins import registry
+        from dispatchcore._spi._plugins import registry
         registry.all()
         assert 'ray' not in sys.modules, 'importing dispatchcore (and loading plugins) imported ray'
         """

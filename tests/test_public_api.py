@@ -118,8 +118,8 @@ def test_executors_use_only_public_core_names() -> None:
 
 def test_the_private_name_check_finds_each_kind() -> None:
     bad = """
-import dispatchcore.runtime._isolation
-from dispatchcore.spi._executor_base import timeout_error
+import dispatchcore._runtime._isolation
+from dispatchcore._spi._executor_base import timeout_error
 from ._executor import Fine
 
 class Group(RayWorkerGroup):
@@ -133,8 +133,8 @@ class Mine(Executor):
     found = [what for _, what in _private_core_uses(bad)]
     assert sorted(found) == sorted(
         [
-            "imports dispatchcore.runtime._isolation",
-            "imports dispatchcore.spi._executor_base",
+            "imports dispatchcore._runtime._isolation",
+            "imports dispatchcore._spi._executor_base",
             "uses WorkerGroup._executor",
             "uses self._prefix",
             "uses self._check_open",

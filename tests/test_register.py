@@ -17,7 +17,7 @@ from dispatchcore import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
-from dispatchcore.dispatch._register import registration_of
+from dispatchcore._dispatch._register import registration_of
 
 
 def test_bad_mode_fails_at_decoration_time() -> None:

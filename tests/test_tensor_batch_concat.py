@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dispatchcore import CallContext, DataProto
-from dispatchcore.dispatch._call_context import call_context
+from dispatchcore._dispatch._call_context import call_context
 from dispatchcore.wire import RowBuffers, cat_rows
 
 BUFFERS = RowBuffers()

@@ -223,7 +223,7 @@ def test_checker_names_the_broken_property_world_size_and_batch(
 
 def test_checker_holds_per_rank_modes_to_rank_order() -> None:
     from dispatchcore import Dispatch
-    from dispatchcore.dispatch._builtin_modes import dispatch_dp_compute_proto
+    from dispatchcore._dispatch._builtin_modes import dispatch_dp_compute_proto
 
     check_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, collects="per_rank", max_examples=30)
     shuffled = DispatchSpec(dispatch_dp_compute_proto, lambda wg, outs: outs[1:] + outs[:1], name="ROTATED")

@@ -16,7 +16,7 @@ from dispatchcore import (
     create_colocated_worker_cls,
     register,
 )
-from dispatchcore.group._worker_group import resolve_backend
+from dispatchcore._group._worker_group import resolve_backend
 from dispatchcore.testing.workers import ActorRole, EchoWorker
 
 

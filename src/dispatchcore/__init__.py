@@ -6,7 +6,7 @@ their results come back.  Executors (``local`` threads, ``torchrun``
 processes, ``ray`` actors) are plugins found through pluggy.
 """
 
-from .base._errors import (
+from ._base._errors import (
     BackendNotFoundError,
     BatchSizeError,
     DispatchError,
@@ -16,16 +16,16 @@ from .base._errors import (
     WorkerDiedError,
     WorkerError,
 )
-from .data._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
-from .data._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
-from .data._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
-from .data._reshape import fold_batch_dim, unfold_batch_dim
-from .data._tensor_batch import TensorBatch
-from .dispatch._builtin_modes import concat_outputs, trim_padding
-from .dispatch._call_context import CallContext, current_call
-from .dispatch._direct_call import DirectCall, direct_call
-from .dispatch._futures import CallFuture, DataProtoFuture
-from .dispatch._modes import (
+from ._data._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
+from ._data._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
+from ._data._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
+from ._data._reshape import fold_batch_dim, unfold_batch_dim
+from ._data._tensor_batch import TensorBatch
+from ._dispatch._builtin_modes import concat_outputs, trim_padding
+from ._dispatch._call_context import CallContext, current_call
+from ._dispatch._direct_call import DirectCall, direct_call
+from ._dispatch._futures import CallFuture, DataProtoFuture
+from ._dispatch._modes import (
     Dispatch,
     DispatchSpec,
     Execute,
@@ -33,22 +33,22 @@ from .dispatch._modes import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
-from .dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from .dispatch._register import Registration, register
-from .group._membership import MembershipChange
-from .group._method_proxy import MethodProxy
-from .group._worker_group import WorkerGroup
-from .rows._lazy_dataproto import LazyDataProto
-from .runtime._worker_host import RemoteFailure, WorkerHost
-from .spi._call import Call, UniqueValues
-from .spi._executor_base import CallHandle, Executor, GroupSpec
-from .spi._hookspecs import hookimpl, hookspec
-from .spi._plugins import available_backends
-from .trace._driver_traffic import DriverTraffic, driver_traffic
-from .trace._tracer import Tracer, trace
-from .worker._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
-from .worker._fused import create_colocated_worker_raw_cls
-from .worker._worker import Worker
+from ._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from ._dispatch._register import Registration, register
+from ._group._membership import MembershipChange
+from ._group._method_proxy import MethodProxy
+from ._group._worker_group import WorkerGroup
+from ._rows._lazy_dataproto import LazyDataProto
+from ._runtime._worker_host import RemoteFailure, WorkerHost
+from ._spi._call import Call, UniqueValues
+from ._spi._executor_base import CallHandle, Executor, GroupSpec
+from ._spi._hookspecs import hookimpl, hookspec
+from ._spi._plugins import available_backends
+from ._trace._driver_traffic import DriverTraffic, driver_traffic
+from ._trace._tracer import Tracer, trace
+from ._worker._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
+from ._worker._fused import create_colocated_worker_raw_cls
+from ._worker._worker import Worker
 
 __version__ = "0.1.0"
 

@@ -61,21 +61,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base._options import check_options
-from .rows._store import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
-from .rows._store import ROW_STORE as _ROW_STORE
-from .runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
-from .runtime._isolation import ATOMS, isolated_copy
-from .runtime._rank_thread import RankThread, run_isolated
-from .runtime._worker_host import RemoteFailure, WorkerHost, first_failure
-from .spi._call import Call, UniqueValues
-from .spi._executor_base import CallHandle, Executor, GroupSpec, remaining
-from .spi._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemble_chunk, plan_forward
-from .spi._plugins import register_executor
-from .spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
-from .trace._tracer import TimedResult
-from .wire._allocator import keep_freed_memory
-from .worker._colocate import method_names
+from ._base._options import check_options
+from ._rows._store import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from ._rows._store import ROW_STORE as _ROW_STORE
+from ._runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
+from ._runtime._isolation import ATOMS, isolated_copy
+from ._runtime._rank_thread import RankThread, run_isolated
+from ._runtime._worker_host import RemoteFailure, WorkerHost, first_failure
+from ._spi._call import Call, UniqueValues
+from ._spi._executor_base import CallHandle, Executor, GroupSpec, remaining
+from ._spi._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemble_chunk, plan_forward
+from ._spi._plugins import register_executor
+from ._spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
+from ._trace._tracer import TimedResult
+from ._wire._allocator import keep_freed_memory
+from ._worker._colocate import method_names
 
 
 def take_kept_rows(request: RowRequest) -> Any:

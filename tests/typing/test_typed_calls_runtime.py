@@ -20,7 +20,7 @@ from dispatchcore import (
     WorkerGroup,
     register,
 )
-from dispatchcore.dispatch._register import registration_of
+from dispatchcore._dispatch._register import registration_of
 from dispatchcore.testing.conformance import batch
 from dispatchcore.testing.workers import EchoWorker
 

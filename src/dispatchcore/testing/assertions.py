@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dispatchcore.data._meta_info import values_equal
+from dispatchcore._data._meta_info import values_equal
 
 __all__ = ["assert_dataproto_equal"]
 

@@ -32,7 +32,7 @@ from .. import (
     create_colocated_worker_cls,
     driver_traffic,
 )
-from ..data._padding import PADDING_ROWS_KEY
+from .._data._padding import PADDING_ROWS_KEY
 from .assertions import assert_dataproto_equal
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 

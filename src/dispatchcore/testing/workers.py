@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data._dataproto import DataProto
-from ..data._padding import PADDING_ROWS_KEY
-from ..dispatch._modes import Dispatch, Execute
-from ..dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from ..dispatch._register import register
-from ..rows._store import ROW_STORE
-from ..worker._worker import Worker
+from .._data._dataproto import DataProto
+from .._data._padding import PADDING_ROWS_KEY
+from .._dispatch._modes import Dispatch, Execute
+from .._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
+from .._dispatch._register import register
+from .._rows._store import ROW_STORE
+from .._worker._worker import Worker
 
 MESH = "train"
 

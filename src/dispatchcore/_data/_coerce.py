@@ -1,0 +1,58 @@
+"""Checking and converting what users hand a DataProto: batches, columns, row indexes.
+
+The class accepts TensorDicts, dicts, lists, numpy arrays and tensors in
+many places; turning them into its own types (and raising one clear error
+for anything else) is one job, kept here so the class module holds the
+row logic.  Leaf module: it imports no other DataProto module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from dispatchcore._data._tensor_batch import TensorBatch, is_tensordict
+
+__all__ = ["as_batch", "as_column", "as_index"]
+
+
+def as_batch(batch: Any) -> TensorBatch | None:
+    """A TensorBatch (or None) from a TensorBatch, TensorDict or dict of tensors."""
+    if batch is None or isinstance(batch, TensorBatch):
+        return batch
+    if is_tensordict(batch) or isinstance(batch, Mapping):
+        return TensorBatch(batch)
+    raise TypeError(f"DataProto.batch must be a TensorBatch, TensorDict or dict, got {type(batch).__name__}")
+
+
+def as_column(key: str, value: Any) -> np.ndarray:
+    """A non-tensor column as a numpy array; lists and tuples become object arrays."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"non_tensor_batch[{key!r}] is a torch.Tensor; put tensors in the batch")
+    if isinstance(value, list | tuple):
+        return np.array(value, dtype=object)
+    raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
+
+
+def as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
+    """An index list/array/tensor as a matching (torch, numpy) pair."""
+    if isinstance(idxs, list | tuple):
+        arr = np.asarray(idxs) if len(idxs) else np.zeros(0, dtype=np.int64)
+    elif isinstance(idxs, np.ndarray):
+        arr = idxs
+    elif isinstance(idxs, torch.Tensor):
+        arr = idxs.detach().cpu().numpy()
+    else:
+        raise TypeError(f"cannot select rows with {type(idxs).__name__}; use a list, numpy array or tensor")
+    if arr.ndim != 1:
+        raise IndexError(f"row index must be 1-D, got shape {arr.shape}")
+    if arr.dtype != bool and not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
+    if arr.dtype != bool:
+        arr = arr.astype(np.int64, copy=False)
+    return torch.from_numpy(np.ascontiguousarray(arr)), arr

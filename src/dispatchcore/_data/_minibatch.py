@@ -1,0 +1,92 @@
+"""Mini-batches through torch's DataLoader: iterating a DataProto and collating rows.
+
+``DataProto.make_iterator`` and verl's ``collate_fn`` are the DataLoader
+glue of the container; they live here so the class module holds row logic
+only.  The class is passed in (``collate_rows(items, cls)``), so this module
+never imports :mod:`dispatchcore._data._dataproto` at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._data._tensor_batch import TensorBatch
+
+if TYPE_CHECKING:
+    from dispatchcore._data._dataproto import DataProto, DataProtoItem
+
+__all__ = ["collate_rows", "iterate_minibatches"]
+
+D = TypeVar("D", bound="DataProto")
+
+
+def iterate_minibatches(
+    data: D,
+    mini_batch_size: int,
+    epochs: int,
+    seed: int | None = None,
+    dataloader_kwargs: dict[str, Any] | None = None,
+) -> Iterator[D]:
+    """Mini-batches of ``mini_batch_size`` rows of ``data`` for ``epochs`` epochs.
+
+    ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
+    ``shuffle=True``); ``seed`` seeds its generator.
+    """
+    from torch.utils.data import DataLoader
+
+    if mini_batch_size <= 0 or len(data) % mini_batch_size:
+        raise BatchSizeError(
+            f"make_iterator needs mini_batch_size dividing the length: {len(data)} % {mini_batch_size} != 0"
+        )
+    kwargs = dict(dataloader_kwargs or {})
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    rows: Any = range(len(data))  # a map-style dataset of row numbers
+    loader: DataLoader[int] = DataLoader(
+        rows,
+        batch_size=mini_batch_size,
+        collate_fn=_index_collate,
+        generator=generator,
+        **kwargs,
+    )
+
+    def batches() -> Iterator[D]:
+        for _ in range(epochs):
+            for index in loader:
+                yield data._take(index)
+
+    return batches()
+
+
+def collate_rows(items: Sequence[DataProtoItem], cls: type[D]) -> D:
+    """Stack row items back into a ``cls`` (non-tensors become object arrays, as in verl)."""
+    batch = None
+    rows = [item.batch for item in items]
+    if rows and all(r is not None for r in rows):
+        batch = TensorBatch.stack(rows).contiguous()  # type: ignore[arg-type]
+    keys: list[str] = list(items[0].non_tensor_batch) if items else []
+    non_tensor = {key: _stack_column([item.non_tensor_batch[key] for item in items]) for key in keys}
+    return cls(batch=batch, non_tensor_batch=non_tensor)
+
+
+def _index_collate(indices: list[int]) -> np.ndarray:
+    return np.asarray(indices, dtype=np.int64)
+
+
+def _stack_column(values: list[Any]) -> np.ndarray:
+    """Rows of one non-tensor column back into an array, keeping numeric dtypes."""
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values)
+    if values and all(isinstance(v, np.generic) and not isinstance(v, np.object_) for v in values):
+        return np.array(values)
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column

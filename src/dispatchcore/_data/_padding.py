@@ -1,0 +1,194 @@
+"""Padding: the auto-padding switch, and splitting rows into equal chunks.
+
+A batch whose length does not divide by the world size is padded by
+repeating rows, and every chunk records how many of its trailing rows are
+padding (:data:`PADDING_ROWS_KEY`) so results can be trimmed.  This module
+owns that arithmetic; the DataProto class calls it (``chunk``, ``split``)
+and the functions here only call DataProto methods (``len``, slicing,
+``_take``, ``is_padding_enabled``), so the class is needed for typing only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._data._tensor_batch import TensorBatch
+
+if TYPE_CHECKING:
+    from dispatchcore._data._dataproto import DataProto
+
+__all__ = [
+    "AUTO_PADDING_KEY",
+    "PADDING_ROWS_KEY",
+    "DataProtoConfig",
+    "check_positive",
+    "chunk_with_padding",
+    "pad_dataproto_to_divisor",
+    "split_views",
+    "unpad_dataproto",
+]
+
+D = TypeVar("D", bound="DataProto")
+
+#: ``meta_info`` key of a chunk: how many of its trailing rows are padding.
+PADDING_ROWS_KEY = "padding_rows"
+#: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
+AUTO_PADDING_KEY = "_verl_auto_padding"
+_ENV_FLAGS = ("DISPATCHCORE_AUTO_PADDING", "VERL_AUTO_PADDING")
+
+
+class _DataProtoConfigMeta(type):
+    _auto_padding = False
+
+    @property
+    def auto_padding(cls) -> bool:
+        """Process-wide padding switch; also on when an env flag is TRUE/1."""
+        env = any(os.getenv(name, "").upper() in ("TRUE", "1") for name in _ENV_FLAGS)
+        return env or cls._auto_padding
+
+    @auto_padding.setter
+    def auto_padding(cls, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"auto_padding must be a bool, got {type(enabled).__name__}")
+        cls._auto_padding = enabled
+
+
+class DataProtoConfig(metaclass=_DataProtoConfigMeta):
+    """Global DataProto settings (verl's name): ``DataProtoConfig.auto_padding = True``."""
+
+    auto_padding_key = AUTO_PADDING_KEY
+
+
+def check_positive(name: str, value: Any) -> int:
+    """``value`` as an int, or a TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return int(value)
+
+
+def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
+    """Pad ``data`` so its length divides by ``size_divisor``; returns ``(padded, pad_size)``.
+
+    Padding rows repeat rows from the start (row 0, 1, ... wrapping), as verl
+    does.  ``data`` is never modified; without padding the result is a view.
+    """
+    divisor = check_positive("size_divisor", size_divisor)
+    length = len(data)
+    pad_size = (-length) % divisor
+    if pad_size == 0:
+        return data[:], 0
+    return data._take(np.arange(length + pad_size) % length), pad_size
+
+
+def unpad_dataproto(data: D, pad_size: int) -> D:
+    """Drop the last ``pad_size`` rows (``data[:-pad_size]``); a view."""
+    if pad_size < 0:
+        raise ValueError(f"pad_size must be >= 0, got {pad_size}")
+    if pad_size > len(data):
+        raise BatchSizeError(f"cannot remove {pad_size} padding rows from a DataProto of length {len(data)}")
+    return data[: len(data) - pad_size] if pad_size else data
+
+
+def _padding_rows_in(start: int, stop: int, real_end: int) -> int:
+    """How many of virtual rows ``[start, stop)`` lie at or past ``real_end``."""
+    return max(0, min(stop - start, stop - real_end))
+
+
+def _existing_padding(data: DataProto) -> int | None:
+    value = data.meta_info.get(PADDING_ROWS_KEY)
+    if value is None:
+        return None
+    if not isinstance(value, int | np.integer) or not 0 <= value <= len(data):
+        raise BatchSizeError(
+            f"meta_info[{PADDING_ROWS_KEY!r}]={value!r} is not a row count within 0..{len(data)}; "
+            f"it says how many trailing rows are padding: set it to such a count or delete the key"
+        )
+    return int(value)
+
+
+def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tuple[list[D], int]:
+    """Split ``data`` into ``n`` equal chunks, padding when allowed; returns ``(chunks, pad_size)``.
+
+    ``allow_padding=None`` means ``data.is_padding_enabled()``.  Without
+    padding, a length that ``n`` does not divide raises :class:`BatchSizeError`.
+    Chunks without padding rows are views of ``data``; only chunks holding
+    padding rows are gathered copies.  When padding is allowed (or ``data``
+    already says it holds padding), every chunk's ``meta_info`` carries
+    :data:`PADDING_ROWS_KEY`: how many of its trailing rows are padding.
+    """
+    n = check_positive("chunks", n)
+    if allow_padding is None:
+        allow_padding = data.is_padding_enabled()
+    length = len(data)
+    pad_size = (-length) % n
+    if pad_size and not allow_padding:
+        raise BatchSizeError(
+            f"cannot split a DataProto of length {length} into {n} equal chunks "
+            f"({length} % {n} = {length % n}); enable padding with "
+            "DataProto.from_dict(..., auto_padding=True) (or DataProtoConfig.auto_padding = True), "
+            "or pad it first with pad_dataproto_to_divisor(data, n)"
+        )
+    existing = _existing_padding(data)
+    mark = allow_padding or existing is not None
+    real_end = length - (existing or 0)
+    size = (length + pad_size) // n
+    if pad_size == 0 and size and type(data).__name__ == "DataProto" and data.batch is not None:
+        chunks = _even_views(data, n, size)
+        if mark:
+            for i, piece in enumerate(chunks):
+                piece.meta_info[PADDING_ROWS_KEY] = _padding_rows_in(i * size, (i + 1) * size, real_end)
+        return chunks, 0
+    chunks = []
+    for i in range(n):
+        start, stop = i * size, (i + 1) * size
+        if stop <= length:
+            piece = data[start:stop]
+        else:
+            piece = data._take(np.arange(start, stop) % length)
+        if mark:
+            piece.meta_info[PADDING_ROWS_KEY] = _padding_rows_in(start, stop, real_end)
+        chunks.append(piece)
+    return chunks, pad_size
+
+
+def _even_views(data: D, n: int, size: int) -> list[D]:
+    """``n`` views of ``size`` rows each: one split per column instead of ``n`` slices of every column."""
+    batch = data.batch
+    if len(batch.batch_size) != 1:
+        return [data[i * size : (i + 1) * size] for i in range(n)]
+    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); the length divides by n, so
+    # it gives exactly n views of ``size`` rows.
+    columns = [(k, t.chunk(n)) for k, t in batch._tensors.items()]
+    arrays = data.non_tensor_batch
+    meta = data.meta_info
+    row_size = torch.Size([size])
+    out: list[D] = []
+    for i in range(n):
+        part = TensorBatch.__new__(TensorBatch)
+        part._batch_size = row_size
+        part._tensors = {k: pieces[i] for k, pieces in columns}
+        rows = {k: a[i * size : (i + 1) * size] for k, a in arrays.items()} if arrays else {}
+        out.append(data._new(part, rows, dict(meta)))
+    return out
+
+
+def split_views(data: D, split_size: int) -> list[D]:
+    """``data`` in consecutive views of ``split_size`` rows (the last may be short)."""
+    split_size = check_positive("split_size", split_size)
+    length = len(data)
+    existing = _existing_padding(data)
+    out: list[D] = []
+    for start in range(0, length, split_size):
+        stop = min(start + split_size, length)
+        piece = data[start:stop]
+        if existing is not None:
+            piece.meta_info[PADDING_ROWS_KEY] = _padding_rows_in(start, stop, length - existing)
+        out.append(piece)
+    return out

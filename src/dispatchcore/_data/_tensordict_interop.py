@@ -1,0 +1,125 @@
+"""DataProto <-> tensordict.TensorDict conversion.
+
+tensordict is an optional dependency and its non-tensor containers have
+their own rules (``NonTensorStack.from_list`` nests list rows), so the
+conversion and its column-layout record live here, apart from the class.
+``DataProto.to_tensordict`` / ``from_tensordict`` call these functions; the
+class is passed in, so this module never imports :mod:`dispatchcore._data._dataproto`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from dispatchcore._data._tensor_batch import TensorBatch
+
+if TYPE_CHECKING:
+    from dispatchcore._data._dataproto import DataProto
+
+__all__ = ["from_tensordict", "to_tensordict"]
+
+D = TypeVar("D", bound="DataProto")
+
+#: ``to_tensordict`` entry giving ``{column: (dtype, row_shape)}`` for columns that are not 1-D object arrays.
+_COLUMN_LAYOUT_KEY = "_dispatchcore_column_layout"
+
+
+def from_tensordict(
+    cls: type[D],
+    tensor_dict: Any = None,
+    meta_info: Mapping[str, Any] | None = None,
+    num_batch_dims: int = 1,
+) -> D:
+    """A ``cls`` built from a TensorDict laid out as :func:`to_tensordict` writes it.
+
+    Tensors go to ``batch``, ``NonTensorStack`` entries to ``non_tensor_batch``
+    and ``NonTensorData`` entries to ``meta_info`` (they win over keys of
+    the ``meta_info`` argument).  Stacks are read with ``tolist()``, not
+    per-element ``.data``: ``NonTensorStack.from_list`` turns list values
+    into nested (ragged, possibly empty) stacks whose ``.data`` raises
+    inside tensordict.
+    """
+    td = _import_tensordict()
+    if num_batch_dims != 1:
+        raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
+    if not isinstance(tensor_dict, td.TensorDictBase):
+        raise TypeError(f"from_tensordict needs a tensordict.TensorDict, got {type(tensor_dict).__name__}")
+    meta = dict(meta_info or {})
+    tensors: dict[str, torch.Tensor] = {}
+    rows: dict[str, list[Any]] = {}
+    for key, value in tensor_dict.items():
+        if isinstance(value, td.NonTensorStack):
+            rows[key] = value.tolist()
+        elif isinstance(value, td.NonTensorData):
+            meta[key] = value.data
+        elif isinstance(value, torch.Tensor):
+            tensors[key] = value
+        else:
+            raise TypeError(f"from_tensordict: unsupported entry {key!r} of type {type(value).__name__}")
+    layouts = meta.pop(_COLUMN_LAYOUT_KEY, None) or {}
+    non_tensors = {
+        key: _column_from_rows(values, *layouts.get(key, (np.dtype(object), ()))) for key, values in rows.items()
+    }
+    size = list(tensor_dict.batch_size[:1])
+    batch = TensorBatch(tensors, batch_size=size) if tensors else None
+    return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+
+
+def to_tensordict(data: DataProto) -> Any:
+    """A TensorDict of ``data``'s tensors, non-tensor columns and meta info.
+
+    Each column becomes a 1-D ``NonTensorStack`` holding one row value per
+    element, wrapped one by one so tensordict never unpacks a list or dict
+    row into a nested stack.  ``meta_info`` entries become ``NonTensorData``.
+    Columns that are not 1-D object arrays also record their dtype and row
+    shape under ``_dispatchcore_column_layout`` so :func:`from_tensordict`
+    rebuilds them exactly; 1-D object columns (verl's kind) need no record.
+    """
+    td = _import_tensordict()
+    tensor_keys = list(data.batch.keys()) if data.batch is not None else []
+    counts = Counter([*tensor_keys, *data.non_tensor_batch, *data.meta_info, _COLUMN_LAYOUT_KEY])
+    clash = sorted(str(key) for key, n in counts.items() if n > 1)
+    if clash:
+        raise ValueError(
+            f"to_tensordict: keys {clash} appear in more than one of batch, non_tensor_batch, meta_info "
+            f"(or are the reserved {_COLUMN_LAYOUT_KEY!r}); one TensorDict holds them all"
+        )
+    out = td.TensorDict(
+        data.batch.to_dict() if data.batch is not None else {},
+        batch_size=[len(data)],
+    )
+    layouts: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    for key, column in data.non_tensor_batch.items():
+        if column.dtype != object or column.ndim != 1:
+            layouts[key] = (column.dtype, column.shape[1:])
+        out[key] = td.NonTensorStack(*[td.NonTensorData(data=row) for row in column])
+    for key, value in data.meta_info.items():
+        out.set_non_tensor(key, value)
+    if layouts:
+        out.set_non_tensor(_COLUMN_LAYOUT_KEY, layouts)
+    return out
+
+
+def _column_from_rows(rows: list[Any], dtype: np.dtype[Any], row_shape: tuple[int, ...]) -> np.ndarray:
+    """A column of ``rows``; object rows are set one by one so numpy never unpacks a list row."""
+    column = np.empty((len(rows), *row_shape), dtype=dtype)
+    if column.dtype == object:
+        for i, row in enumerate(rows):
+            column[i] = row
+    elif rows:
+        column[...] = rows
+    return column
+
+
+def _import_tensordict() -> Any:
+    """tensordict, imported on use: it is an optional dependency."""
+    try:
+        import tensordict
+    except ImportError as exc:
+        raise ImportError("DataProto.from_tensordict / to_tensordict need tensordict: pip install tensordict") from exc
+    return tensordict

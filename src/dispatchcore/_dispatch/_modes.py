@@ -1,0 +1,264 @@
+"""Dispatch and execute modes, and the table that maps a mode to its functions.
+
+``Dispatch`` is an enum that can grow at run time (``register_dispatch_mode``)
+because RL frameworks add their own split/collect rules.  The table is looked
+up at call time, so ``update_dispatch_mode`` takes effect on groups already
+bound.  Dispatch and collect run on the driver only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+
+from .._base._errors import RegistrationError
+
+if TYPE_CHECKING:
+    from .._data._dataproto import DataProto
+    from ._futures import CallFuture, DataProtoFuture
+    from ._typed_method import (
+        CollectsAs,
+        CollectsList,
+        CollectsListLater,
+        CollectsRankZero,
+        CollectsRankZeroLater,
+        ExecuteAll,
+        ExecuteRankZero,
+        ScattersList,
+        ScattersListLater,
+        TypedDispatch,
+    )
+
+T = TypeVar("T")
+
+DispatchFn = Callable[..., tuple[tuple[list[Any], ...], dict[str, list[Any]]]]
+CollectFn = Callable[[Any, list[Any]], Any]
+
+
+class _DynamicEnumMeta(type):
+    _members: dict[str, Any]
+
+    def __iter__(cls) -> Iterator[Any]:
+        return iter(list(cls._members.values()))
+
+    def __len__(cls) -> int:
+        return len(cls._members)
+
+    def __getitem__(cls, name: str) -> Any:
+        try:
+            return cls._members[name]
+        except KeyError:
+            raise KeyError(f"{cls.__name__} has no member {name!r}; known: {sorted(cls._members)}") from None
+
+    def __contains__(cls, item: object) -> bool:
+        if isinstance(item, str):
+            return item in cls._members
+        return isinstance(item, cls) and cls._members.get(item.name) is item
+
+    def __getattr__(cls, name: str) -> Any:
+        members = cls.__dict__.get("_members", {})
+        if name in members:
+            return members[name]
+        raise AttributeError(f"{cls.__name__} has no member {name!r}; known: {sorted(members)}")
+
+
+class _DynamicEnum(metaclass=_DynamicEnumMeta):
+    """An enum whose members can be added and removed at run time."""
+
+    _members: dict[str, Any] = {}
+
+    def __init__(self, name: str, value: int) -> None:
+        self.name = name
+        self.value = value
+
+    def __init_subclass__(cls) -> None:
+        cls._members = {}
+
+    @classmethod
+    def _add(cls, name: str) -> Any:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise RegistrationError(f"a {cls.__name__} name must be an identifier, got {name!r}")
+        if name in cls._members:
+            raise RegistrationError(f"{cls.__name__}.{name} already exists")
+        member = cls(name, max((m.value for m in cls._members.values()), default=-1) + 1)
+        cls._members[name] = member
+        return member
+
+    @classmethod
+    def _remove(cls, name: str) -> None:
+        cls._members.pop(name, None)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self.name}: {self.value}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_member_or_placeholder, (type(self), self.name, self.value))
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.name))
+
+
+def _member_or_placeholder(cls: Any, name: str, value: int) -> Any:
+    """Unpickle a member by name; a mode the receiving process never registered
+    (one added in a driver script) becomes an unregistered stand-in, because
+    dispatch and collect only ever run on the driver."""
+    return cls._members.get(name) or cls(name, value)
+
+
+class Dispatch(_DynamicEnum):
+    """How a call's arguments are split over ranks and results gathered."""
+
+    if TYPE_CHECKING:  # what each mode's driver call returns (see ``_typed_method``)
+        RANK_ZERO: ClassVar[TypedDispatch[CollectsRankZero, CollectsRankZeroLater]]
+        ONE_TO_ALL: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        ALL_TO_ALL: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        DP_COMPUTE: ClassVar[TypedDispatch[ScattersList, ScattersListLater]]
+        DP_COMPUTE_PROTO: ClassVar[TypedDispatch[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]]
+        DP_COMPUTE_PROTO_WITH_FUNC: ClassVar[TypedDispatch[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]]
+        DP_COMPUTE_METRIC: ClassVar[TypedDispatch[CollectsList, CollectsListLater]]
+        DIRECT_ROLLOUT_METHOD: ClassVar[TypedDispatch[CollectsAs[NoReturn], CollectsAs[NoReturn]]]
+
+
+class Execute(_DynamicEnum):
+    """Which ranks run a call: ``ALL`` or ``RANK_ZERO`` (result unwrapped)."""
+
+    if TYPE_CHECKING:
+        ALL: ClassVar[ExecuteAll]
+        RANK_ZERO: ClassVar[ExecuteRankZero]
+
+
+BUILTIN_DISPATCH = (
+    "RANK_ZERO",
+    "ONE_TO_ALL",
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "DP_COMPUTE_PROTO",
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "DIRECT_ROLLOUT_METHOD",
+)
+for _name in BUILTIN_DISPATCH:
+    Dispatch._add(_name)
+for _name in ("ALL", "RANK_ZERO"):
+    Execute._add(_name)
+
+
+@dataclass(frozen=True)
+class DispatchSpec:
+    """A mode's driver-side functions and how the core should treat it.
+
+    ``returns_dataproto``: a ``blocking=False`` call returns a
+    :class:`~dispatchcore.DataProtoFuture`.  ``rank_zero_only``: only rank 0
+    runs the call.  ``direct``: the method is meant to be called on workers
+    directly, never through the group.
+    """
+
+    dispatch_fn: DispatchFn
+    collect_fn: CollectFn
+    returns_dataproto: bool = False
+    rank_zero_only: bool = False
+    direct: bool = False
+    name: str = "custom"
+
+    def __getitem__(self, key: str) -> Any:  # verl passes modes as dicts
+        if key in ("dispatch_fn", "collect_fn"):
+            return getattr(self, key)
+        raise KeyError(key)
+
+
+_table: dict[str, DispatchSpec] = {}
+_lock = threading.Lock()
+
+
+def _check_fns(what: str, dispatch_fn: Any, collect_fn: Any) -> None:
+    for label, fn in (("dispatch_fn", dispatch_fn), ("collect_fn", collect_fn)):
+        if not callable(fn):
+            raise RegistrationError(f"{what}: {label} must be callable, got {fn!r}")
+
+
+def set_builtin(mode: Dispatch, spec: DispatchSpec) -> None:
+    """Install a built-in mode's functions (called once at import)."""
+    _table[mode.name] = spec
+
+
+def register_dispatch_mode(
+    name: str, dispatch_fn: DispatchFn, collect_fn: Callable[[Any, list[Any]], T]
+) -> TypedDispatch[CollectsAs[T], CollectsAs[CallFuture[T]]]:
+    """Add ``Dispatch.<name>`` with its functions; a duplicate name is refused.
+
+    ``dispatch_fn(wg, *args, **kwargs)`` returns ``(args, kwargs)`` whose every
+    value is a list with one entry per rank; ``collect_fn(wg, outputs)`` turns
+    the per-rank outputs into the caller's result.  Keep the returned member
+    (``MY_MODE = register_dispatch_mode(...)``): type checkers read the call's
+    result type off it, from ``collect_fn``'s annotated return type.
+    """
+    _check_fns(f"register_dispatch_mode({name!r})", dispatch_fn, collect_fn)
+    with _lock:
+        if name in Dispatch:
+            raise RegistrationError(
+                f"dispatch mode {name!r} already exists; use update_dispatch_mode to replace "
+                "its functions or unregister_dispatch_mode to remove it"
+            )
+        mode: TypedDispatch[CollectsAs[T], CollectsAs[CallFuture[T]]] = Dispatch._add(name)
+        _table[name] = DispatchSpec(dispatch_fn, collect_fn, name=name)
+    return mode
+
+
+def update_dispatch_mode(mode: Dispatch | str, dispatch_fn: DispatchFn, collect_fn: CollectFn) -> None:
+    """Replace the functions of an existing mode (takes effect on the next call)."""
+    name = mode if isinstance(mode, str) else getattr(mode, "name", None)
+    _check_fns(f"update_dispatch_mode({name!r})", dispatch_fn, collect_fn)
+    with _lock:
+        if name not in _table:
+            raise RegistrationError(f"no dispatch mode {mode!r} to update; known: {sorted(_table)}")
+        old = _table[name]
+        _table[name] = DispatchSpec(
+            dispatch_fn, collect_fn, old.returns_dataproto, old.rank_zero_only, old.direct, name
+        )
+
+
+def unregister_dispatch_mode(name: str) -> None:
+    """Remove a mode added with :func:`register_dispatch_mode` (built-ins stay)."""
+    if name in BUILTIN_DISPATCH:
+        raise RegistrationError(f"built-in dispatch mode {name!r} cannot be removed")
+    with _lock:
+        if name not in _table:
+            raise RegistrationError(f"no dispatch mode {name!r} to unregister")
+        del _table[name]
+        Dispatch._remove(name)
+
+
+def validate_mode(mode: Any) -> None:
+    """Fail at decoration time for anything that is not a usable mode."""
+    if isinstance(mode, Dispatch):
+        if mode.name not in _table:
+            raise RegistrationError(f"dispatch mode {mode!r} was unregistered")
+        return
+    if isinstance(mode, DispatchSpec):
+        return
+    if isinstance(mode, dict):
+        missing = {"dispatch_fn", "collect_fn"} - set(mode)
+        if missing:
+            raise RegistrationError(
+                f"a dict dispatch_mode needs keys 'dispatch_fn' and 'collect_fn'; missing {sorted(missing)}"
+            )
+        _check_fns("dispatch_mode dict", mode["dispatch_fn"], mode["collect_fn"])
+        return
+    raise RegistrationError(
+        f"dispatch_mode must be a Dispatch member (e.g. Dispatch.DP_COMPUTE_PROTO), a dict with "
+        f"'dispatch_fn' and 'collect_fn', or make_nd_compute_dataproto_dispatch_fn(...); got {mode!r}"
+    )
+
+
+def resolve_mode(mode: Any) -> DispatchSpec:
+    """The current functions of ``mode`` (looked up at call time)."""
+    if isinstance(mode, DispatchSpec):
+        return mode
+    if isinstance(mode, dict):
+        return DispatchSpec(mode["dispatch_fn"], mode["collect_fn"], name="dict")
+    try:
+        return _table[mode.name]
+    except KeyError:
+        raise RegistrationError(f"dispatch mode {mode!r} is no longer registered") from None

@@ -1,0 +1,260 @@
+"""The ``@register`` decorator: how a worker method is dispatched and run.
+
+Like pluggy's markers it stores its options on the function under one
+attribute and validates them when applied, so a bad mode fails when the
+worker module is imported, not at the first call.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+
+from .._base._errors import RegistrationError
+from ._modes import Dispatch, Execute, validate_mode
+
+if TYPE_CHECKING:
+    from .._group._method_proxy import MethodProxy
+    from ._typed_method import (
+        CollectsAs,
+        CollectsList,
+        CollectsListLater,
+        CollectsRankZero,
+        CollectsRankZeroLater,
+        ExecuteAll,
+        ExecuteRankZero,
+        ModeTypes,
+        RegisteredMethod,
+    )
+
+F = TypeVar("F", bound=Callable[..., Any])
+# For the typed overloads of ``register`` (see ``_typed_method``).
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
+B = TypeVar("B")
+L = TypeVar("L")
+
+#: Attribute under which ``@register`` stores a method's :class:`Registration`.
+REGISTRATION_ATTR = "__dispatchcore_registration__"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Options of one registered worker method."""
+
+    dispatch_mode: Any
+    execute_mode: Execute
+    blocking: bool
+    materialize_futures: bool
+    is_async: bool = False
+    #: A setup call: recorded when it succeeds and replayed, in order, on a
+    #: rank that replaces a dead one (see ``WorkerGroup.replace_rank``).
+    setup: bool = False
+    #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
+    #: by a rank's death is retried once on the rebuilt group.
+    retry: bool = False
+    #: Keep a DataProto result on the ranks (a ``LazyDataProto``); ``None``: the group decides.
+    lazy: bool | None = None
+
+
+# The overloads only tell type checkers what a driver call returns per mode
+# (``_typed_method``); at run time ``register`` returns the function itself.
+# Bare ``@register``: ALL_TO_ALL, one result per rank.
+@overload
+def register(
+    dispatch_mode: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
+) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, list[R]]]: ...
+@overload
+def register(
+    dispatch_mode: Callable[Concatenate[S, P], R], /
+) -> RegisteredMethod[S, P, R, MethodProxy[P, list[R]]]: ...
+
+
+# A mode that carries its result types (built-in members, nd meshes, register_dispatch_mode's).
+@overload
+def register(
+    dispatch_mode: ModeTypes[B, L],
+    execute_mode: ExecuteAll | None = ...,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> B: ...
+@overload
+def register(
+    dispatch_mode: ModeTypes[B, L],
+    execute_mode: ExecuteAll | None = ...,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> L: ...
+
+
+# The default mode, ALL_TO_ALL.
+@overload
+def register(
+    dispatch_mode: None = ...,
+    execute_mode: ExecuteAll | None = ...,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsList: ...
+@overload
+def register(
+    dispatch_mode: None = ...,
+    execute_mode: ExecuteAll | None = ...,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsListLater: ...
+
+
+# Execute.RANK_ZERO, whatever the mode: rank 0's value.
+@overload
+def register(
+    dispatch_mode: Any,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsRankZero: ...
+@overload
+def register(
+    dispatch_mode: Any = ...,
+    *,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[True] = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsRankZero: ...
+@overload
+def register(
+    dispatch_mode: Any,
+    execute_mode: ExecuteRankZero,
+    *,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsRankZeroLater: ...
+@overload
+def register(
+    dispatch_mode: Any = ...,
+    *,
+    execute_mode: ExecuteRankZero,
+    blocking: Literal[False],
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsRankZeroLater: ...
+
+
+# Anything else (a dict mode, a member looked up at run time, a non-literal flag): Any.
+@overload
+def register(
+    dispatch_mode: Any = ...,
+    execute_mode: Any = ...,
+    blocking: bool = ...,
+    materialize_futures: bool = ...,
+    setup: bool = ...,
+    retry: bool = ...,
+    lazy: bool | None = ...,
+) -> CollectsAs[Any]: ...
+
+
+def register(
+    dispatch_mode: Any = None,
+    execute_mode: Any = None,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+    setup: bool = False,
+    retry: bool = False,
+    lazy: bool | None = None,
+) -> Any:
+    """Mark a worker method as callable through a ``WorkerGroup``.
+
+    ``dispatch_mode`` (default ``Dispatch.ALL_TO_ALL``) says how arguments are
+    split over ranks and results gathered; ``execute_mode`` (default
+    ``Execute.ALL``) which ranks run it; ``blocking=False`` makes the call
+    return a future at once.  ``setup=True`` marks a call that builds a
+    rank's state (replayed on a replacement rank); ``retry=True`` one that is
+    safe to run twice (retried once after a rank is replaced).  ``lazy=True``
+    keeps a DataProto result on the ranks and returns a ``LazyDataProto``
+    (``None``: the group's ``lazy`` setting decides).  Usable bare
+    (``@register``) or with options.
+    """
+    if inspect.isfunction(dispatch_mode) and execute_mode is None:
+        return register()(dispatch_mode)
+    mode = Dispatch.ALL_TO_ALL if dispatch_mode is None else dispatch_mode
+    execute = Execute.ALL if execute_mode is None else execute_mode
+    validate_mode(mode)
+    if not isinstance(execute, Execute):
+        raise RegistrationError(f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute!r}")
+    flags = (("blocking", blocking), ("materialize_futures", materialize_futures), ("setup", setup), ("retry", retry))
+    for label, flag in flags:
+        if not isinstance(flag, bool):
+            raise RegistrationError(f"{label} must be True or False, got {flag!r}")
+    if lazy is not None and not isinstance(lazy, bool):
+        raise RegistrationError(f"lazy must be True, False or None (the group decides), got {lazy!r}")
+
+    def decorate(func: F) -> F:
+        target = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        if not callable(target):
+            raise RegistrationError(f"@register decorates worker methods, got {func!r}")
+        if hasattr(target, REGISTRATION_ATTR):
+            raise RegistrationError(f"{target.__qualname__} is already decorated with @register")
+        registration = Registration(
+            mode,
+            execute,
+            blocking,
+            materialize_futures,
+            is_async=inspect.iscoroutinefunction(target),
+            setup=setup,
+            retry=retry,
+            lazy=lazy,
+        )
+        setattr(target, REGISTRATION_ATTR, registration)
+        return func
+
+    return decorate
+
+
+def registration_of(obj: Any) -> Registration | None:
+    """The :class:`Registration` of a function, or ``None`` if undecorated."""
+    target = getattr(obj, "__func__", obj)
+    found = getattr(target, REGISTRATION_ATTR, None)
+    return found if isinstance(found, Registration) else None
+
+
+def registered_methods(worker_cls: type) -> dict[str, Registration]:
+    """Every ``@register`` method of ``worker_cls`` (inherited ones included)."""
+    found: dict[str, Registration] = {}
+    for name in dir(worker_cls):
+        if name.startswith("__"):
+            continue
+        try:
+            attr = inspect.getattr_static(worker_cls, name)
+        except AttributeError:
+            continue
+        registration = registration_of(attr)
+        if registration is not None:
+            found[name] = registration
+    return found

@@ -1,0 +1,180 @@
+"""Replacing a dead rank: what changed, what is replayed, and the rank-side rejoin.
+
+A rank that replaces a dead one starts empty: the executor runs the worker's
+``__init__`` there, then the core sends one *rejoin* call to every rank.  On
+the new rank it replays the group's setup calls (methods registered with
+``setup=True``, in the order they succeeded, with the arguments that rank
+got); on every rank it then runs :meth:`Worker.on_membership_change`.  Both
+run concurrently across ranks, so a setup call that joins a
+``torch.distributed`` world on the new rank meets the survivors rebuilding
+theirs in the hook.  State that setup cannot rebuild (trained weights,
+optimizer moments) is the hook's job: copy it from ``change.source_rank``
+or reload a checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._runtime._isolation import isolated_copy
+from .._spi._call import Call
+
+#: The worker method the core calls on every rank after a replacement.
+REJOIN_METHOD = "_dispatchcore_rejoin"
+
+#: What a group may do when a call finds a rank dead.
+ON_RANK_DEATH = ("raise", "replace")
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """What every rank learns after ranks were replaced (argument of the hook)."""
+
+    #: Ranks now hosted by new processes (their state came from ``__init__`` and setup replay).
+    replaced: tuple[int, ...]
+    world_size: int
+    #: The lowest surviving rank: the one to copy state from.
+    source_rank: int
+    #: How many replacements this group has gone through (1 after the first).
+    generation: int
+    #: Rendezvous variables (``MASTER_ADDR``/``MASTER_PORT``) for a rebuilt
+    #: ``torch.distributed`` world; already in ``os.environ`` when the hook runs.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def is_new(self, rank: int) -> bool:
+        """Whether ``rank`` is one of the replacement processes."""
+        return rank in self.replaced
+
+
+@dataclass(frozen=True)
+class SetupStep:
+    """One successful setup call: the method and each rank's arguments (copied)."""
+
+    method: str
+    by_rank: Mapping[int, tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+class SetupLog:
+    """The setup calls of one group (all its role views), in the order they succeeded."""
+
+    def __init__(self) -> None:
+        self._steps: list[SetupStep] = []
+        self._lock = threading.Lock()
+
+    def record(self, call: Call) -> None:
+        """Keep a private copy of ``call``'s per-rank arguments (later driver writes change nothing)."""
+        by_rank = {
+            rank: isolated_copy((args, kwargs))
+            for rank, args, kwargs in zip(call.ranks, call.args, call.kwargs, strict=True)
+        }
+        with self._lock:
+            self._steps.append(SetupStep(call.method, by_rank))
+
+    def for_rank(self, rank: int) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        """What a new ``rank`` replays: ``(method, args, kwargs)`` in order, skipping calls it was not in."""
+        with self._lock:
+            steps = list(self._steps)
+        return [(s.method, *s.by_rank[rank]) for s in steps if rank in s.by_rank]
+
+    @property
+    def methods(self) -> list[str]:
+        with self._lock:
+            return [s.method for s in self._steps]
+
+
+def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
+    """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hook."""
+    os.environ.update(change.env)
+    for method, args, kwargs in replay:
+        value = getattr(worker, method)(*args, **kwargs)
+        if inspect.isawaitable(value):
+            asyncio.run(_await(value))
+    worker.on_membership_change(change)
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> MembershipChange:
+    """Replace ``ranks`` of ``group`` (a root WorkerGroup): new ranks, setup replay, hook on every rank.
+
+    Raises :class:`~dispatchcore.WorkerDiedError` when another rank dies on
+    the way (the caller may replace that one too), or
+    :class:`~dispatchcore.DispatchError` when the backend cannot replace or
+    the rejoin failed (the group stays broken then).
+    """
+    from .._base._errors import DispatchError, WorkerError
+
+    executor = group.executor
+    n = group.world_size
+    env = dict(executor.replace_ranks(ranks))
+    survivors = [r for r in range(n) if r not in ranks]
+    change = MembershipChange(
+        replaced=ranks,
+        world_size=n,
+        source_rank=survivors[0] if survivors else ranks[0],
+        generation=generation,
+        env=env,
+    )
+    log: SetupLog = group.setup_log
+    all_ranks = tuple(range(n))
+    call = Call(
+        REJOIN_METHOD,
+        all_ranks,
+        [(change, log.for_rank(r) if r in ranks else []) for r in all_ranks],
+        [{} for _ in all_ranks],
+        timeout=group.call_timeout,
+    )
+    try:
+        executor.submit(call).result(group.call_timeout)
+    except WorkerError as exc:
+        raise DispatchError(
+            f"rank(s) {list(ranks)} were restarted, but rank {exc.rank} failed to rejoin "
+            f"(setup replay or on_membership_change): {exc.exc_type}: {exc.exc_message}. "
+            "The group stays broken; shut it down and create a new one"
+        ) from exc
+    executor.mark_usable()
+    return change
+
+
+class Membership:
+    """One group's replacement state: its setup log, how many replacements it went through, one at a time."""
+
+    def __init__(self) -> None:
+        self.setup_log = SetupLog()
+        self.generation = 0
+        self._lock = threading.Lock()
+
+    def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
+        """Replace ``ranks`` of ``group`` now (``WorkerGroup.replace_rank``)."""
+        with self._lock:
+            self.generation += 1
+            return run_replacement(group, ranks, self.generation)
+
+    def recover(self, group: Any, dead: int, seen: int) -> None:
+        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
+
+        ``seen`` is the generation when the failed call began: if another
+        caller replaced ranks since, there is nothing left to do.
+        """
+        from .._base._errors import DispatchError, WorkerDiedError
+
+        with self._lock:
+            if self.generation != seen:
+                return
+            pending = (dead,)
+            for _ in range(group.world_size):
+                self.generation += 1
+                try:
+                    run_replacement(group, pending, self.generation)
+                    return
+                except WorkerDiedError as again:
+                    pending = (again.rank,)
+            raise DispatchError(f"{group!r}: ranks kept dying while being replaced; giving up")

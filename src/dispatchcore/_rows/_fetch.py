@@ -1,0 +1,81 @@
+"""Reading the rows a lazy column plan names: one request per source and row range.
+
+:func:`plan_requests` turns column plans into the fewest
+:class:`~dispatchcore.executor.RowRequest` s (one per remote source and row
+index, serving every column that needs it); :func:`assemble_column` joins
+what came back with the driver-side pieces; :func:`fetch_on_driver` reads
+requests to the driver through each producing group's ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._data._dataproto import DataProto
+from .._trace._driver_traffic import count_received
+from ._column_plan import ColumnPlan, Segment, index_key
+from ._ledger import RemoteRows
+from ._store import ColumnSpec
+
+
+def plan_requests(plans: Mapping[str, ColumnPlan]) -> tuple[list[tuple[RemoteRows, Any]], dict[tuple[int, Any], int]]:
+    """One request per (remote source, row index) across ``plans``, with every column it serves.
+
+    Returns ``(source, RowRequest)`` pairs and a map from (source id, index key) to their position.
+    """
+    columns: dict[tuple[int, Any], list[str]] = {}
+    first: dict[tuple[int, Any], Segment] = {}
+    for name, plan in plans.items():
+        for segment in plan.segments:
+            if isinstance(segment.source, RemoteRows):
+                slot = (id(segment.source), index_key(segment.index))
+                columns.setdefault(slot, []).append(name)
+                first.setdefault(slot, segment)
+    slots = {slot: i for i, slot in enumerate(columns)}
+    requests = [(first[slot].source, first[slot].source.request(columns[slot], first[slot].index)) for slot in columns]
+    return requests, slots
+
+
+def assemble_column(
+    plan: ColumnPlan,
+    spec: ColumnSpec,
+    length: int,
+    name: str,
+    slots: Mapping[tuple[int, Any], int],
+    fetched: Sequence[DataProto],
+) -> Any:
+    """Column ``name``: each segment's rows (fetched or local), joined and reordered (a private copy)."""
+
+    def rows_of(segment: Segment) -> Any:
+        if isinstance(segment.source, RemoteRows):
+            part = fetched[slots[(id(segment.source), index_key(segment.index))]]
+            return part.batch[name] if spec.tensor else part.non_tensor_batch[name]
+        source, index = segment.source, segment.index
+        if isinstance(index, slice) or not isinstance(source, torch.Tensor):
+            return source[index]
+        return source[torch.from_numpy(index)]
+
+    if not plan.segments:
+        if spec.tensor:
+            return torch.empty((length, *spec.shape), dtype=spec.dtype, device=spec.device)
+        return np.empty((length, *spec.shape), dtype=spec.dtype)
+    return plan.assemble(rows_of)
+
+
+def fetch_on_driver(requests: Sequence[tuple[RemoteRows, Any]], timeout: float | None) -> list[DataProto]:
+    """Rows for ``requests`` read to the driver, grouped by the group (ledger) holding them."""
+    out: list[DataProto | None] = [None] * len(requests)
+    by_ledger: dict[int, tuple[Any, list[int]]] = {}
+    for i, (source, _) in enumerate(requests):
+        by_ledger.setdefault(id(source.ledger), (source.ledger, []))[1].append(i)
+    for ledger, positions in by_ledger.values():
+        parts = ledger.read([requests[i][1] for i in positions], timeout)
+        for i, part in zip(positions, parts, strict=True):
+            out[i] = part
+    fetched = [p for p in out if p is not None]
+    count_received(fetched)
+    return fetched

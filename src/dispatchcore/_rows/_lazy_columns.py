@@ -1,0 +1,148 @@
+"""``data.batch`` and ``data.non_tensor_batch`` of a lazy DataProto.
+
+Column names are known without fetching; reading a column fetches it (and
+the owner keeps it on the driver); writing one adds a driver-side column.
+They offer the part of TensorBatch's and dict's surface that verl code uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._data._tensor_batch import TensorBatch
+
+if TYPE_CHECKING:
+    from ._lazy_dataproto import LazyDataProto
+
+
+class LazyTensorColumns:
+    """``data.batch`` of a lazy DataProto: names known, each tensor fetched when read.
+
+    Offers the TensorBatch surface verl code uses; anything else works on
+    the fetched :class:`TensorBatch` (a copy: writes through it are lost).
+    """
+
+    def __init__(self, owner: LazyDataProto) -> None:
+        self._owner = owner
+
+    def keys(self) -> list[str]:
+        return self._owner.tensor_keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return torch.Size([len(self._owner)])
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.batch_size
+
+    @property
+    def device(self) -> torch.device | None:
+        devices = {self._owner._specs[n].device for n in self.keys()}
+        return torch.device(devices.pop()) if len(devices) == 1 else None
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(f"{key!r} is not a tensor column (has {sorted(self.keys())})")
+            return self._owner.read([key])[key]
+        return self._fetched()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self.keys() else default
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        if not isinstance(key, str):
+            raise TypeError("a lazy DataProto's batch takes column writes only (batch['name'] = tensor)")
+        self._owner.set_column(key, torch.as_tensor(value))
+
+    def set(self, key: str, value: torch.Tensor) -> LazyTensorColumns:
+        self[key] = value
+        return self
+
+    def __delitem__(self, key: str) -> None:
+        self._owner.drop_column(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key not in self.keys():
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self[key]
+        self._owner.drop_column(key)
+        return value
+
+    def update(self, other: Mapping[str, Any] | TensorBatch, **kwargs: Any) -> LazyTensorColumns:
+        for key, value in {**dict(other.items()), **kwargs}.items():
+            self[key] = value
+        return self
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        columns = self._owner.read(self.keys())
+        return [(k, columns[k]) for k in self.keys()]
+
+    def values(self) -> list[torch.Tensor]:
+        return [v for _, v in self.items()]
+
+    def select(self, *keys: str, strict: bool = True) -> TensorBatch:
+        columns = self._owner.read([k for k in keys if strict or k in self.keys()])
+        return TensorBatch(columns, batch_size=[len(self._owner)])
+
+    def rename_key_(self, old_key: str, new_key: str, safe: bool = False) -> LazyTensorColumns:
+        self._owner.rename(old_key, new_key)
+        return self
+
+    def _fetched(self) -> TensorBatch:
+        return TensorBatch(dict(self.items()), batch_size=[len(self._owner)])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._fetched(), name)
+
+    def __repr__(self) -> str:
+        return f"LazyTensorColumns(rows={len(self._owner)}, keys={self.keys()})"
+
+
+class LazyArrayColumns(MutableMapping[str, Any]):
+    """``data.non_tensor_batch`` of a lazy DataProto: a mapping whose arrays are fetched when read."""
+
+    def __init__(self, owner: LazyDataProto) -> None:
+        self._owner = owner
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._owner.array_keys():
+            raise KeyError(key)
+        return self._owner.read([key])[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._owner.set_column(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self._owner.array_keys():
+            raise KeyError(key)
+        self._owner.drop_column(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner.array_keys())
+
+    def __len__(self) -> int:
+        return len(self._owner.array_keys())
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self._owner.read(self._owner.array_keys()))
+
+    def __repr__(self) -> str:
+        return f"LazyArrayColumns(keys={self._owner.array_keys()})"

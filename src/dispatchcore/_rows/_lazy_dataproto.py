@@ -1,0 +1,380 @@
+"""A ``DataProto`` whose rows stay on the ranks that made them (issue 15).
+
+A lazy call returns a :class:`LazyDataProto`.  To code and type checkers it
+is a ``DataProto`` (``isinstance`` holds); its length, column names, dtypes,
+per-row shapes and ``meta_info`` are known at once, from what each rank sent
+back instead of its rows.  The rows move only when needed:
+
+* reading a column on the driver (``data.batch["rewards"]``) fetches that
+  column (only the rows this object covers), then keeps it on the driver;
+* passing it into another call sends each rank a description of its chunk,
+  and the rank fetches those rows from the producing ranks itself (where the
+  backend can; otherwise the driver reads them and sends them on);
+* writing a column (``data.batch["adv"] = t``) adds a driver-side column.
+
+Slicing, ``select``, ``pop``, ``union``, ``rename``, ``reorder``, ``chunk``
+and ``DataProto.concat`` rewrite column plans (:mod:`._column_plan`) without
+moving rows.  Anything else (``repeat``, ``to``, ``save_to_disk``, pickling,
+...) reads every column first and works on the plain ``DataProto``:
+correct, but it brings the rows to the driver.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._base._errors import BatchSizeError
+from .._data._coerce import as_index
+from .._data._dataproto import DataProto
+from .._data._meta_info import merge_meta_info, union_two_dict
+from .._data._tensor_batch import TensorBatch
+from ._column_plan import ColumnPlan, Segment
+from ._fetch import assemble_column, fetch_on_driver, plan_requests
+from ._lazy_columns import LazyArrayColumns, LazyTensorColumns
+from ._ledger import RemoteRows
+from ._store import ColumnSpec
+
+
+class LazyDataProto(DataProto):
+    """Columns planned from rows held on ranks (and on the driver); fetched on first touch."""
+
+    #: Lets ``DataProto.concat`` tell lazy items apart without importing this module.
+    is_lazy = True
+
+    def __init__(
+        self,
+        plans: Mapping[str, ColumnPlan],
+        specs: Mapping[str, ColumnSpec],
+        length: int,
+        meta_info: Mapping[str, Any] | None = None,
+        has_batch: bool = True,
+    ) -> None:
+        self._plans = dict(plans)
+        self._specs = dict(specs)
+        self._length = length
+        self._has_batch = has_batch or any(s.tensor for s in self._specs.values())
+        self.meta_info = dict(meta_info or {})
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def of_remote(cls, rows: RemoteRows) -> LazyDataProto:
+        """All of one rank's kept result."""
+        held = rows.held
+        whole = ColumnPlan((Segment(rows, slice(0, held.rows)),))
+        return cls(dict.fromkeys(held.columns, whole), held.columns, held.rows, held.meta_info, held.has_batch)
+
+    @classmethod
+    def of_local(cls, data: DataProto) -> LazyDataProto:
+        """A driver-side DataProto in lazy form (to join it with lazy ones)."""
+        if isinstance(data, LazyDataProto):
+            return data
+        plans: dict[str, ColumnPlan] = {}
+        specs: dict[str, ColumnSpec] = {}
+        if data.batch is not None:
+            for name, tensor in data.batch.items():
+                plans[name], specs[name] = ColumnPlan.local(tensor), ColumnSpec.of(tensor)
+        for name, array in data.non_tensor_batch.items():
+            plans[name], specs[name] = ColumnPlan.local(array), ColumnSpec.of(array)
+        return cls(plans, specs, len(data), data.meta_info, data.batch is not None)
+
+    def _sibling(self, plans: Mapping[str, ColumnPlan], length: int, meta: Mapping[str, Any]) -> LazyDataProto:
+        specs = {name: self._specs[name] for name in plans}
+        return LazyDataProto(plans, specs, length, meta, self._has_batch)
+
+    # -- what is known without fetching ---------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._length
+
+    def tensor_keys(self) -> list[str]:
+        return [n for n in self._plans if self._specs[n].tensor]
+
+    def array_keys(self) -> list[str]:
+        return [n for n in self._plans if not self._specs[n].tensor]
+
+    @property
+    def column_specs(self) -> dict[str, ColumnSpec]:
+        """Each column's dtype, per-row shape and device (tensor columns) without fetching."""
+        return dict(self._specs)
+
+    def remote_sources(self) -> list[RemoteRows]:
+        """The rank results this object reads rows from (each once)."""
+        seen: dict[int, RemoteRows] = {}
+        for plan in self._plans.values():
+            for segment in plan.segments:
+                if isinstance(segment.source, RemoteRows):
+                    seen.setdefault(id(segment.source), segment.source)
+        return list(seen.values())
+
+    @property
+    def is_materialized(self) -> bool:
+        """Whether every column is on the driver."""
+        return not self.remote_sources()
+
+    def check_consistency(self) -> None:
+        """Column plans cover the same rows by construction; driver-side writes are checked when made."""
+
+    def __repr__(self) -> str:
+        remote = len(self.remote_sources())
+        return f"LazyDataProto(rows={self._length}, columns={list(self._plans)}, remote_sources={remote})"
+
+    # -- the columns, as DataProto exposes them ---------------------------------------------
+
+    @property  # type: ignore[override]
+    def batch(self) -> LazyTensorColumns:
+        return LazyTensorColumns(self) if self._has_batch else None  # type: ignore[return-value]
+
+    @batch.setter
+    def batch(self, value: Any) -> None:
+        for name in self.tensor_keys():
+            del self._plans[name], self._specs[name]
+        self._has_batch = value is not None
+        if value is not None:
+            for name, tensor in value.items():
+                self.set_column(name, tensor)
+
+    @property  # type: ignore[override]
+    def non_tensor_batch(self) -> LazyArrayColumns:
+        return LazyArrayColumns(self)
+
+    @non_tensor_batch.setter
+    def non_tensor_batch(self, value: Mapping[str, Any]) -> None:
+        for name in self.array_keys():
+            del self._plans[name], self._specs[name]
+        for name, array in value.items():
+            self.set_column(name, array)
+
+    def set_column(self, name: str, value: Any) -> None:
+        """Add or replace column ``name`` with a driver-side tensor or numpy array of ``len(self)`` rows."""
+        if not isinstance(value, torch.Tensor):
+            value = np.asarray(value)
+        if len(value) != self._length:
+            raise BatchSizeError(f"column {name!r} has {len(value)} rows; this DataProto has {self._length}")
+        self._plans[name], self._specs[name] = ColumnPlan.local(value), ColumnSpec.of(value)
+        if isinstance(value, torch.Tensor):
+            self._has_batch = True
+
+    def drop_column(self, name: str) -> None:
+        if name not in self._plans:
+            raise KeyError(f"{name!r} is not a column of this DataProto (has {sorted(self._plans)})")
+        del self._plans[name], self._specs[name]
+
+    def read(self, names: Iterable[str], timeout: float | None = None) -> dict[str, Any]:
+        """Columns ``names`` on the driver (fetched once, one request per source; then kept here)."""
+        names = list(names)
+        missing = [n for n in names if n not in self._plans]
+        if missing:
+            raise KeyError(f"{missing} not among this DataProto's columns {sorted(self._plans)}")
+        wanted = {n: self._plans[n] for n in names}
+        requests, slots = plan_requests(wanted)
+        fetched = fetch_on_driver(requests, timeout)
+        out: dict[str, Any] = {}
+        for name, plan in wanted.items():
+            column = assemble_column(plan, self._specs[name], self._length, name, slots, fetched)
+            self._plans[name] = ColumnPlan.local(column)
+            out[name] = column
+        return out
+
+    def materialize(self, timeout: float | None = None) -> DataProto:
+        """A plain ``DataProto`` of every row and column (fetched now)."""
+        columns = self.read(list(self._plans), timeout)
+        tensors = {n: columns[n] for n in self.tensor_keys()}
+        arrays = {n: columns[n] for n in self.array_keys()}
+        batch = TensorBatch(tensors, batch_size=[self._length]) if self._has_batch else None
+        return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=copy.copy(self.meta_info))
+
+    # -- rows ---------------------------------------------------------------------------------
+
+    def _rows(self, rows: slice | np.ndarray, length: int) -> LazyDataProto:
+        return self._sibling({n: p.take(rows) for n, p in self._plans.items()}, length, dict(self.meta_info))
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> LazyDataProto:
+        rng = range(self._length)[slice(start, end, step)]
+        if rng.step == 1:
+            return self._rows(slice(rng.start, rng.stop), len(rng))
+        return self._rows(np.asarray(rng, dtype=np.int64), len(rng))
+
+    def _take(self, index: np.ndarray) -> LazyDataProto:
+        return self._rows(np.asarray(index, dtype=np.int64), len(index))
+
+    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> LazyDataProto:
+        _, index = as_index(idxs)
+        if index.dtype == bool:
+            if index.shape[0] != self._length:
+                raise IndexError(f"bool mask has {index.shape[0]} entries for a DataProto of length {self._length}")
+            index = np.flatnonzero(index)
+        elif index.size and not (-self._length <= index.min() and index.max() < self._length):
+            raise IndexError(f"row index out of range for a DataProto of length {self._length}")
+        index = np.where(index < 0, index + self._length, index).astype(np.int64)
+        return self._take(index)
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, int | np.integer) and not isinstance(item, bool):
+            if not -self._length <= item < self._length:
+                raise IndexError(f"row {item} is out of range for a DataProto of length {self._length}")
+            return self._take(np.array([int(item) % self._length])).materialize()[0]
+        return super().__getitem__(item)
+
+    def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
+        reordered = self.select_idxs(indices)
+        self._plans, self._length = reordered._plans, reordered._length
+
+    # -- columns ------------------------------------------------------------------------------
+
+    def select(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+        deepcopy: bool = False,
+    ) -> LazyDataProto:
+        keep = set(self._plans)
+        if batch_keys is not None:
+            batch_keys = list(batch_keys)
+            missing = [k for k in batch_keys if k not in self.tensor_keys()]
+            if missing:
+                raise KeyError(f"select: {missing} not in batch (has {sorted(self.tensor_keys())})")
+            keep -= set(self.tensor_keys()) - set(batch_keys)
+        if non_tensor_batch_keys is not None:
+            keep -= set(self.array_keys()) - set(non_tensor_batch_keys)
+        meta = self.meta_info
+        if meta_info_keys is not None:
+            wanted = set(meta_info_keys)
+            meta = {k: v for k, v in meta.items() if k in wanted}
+        meta = copy.deepcopy(meta) if deepcopy else dict(meta)
+        return self._sibling({n: p for n, p in self._plans.items() if n in keep}, self._length, meta)
+
+    def pop(
+        self,
+        batch_keys: Iterable[str] | None = None,
+        non_tensor_batch_keys: Iterable[str] | None = None,
+        meta_info_keys: Iterable[str] | None = None,
+    ) -> LazyDataProto:
+        batch_keys, nt_keys, meta_keys = (
+            list(batch_keys or ()),
+            list(non_tensor_batch_keys or ()),
+            list(meta_info_keys or ()),
+        )
+        for names, where, pool in (
+            (batch_keys, "batch", self.tensor_keys()),
+            (nt_keys, "non_tensor_batch", self.array_keys()),
+            (meta_keys, "meta_info", list(self.meta_info)),
+        ):
+            missing = [k for k in names if k not in pool]
+            if missing:
+                raise KeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
+        popped = {n: self._plans.pop(n) for n in [*batch_keys, *nt_keys]}
+        specs = {n: self._specs.pop(n) for n in popped}
+        meta = {k: self.meta_info.pop(k) for k in meta_keys}
+        return LazyDataProto(popped, specs, self._length, meta, bool(batch_keys))
+
+    def rename(self, old_keys: str | list[str] | None = None, new_keys: str | list[str] | None = None) -> LazyDataProto:
+        old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
+        new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
+        if len(old) != len(new):
+            raise ValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
+        for o, n in zip(old, new, strict=True):
+            if o not in self.tensor_keys():
+                raise KeyError(f"cannot rename {o!r}: not in batch (has {sorted(self.tensor_keys())})")
+            self._plans[n], self._specs[n] = self._plans.pop(o), self._specs.pop(o)
+        return self
+
+    def union(self, other: DataProto) -> LazyDataProto:
+        """Add ``other``'s columns (lazy or local) and meta; a shared column must be the same plan or equal."""
+        theirs = LazyDataProto.of_local(other)
+        if theirs._plans and self._plans and len(theirs) != self._length:
+            raise BatchSizeError(f"cannot union DataProtos of lengths {self._length} and {len(theirs)}")
+        shared = [n for n in theirs._plans if n in self._plans and theirs._plans[n] is not self._plans[n]]
+        if shared:
+            mine, other_cols = self.read(shared), theirs.read(shared)
+            for name in shared:
+                a, b = mine[name], other_cols[name]
+                same = torch.equal(a, b) if isinstance(a, torch.Tensor) else np.array_equal(a, b)
+                if not same:
+                    raise ValueError(f"union: column {name!r} differs between the two DataProtos")
+        if not self._plans:
+            self._length = len(theirs)
+        for name, plan in theirs._plans.items():
+            self._plans.setdefault(name, plan)
+            self._specs.setdefault(name, theirs._specs[name])
+        self._has_batch = self._has_batch or theirs._has_batch
+        union_two_dict(self.meta_info, theirs.meta_info)
+        return self
+
+    @staticmethod
+    def concat_lazy(items: Sequence[DataProto]) -> LazyDataProto:
+        """``DataProto.concat`` when any item is lazy: plans joined, rows untouched."""
+        parts = [LazyDataProto.of_local(item) for item in items]
+        names = list(parts[0]._plans)
+        for pos, part in enumerate(parts[1:], start=1):
+            if set(part._plans) != set(names):
+                raise ValueError(
+                    f"DataProto.concat: column names differ: item 0 has {sorted(names)}, item {pos} has "
+                    f"{sorted(part._plans)}"
+                )
+        plans = {n: ColumnPlan.concat([p._plans[n] for p in parts]) for n in names}
+        meta = merge_meta_info([p.meta_info for p in parts])
+        length = sum(len(p) for p in parts)
+        return LazyDataProto(plans, parts[0]._specs, length, meta, parts[0]._has_batch)
+
+    # -- everything else: on the rows, brought to the driver ------------------------------------
+
+    def __reduce__(self) -> Any:
+        return (_plain, (self.materialize(),))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.materialize().__getstate__()
+
+    def _eager(self) -> DataProto:
+        return self.materialize()
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> LazyDataProto:
+        return LazyDataProto.of_local(self._eager().repeat(repeat_times, interleave))
+
+    def sample_level_repeat(self, repeat_times: Any) -> LazyDataProto:
+        return LazyDataProto.of_local(self._eager().sample_level_repeat(repeat_times))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> LazyDataProto:
+        return LazyDataProto.of_local(self._eager().unfold_column_chunks(n_split, split_keys))
+
+    def to(self, device: torch.device | str, **kwargs: Any) -> LazyDataProto:
+        moved = self.read(self.tensor_keys())
+        for name, tensor in moved.items():
+            self.set_column(name, tensor.to(device, **kwargs))
+        return self
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        if padding_size == 0:
+            return
+        if padding_size < 0:
+            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+        if self._length == 0:
+            raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
+        row = 0 if padding_candidate == "first" else self._length - 1
+        padded = self._take(np.concatenate([np.arange(self._length), np.full(padding_size, row)]))
+        self._plans, self._length = padded._plans, padded._length
+
+    def make_iterator(self, *args: Any, **kwargs: Any) -> Any:
+        return self._eager().make_iterator(*args, **kwargs)
+
+    def to_tensordict(self) -> Any:
+        return self._eager().to_tensordict()
+
+    def save_to_disk(self, filepath: Any) -> None:
+        self._eager().save_to_disk(filepath)
+
+    def print_size(self, prefix: str = "") -> None:
+        self._eager().print_size(prefix)
+
+    def get_data_info(self) -> str:
+        return self._eager().get_data_info()
+
+
+def _plain(data: DataProto) -> DataProto:
+    return data

@@ -1,0 +1,152 @@
+"""Rows a rank keeps instead of returning them: the rank side of lazy results.
+
+A lazy call asks each rank to keep its ``DataProto`` result (``Call.keep_rows``).
+The rank puts it in this process's :data:`ROW_STORE` under a key unique to
+the call and rank, and sends back a :class:`HeldRows` description (length,
+column dtypes and shapes, ``meta_info``, bytes) instead of the rows.  Later a
+:class:`RowRequest` (key, columns, rows) reads part of it back, from the
+driver or from another rank, until the driver frees the key.
+
+The store is per process and keyed by driver-made unique keys, so groups
+sharing a process (colocated roles, torchrun groups, local ranks) never see
+each other's rows by accident.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._base._errors import DispatchError
+from .._data._dataproto import DataProto
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One column's type: a tensor's dtype, per-row shape and device, or a numpy column's dtype."""
+
+    tensor: bool
+    dtype: Any
+    shape: tuple[int, ...]
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, value: Any) -> ColumnSpec:
+        if isinstance(value, torch.Tensor):
+            return cls(True, value.dtype, tuple(value.shape[1:]), str(value.device))
+        return cls(False, value.dtype, tuple(value.shape[1:]))
+
+    def row_bytes(self) -> int:
+        """Bytes one row takes (object columns count their pointers only)."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        size = self.dtype.itemsize if self.tensor else np.dtype(self.dtype).itemsize
+        return int(count * size)
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """What a rank sends back for a kept result: everything but the rows."""
+
+    key: str
+    rows: int
+    columns: dict[str, ColumnSpec]
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    #: Whether the result had a tensor batch (a DataProto without one has ``batch is None``).
+    has_batch: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(spec.row_bytes() for spec in self.columns.values()) * self.rows
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
+
+    ``address`` says where the key lives, in the producing executor's terms
+    (:meth:`~dispatchcore.Executor.row_address`); ``rank`` names the producing
+    rank in errors.
+    """
+
+    address: Any
+    rank: int
+    key: str
+    columns: tuple[str, ...]
+    index: slice | np.ndarray
+
+
+class RowStore:
+    """Kept results of this process, by key (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, DataProto] = {}
+
+    def keep(self, key: str, data: DataProto) -> HeldRows:
+        """Keep ``data`` under ``key``; return its description."""
+        columns: dict[str, ColumnSpec] = {}
+        if data.batch is not None:
+            columns.update((name, ColumnSpec.of(t)) for name, t in data.batch.items())
+        columns.update((name, ColumnSpec.of(a)) for name, a in data.non_tensor_batch.items())
+        with self._lock:
+            self._held[key] = data
+        return HeldRows(key, len(data), columns, dict(data.meta_info), data.batch is not None)
+
+    def has(self, key: str) -> bool:
+        return key in self._held
+
+    def take(self, request: RowRequest) -> DataProto:
+        """The requested rows and columns as views of the kept result (no ``meta_info``)."""
+        data = self._held.get(request.key)
+        if data is None:
+            raise DispatchError(
+                f"rows {request.key!r} of rank {request.rank} are no longer held: the lazy result was freed "
+                "(no reference to it was left on the driver) or its rank was restarted"
+            )
+        return take_rows(data, request.columns, request.index)
+
+    def free(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._held.pop(key, None)
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            held = list(self._held.values())
+        total = 0
+        for data in held:
+            if data.batch is not None:
+                total += sum(t.numel() * t.element_size() for _, t in data.batch.items())
+            total += sum(a.nbytes for a in data.non_tensor_batch.values())
+        return total
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def take_rows(data: DataProto, columns: Sequence[str], index: slice | np.ndarray) -> DataProto:
+    """``columns`` of ``data`` at rows ``index``: views for a slice, a gathered copy for an array."""
+    tensors: dict[str, torch.Tensor] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for name in columns:
+        if data.batch is not None and name in data.batch.keys():
+            column = data.batch[name]
+            tensors[name] = column[index] if isinstance(index, slice) else column[torch.from_numpy(index)]
+        else:
+            arrays[name] = data.non_tensor_batch[name][index]
+    return DataProto(batch=tensors or None, non_tensor_batch=arrays)
+
+
+#: This process's kept results (ranks of every group living here share it; keys never collide).
+ROW_STORE = RowStore()
+
+#: Core methods a call may name to read or free kept rows (handled by WorkerHost itself).
+TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
+FREE_ROWS_METHOD = "_dispatchcore_free_rows"

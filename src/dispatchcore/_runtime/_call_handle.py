@@ -1,0 +1,190 @@
+"""The one call handle every executor builds on: all time bounds live here.
+
+A backend only says how results arrive and how a rank is seen to be gone:
+
+* push backends (threads, pipes, stores) call :meth:`RankCallHandle.deliver`
+  and :meth:`RankCallHandle.rank_died` from wherever results come in;
+* pull backends (object stores, futures) override
+  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready;
+* both may override :meth:`RankCallHandle.check_alive` to report dead ranks
+  while a call runs.
+
+The base turns that into the contract of :meth:`CallHandle.result`: the
+call's own bound gives :class:`~dispatchcore.DispatchTimeoutError` and marks
+the group broken; a shorter wait (``future.get(timeout=...)``) gives the same
+error but leaves the group usable; a dead rank gives
+:class:`~dispatchcore.WorkerDiedError` as soon as it is seen, whatever the
+other ranks are doing; raising ranks give the lowest position's
+:class:`~dispatchcore.WorkerError` with the others noted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._base._errors import DispatchTimeoutError, WorkerDiedError
+from .._base._latch import Latch
+from .._spi._call import Call
+from .._spi._executor_base import CallHandle
+from ._worker_host import RemoteFailure, first_failure
+
+#: Longest pause between liveness checks while a call runs.
+MAX_LIVENESS_POLL_S = 0.5
+
+
+def liveness_poll(death_timeout: float) -> float:
+    """How often to check liveness so a death is seen well within ``death_timeout``."""
+    return max(0.01, min(MAX_LIVENESS_POLL_S, death_timeout / 4))
+
+
+def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
+    """The one wording of a call timeout, naming the ranks still running.
+
+    ``method == "__init__"`` is the start-up of the ranks, bounded by the
+    group's ``start_timeout`` option rather than a call timeout.
+    """
+    ranks = tuple(waiting_on)
+    if method == "__init__":
+        return DispatchTimeoutError(
+            f"workers did not finish __init__ within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
+            "Raise the bound with WorkerGroup(..., start_timeout=...)",
+            method=method,
+            ranks=ranks,
+        )
+    return DispatchTimeoutError(
+        f"call {method!r} did not finish within {timeout:g} s; still waiting on "
+        f"rank(s) {waiting_on}. Raise the bound with "
+        f"wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
+        if timeout is not None
+        else f"call {method!r} timed out waiting on rank(s) {waiting_on}",
+        method=method,
+        ranks=ranks,
+    )
+
+
+class RankCallHandle(CallHandle):
+    """One call's per-rank outcomes, filled by the backend; owns every bound.
+
+    ``on_broken(reason)`` is called when the group can take no more calls
+    (usually :meth:`Executor.mark_broken`).  ``poll`` is how long one wait
+    for progress may last before liveness is checked again.
+    """
+
+    def __init__(
+        self,
+        call: Call,
+        *,
+        death_timeout: float,
+        on_broken: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.call = call
+        self.poll = liveness_poll(death_timeout)
+        self.death_timeout = death_timeout
+        self._on_broken = on_broken
+        self._submitted = time.monotonic()
+        n = len(call.ranks)
+        self._results: list[Any] = [None] * n
+        self._failures: dict[int, RemoteFailure] = {}
+        self._deaths: dict[int, str] = {}
+        self._finished = [False] * n
+        self._pending = n
+        self._lock = threading.Lock()
+        self._event = Latch()
+        if not n:
+            self._event.set()
+
+    # -- what backends call -------------------------------------------------
+    def deliver(self, position: int, ok: bool, value: Any) -> None:
+        """Rank at ``position`` finished: ``value`` is its result, or a :class:`RemoteFailure`."""
+        with self._lock:
+            if self._finished[position]:
+                return
+            if ok:
+                self._results[position] = value
+            else:
+                if isinstance(value, RemoteFailure) and value.rank < 0:
+                    value.rank = self.call.ranks[position]
+                self._failures[position] = value
+            self._finish(position)
+
+    def rank_died(self, position: int, detail: str) -> None:
+        """Rank at ``position`` is gone (``detail`` says how it was seen)."""
+        with self._lock:
+            if self._finished[position]:
+                return
+            self._deaths[position] = detail
+            self._finish(position)
+        # A death ends the call at once, whatever the other ranks are doing.
+        self._event.set()
+
+    def _finish(self, position: int) -> None:
+        self._finished[position] = True
+        self._pending -= 1
+        if self._pending == 0:
+            self._event.set()
+
+    # -- what backends may override ------------------------------------------
+    def wait_for_progress(self, seconds: float) -> None:
+        """Block up to ``seconds`` for results to arrive (push backends: the default)."""
+        self._event.wait(seconds)
+
+    def check_alive(self, waiting: list[int]) -> None:
+        """Call :meth:`rank_died` for positions in ``waiting`` whose rank is gone."""
+
+    # -- the contract --------------------------------------------------------
+    def waiting_positions(self) -> list[int]:
+        with self._lock:
+            return [p for p, done in enumerate(self._finished) if not done]
+
+    def waiting_ranks(self) -> list[int]:
+        return [self.call.ranks[p] for p in self.waiting_positions()]
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        bound = self.call.timeout
+        call_deadline = None if bound is None else self._submitted + bound
+        wait_deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._event.is_set():
+            now = time.monotonic()
+            limits = [self.poll] + [d - now for d in (call_deadline, wait_deadline) if d is not None]
+            slice_s = min(limits)
+            if slice_s > 0:
+                self.wait_for_progress(slice_s)
+                if self._event.is_set():
+                    break
+            waiting = self.waiting_positions()
+            if waiting:
+                self.check_alive(waiting)
+                if self._event.is_set():
+                    break
+            now = time.monotonic()
+            if call_deadline is not None and now >= call_deadline:
+                ranks = self.waiting_ranks()
+                self._on_broken(
+                    f"call {self.call.method!r} outlived its {bound:g} s timeout and rank(s) {ranks} may "
+                    "still be running it"
+                )
+                raise timeout_error(self.call.method, bound, ranks)
+            if wait_deadline is not None and now >= wait_deadline:
+                raise timeout_error(self.call.method, timeout, self.waiting_ranks())
+        return self.outcome()
+
+    def outcome(self) -> list[Any]:
+        """The results once finished, or the error the call ends with."""
+        if self._deaths:
+            position = min(self._deaths)
+            rank = self.call.ranks[position]
+            self._on_broken(f"rank {rank} died")
+            error = WorkerDiedError(rank, self._deaths[position], self.call.method)
+            others = sorted(self.call.ranks[p] for p in self._deaths if p != position)
+            if others:
+                error.add_note(f"rank(s) {others} died too")
+            raise error
+        if self._failures:
+            raise first_failure(self._failures, self.call.ranks)
+        return self._results

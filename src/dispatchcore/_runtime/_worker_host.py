@@ -1,0 +1,169 @@
+"""Rank-side runtime shared by every executor.
+
+A :class:`WorkerHost` builds one worker in its rank context, runs methods on
+it (``async def`` ones on a private event loop), and reports failures as
+picklable :class:`RemoteFailure` records instead of raising, so an executor
+can always send a status back and keep the group in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._base._errors import WorkerDiedError, WorkerError
+from .._data._dataproto import DataProto
+from .._rows._lazy_chunk import KEEP_ROWS_KWARG, RowFetcher, resolve_lazy_arguments
+from .._rows._store import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD
+from .._trace._tracer import TimedResult, now_us
+from .._worker._worker import rank_context
+
+#: Result types that are never awaitable (skips the awaitable check).
+_PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, dict})
+
+
+@dataclass
+class RemoteFailure:
+    """A worker-side exception, reduced to what crosses a process boundary."""
+
+    rank: int
+    method: str
+    exc_type: str
+    message: str
+    traceback: str
+    #: Set when the worker saw another rank dead (reading rows that rank kept): the driver raises
+    #: ``WorkerDiedError`` naming that rank instead of a ``WorkerError``.
+    died_rank: int | None = None
+
+    @classmethod
+    def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, WorkerDiedError):
+            return cls(rank, method, type(exc).__qualname__, exc.detail, text, exc.rank)
+        return cls(rank, method, type(exc).__qualname__, str(exc), text)
+
+    def to_error(self) -> WorkerError | WorkerDiedError:
+        if self.died_rank is not None:
+            detail = f"{self.message} (seen by rank {self.rank} in {self.method!r} while reading rows it kept)"
+            error = WorkerDiedError(self.died_rank, detail, self.method)
+            error.seen_by = self.rank
+            return error
+        return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
+
+
+def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError | WorkerDiedError:
+    """The error to raise for a call in which ranks failed: the lowest position's,
+    noting which other ranks raised too.  ``failures`` maps call positions."""
+    first = min(failures)
+    error = failures[first].to_error()
+    others = sorted(ranks[p] for p in failures if p != first)
+    if others:
+        error.add_note(f"rank(s) {others} raised too")
+    return error
+
+
+class WorkerHost:
+    """One rank's worker object plus the loop its coroutines run on."""
+
+    def __init__(
+        self,
+        worker_cls: type,
+        rank: int,
+        world_size: int,
+        init_args: tuple[Any, ...] = (),
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._worker_cls = worker_cls
+        self._init_args = init_args
+        self._init_kwargs = dict(init_kwargs or {})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._bound: dict[str, Any] = {}
+        self.worker: Any = None
+        #: The executor's rank-to-rank transport for lazy arguments' rows kept in other processes.
+        self.fetch_rows: RowFetcher | None = None
+        #: Set by an executor whose ``fetch_rows`` returns fresh, writable memory (receive buffers),
+        #: so the rows are used without another copy; leave False for shared or read-only memory.
+        self.fetched_rows_private = False
+        #: Set by an executor for an ``isolate=False`` group: rows kept in this process reach a consuming
+        #: worker without a copy (shared memory, as ``isolate=False`` promises not to write).
+        self.share_kept_rows = False
+
+    def start(self) -> RemoteFailure | None:
+        """Build the worker; a failure is returned (method ``__init__``), not raised."""
+        try:
+            with rank_context(self.rank, self.world_size):
+                self.worker = self._worker_cls(*self._init_args, **self._init_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return RemoteFailure.capture(self.rank, "__init__", exc)
+        return None
+
+    def run(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, timed: bool = False
+    ) -> tuple[bool, Any]:
+        """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
+
+        ``timed`` (a traced call, ``Call.timed``) wraps a value in
+        :class:`~dispatchcore.executor.TimedResult` saying when the method ran.
+        """
+        if timed:
+            start = now_us()
+            ok, value = self.run(method, args, kwargs)
+            return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
+        keep = kwargs.get(KEEP_ROWS_KWARG) if kwargs else None
+        if keep is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k != KEEP_ROWS_KWARG}
+        fn = self._bound.get(method)
+        if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
+            return self._rows_method(method, args)
+        if fn is None:
+            try:
+                fn = self._bound[method] = getattr(self.worker, method)
+            except AttributeError as exc:
+                cls = type(self.worker).__name__
+                failure = RemoteFailure.capture(self.rank, method, exc)
+                failure.message = f"{cls} has no method {method!r}"
+                return False, failure
+        try:
+            args, kwargs = resolve_lazy_arguments(
+                args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
+            )
+            value = fn(*args, **kwargs)
+            if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
+                value = self._event_loop().run_until_complete(_await(value))
+            if keep is not None and isinstance(value, DataProto):
+                value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return False, RemoteFailure.capture(self.rank, method, exc)
+        return True, value
+
+    def _rows_method(self, method: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """The core's own calls on kept rows: read some (to the driver) or free keys."""
+        try:
+            if method == TAKE_ROWS_METHOD:
+                return True, [ROW_STORE.take(request) for request in args[0]]
+            ROW_STORE.free(args[0])
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            return False, RemoteFailure.capture(self.rank, method, exc)
+        return True, None
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def close(self) -> None:
+        """Close the private event loop, if one was made."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.close()
+        self._loop = None
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,189 @@
+"""The executor contract: what a backend plugin implements.
+
+An executor owns processes, actors or threads; the core owns dispatch,
+collect, padding and binding (DESIGN §6).  A backend subclasses
+:class:`Executor`, sets :attr:`Executor.name`, and implements three things:
+
+* ``__init__(spec)`` starts ``spec.world_size`` ranks, each hosting
+  ``spec.worker_cls`` (use :class:`dispatchcore.WorkerHost` on the rank side;
+  it sets ``rank``/``world_size`` before the worker's ``__init__`` and turns
+  exceptions into :class:`RemoteFailure` records);
+* :meth:`Executor.submit` sends a :class:`~dispatchcore.Call` to its ranks at
+  once and returns a :class:`CallHandle` without waiting;
+* :meth:`Executor.shutdown` releases everything, idempotently.
+
+:meth:`CallHandle.result` is where every bound lives: it returns one value
+per rank of the call, or raises :class:`~dispatchcore.WorkerError` (a rank
+raised), :class:`~dispatchcore.WorkerDiedError` (a rank is gone; noticed
+within ``spec.death_timeout``) or :class:`~dispatchcore.DispatchTimeoutError`.
+It must never block forever.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._base._errors import DispatchError
+
+if TYPE_CHECKING:
+    from .._wire._row_buffers import RowBuffers
+    from ._call import Call
+    from ._forward_plan import ChunkPlan, ResultShape
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Everything an executor needs to start a group's ranks."""
+
+    worker_cls: type
+    world_size: int
+    init_args: tuple[Any, ...] = ()
+    init_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    isolate: bool = True
+    call_timeout: float | None = None
+    death_timeout: float = 60.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+    #: A readable name, unique per process, for actors/threads/stores.
+    name: str = "group"
+    #: Every method name a call may ask for: the ``@register`` methods, role
+    #: methods of a colocated class (``"actor_update"``), and the core's own.
+    methods: tuple[str, ...] = ()
+
+
+class CallHandle(ABC):
+    """An in-flight call; one per :meth:`Executor.submit`.
+
+    Most executors subclass :class:`~dispatchcore.executor.RankCallHandle`,
+    which implements :meth:`result` and :meth:`done` with every time bound.
+    """
+
+    #: Receive buffers the results' tensors were placed in, which the collect
+    #: step may adopt instead of copying (see :class:`~dispatchcore.wire.RowBuffers`).
+    row_buffers: RowBuffers | None = None
+
+    @abstractmethod
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Per-rank results in the order of ``call.ranks``.
+
+        ``timeout`` (seconds, ``None`` for no bound) limits the wait; past it,
+        raise :class:`~dispatchcore.DispatchTimeoutError`.  Calling again after
+        success returns the same list.
+        """
+
+    @abstractmethod
+    def done(self) -> bool:
+        """Whether :meth:`result` would return (or raise) without waiting."""
+
+
+class Executor(ABC):
+    """Base class of every backend (see the module docstring)."""
+
+    #: Backend name users pass as ``backend=``.
+    name: ClassVar[str] = ""
+    #: The ``dispatchcore[extra]`` that installs this backend's needs, if any.
+    extra: ClassVar[str | None] = None
+    #: Top-level modules that must be importable (checked without importing).
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, spec: GroupSpec) -> None:
+        self.spec = spec
+        self._broken: str | None = None
+
+    @classmethod
+    def missing_requirements(cls) -> list[str]:
+        """Modules of :attr:`requires` that cannot be found."""
+        return [m for m in cls.requires if importlib.util.find_spec(m) is None]
+
+    @classmethod
+    def launch_world_size(cls) -> int | None:
+        """World size implied by how the program was launched (torchrun), if any."""
+        return None
+
+    @abstractmethod
+    def submit(self, call: Call) -> CallHandle:
+        """Start ``call`` on its ranks and return at once."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release every rank; idempotent; must return promptly."""
+
+    # -- optional: rows moved rank to rank instead of through the driver ----
+    def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
+        """Row count and ``meta_info`` of each rank's result of ``handle``'s call.
+
+        Called when a ``DataProtoFuture`` of this executor is passed into another
+        call of this executor.  Return ``None`` (the default) to have the core
+        resolve the future on the driver and chunk it; otherwise the core plans
+        the chunks (:func:`~dispatchcore.executor.plan_forward`) and asks
+        :meth:`forward_chunk` for each.  Never move the rows here.
+        """
+        return None
+
+    def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Any:
+        """A placeholder argument that resolves, on the receiving rank, to ``plan``'s rows.
+
+        The placeholder comes back in a later :meth:`submit`; resolve it there
+        (e.g. with :func:`~dispatchcore.executor.assemble_chunk`).
+        """
+        raise NotImplementedError(f"{type(self).__name__} describes results but cannot forward chunks")
+
+    # -- optional: lazy results read rank to rank --------------------------------
+    def row_address(self, rank: int) -> Any:
+        """Where rank ``rank``'s kept rows live, for :meth:`can_fetch_rows` of a consuming group.
+
+        Lazy results work on every executor: the core keeps them on the ranks
+        (``WorkerHost``) and reads them to the driver with ordinary calls.  To
+        let a consuming rank fetch rows from a producing rank directly, return
+        a small picklable address here, answer :meth:`can_fetch_rows` for it,
+        and set ``host.fetch_rows`` on each rank to a function taking
+        :class:`~dispatchcore.executor.RowRequest` s (their ``address``) and
+        returning one ``DataProto`` per request, read on the producing rank
+        with :func:`~dispatchcore.executor.take_kept_rows`.  ``None`` (the
+        default) sends consumers their rows through the driver.
+        """
+        return None
+
+    def can_fetch_rows(self, address: Any) -> bool:
+        """Whether this group's ranks can fetch rows kept at ``address`` (another group's :meth:`row_address`)."""
+        return False
+
+    # -- optional: replacing dead ranks (WorkerGroup.replace_rank) ----------------
+    def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Start new ranks ``ranks`` in place of dead (or hung: kill them first) ones.
+
+        Run the worker's ``__init__`` on each new rank (with the rank
+        variables of :func:`rank_environment` and a fresh rendezvous), point
+        later calls at it, and return the rendezvous variables
+        (``MASTER_ADDR``, ``MASTER_PORT``) every rank adopts to rebuild a
+        ``torch.distributed`` world.  The core then replays setup calls and
+        runs the membership hook, and clears the broken state.  Raise
+        :class:`~dispatchcore.DispatchError` saying why when the backend
+        cannot (the default).
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
+
+    def mark_usable(self) -> None:
+        """Take calls again after :meth:`replace_ranks` restored every rank."""
+        self._broken = None
+
+    def mark_broken(self, reason: str) -> None:
+        """Refuse every later call (the first reason given is kept and reported)."""
+        if self._broken is None:
+            self._broken = reason
+
+    @property
+    def broken(self) -> str | None:
+        """Why this group can take no more calls, or ``None`` while it can."""
+        return getattr(self, "_broken", None)
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` value)."""
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())

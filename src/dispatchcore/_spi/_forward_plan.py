@@ -1,0 +1,160 @@
+"""Which rows of which rank's result each consuming rank gets: the core's plan.
+
+When a ``DataProtoFuture`` is passed into another call, an executor that can
+move rows rank to rank need not bring the batch to the driver.  It tells the
+core each producing rank's result shape (:class:`ResultShape`: row count and
+``meta_info``); the core, which owns padding and chunking (DESIGN §6),
+answers with one :class:`ChunkPlan` per consuming rank: row ranges into the
+producers' results plus the chunk's ``meta_info``.  The executor only moves
+the bytes.  The arithmetic is the driver path's: the producer's padding is
+trimmed, the batch is re-padded for the consumer's world, and each chunk's
+``meta_info`` says how many of its rows are padding.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._data._dataproto import DataProto
+from .._data._meta_info import merge_meta_info
+from .._data._padding import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProtoConfig
+
+
+@dataclass(frozen=True)
+class ResultShape:
+    """What the core needs to know of one rank's ``DataProto`` result."""
+
+    rows: int
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RowPiece:
+    """Rows ``[start, stop)`` of the result at call position ``source``."""
+
+    source: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class ChunkPlan:
+    """One consuming rank's chunk: pieces in order, joined, with this ``meta_info``."""
+
+    pieces: list[RowPiece]
+    meta_info: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return sum(len(p) for p in self.pieces)
+
+    @property
+    def sources(self) -> list[int]:
+        """Call positions this chunk reads from, each once, ascending."""
+        return sorted({p.source for p in self.pieces})
+
+
+@dataclass
+class ForwardPlan:
+    """Chunks for every consuming rank, and the padding they add."""
+
+    chunks: list[ChunkPlan]
+    pad_size: int
+    padded_len: int
+
+
+def trimmed_rows(total: int, pad_size: int, padded_len: int) -> int:
+    """Rows a collect keeps of ``total`` when dispatch added ``pad_size`` of ``padded_len``."""
+    if pad_size <= 0:
+        return total
+    if padded_len and total % padded_len == 0:
+        return total // padded_len * (padded_len - pad_size)
+    return total - pad_size
+
+
+def plan_forward(
+    shapes: Sequence[ResultShape | None],
+    chunks: int,
+    *,
+    collect_positions: Sequence[int] | None = None,
+    pad_size: int = 0,
+    padded_len: int = 0,
+) -> ForwardPlan | None:
+    """Chunk the producing call's collected result ``chunks`` ways, as row ranges.
+
+    ``shapes`` has one entry per position of the producing call (``None``
+    where the result is not a ``DataProto``); ``collect_positions`` and the
+    padding are the producing call's.  ``None`` means the rows cannot be
+    forwarded (a non-DataProto result, conflicting ``meta_info``, an empty
+    batch, or padding needed but not enabled): resolve on the driver, which
+    raises the error that says why.
+    """
+    picked = list(range(len(shapes))) if collect_positions is None else list(collect_positions)
+    described = [shapes[p] for p in picked]
+    if chunks < 1 or not described or any(s is None for s in described):
+        return None
+    present = [s for s in described if s is not None]
+    try:
+        meta = merge_meta_info([s.meta_info for s in present])
+    except ValueError:
+        return None
+    meta.pop(PADDING_ROWS_KEY, None)
+    rows = [s.rows for s in present]
+    total = trimmed_rows(sum(rows), pad_size, padded_len)
+    if total <= 0:
+        return None
+    pad = (-total) % chunks
+    allow = bool(meta.get(AUTO_PADDING_KEY, False)) or DataProtoConfig.auto_padding
+    if pad and not allow:
+        return None
+    size = (total + pad) // chunks
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + n)
+    plans = []
+    for j in range(chunks):
+        lo, hi = j * size, (j + 1) * size
+        part_meta = copy.deepcopy(meta)
+        if allow:
+            part_meta[PADDING_ROWS_KEY] = max(0, hi - max(lo, total))
+        plans.append(ChunkPlan(_pieces(lo, hi, total, starts, picked), part_meta))
+    return ForwardPlan(plans, pad, total + pad)
+
+
+def _pieces(lo: int, hi: int, total: int, starts: list[int], picked: list[int]) -> list[RowPiece]:
+    """Row ranges covering virtual rows ``[lo, hi)``; rows past ``total`` wrap (padding repeats the start)."""
+    out: list[RowPiece] = []
+    row = lo
+    while row < hi:
+        real = row % total
+        span = min(hi - row, total - real)
+        pos = 0
+        while starts[pos + 1] <= real:
+            pos += 1
+        take = min(span, starts[pos + 1] - real)
+        out.append(RowPiece(picked[pos], real - starts[pos], real - starts[pos] + take))
+        row += take
+    return out
+
+
+def assemble_chunk(plan: ChunkPlan, results: Mapping[int, DataProto]) -> DataProto:
+    """Rank side: the chunk ``plan`` describes, from the producing results it reads.
+
+    ``results`` maps call positions (``plan.sources``) to those results, as
+    fetched (shared, read-only memory is fine): the join copies the rows once,
+    so the chunk is private and writable whatever the transport gave.
+    """
+    pieces = []
+    for piece in plan.pieces:
+        part = results[piece.source][piece.start : piece.stop]
+        part.meta_info = {}
+        pieces.append(part)
+    out = DataProto.concat(pieces)
+    out.meta_info = copy.deepcopy(plan.meta_info)
+    return out

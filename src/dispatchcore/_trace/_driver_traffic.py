@@ -1,0 +1,90 @@
+"""Bytes of batch data that crossed the driver: the figure lazy results shrink.
+
+Counting starts with the first :func:`driver_traffic` call (until then
+nothing needs it, and calls skip the arithmetic).  Counted where rows pass
+through the driver process: DataProto arguments it sends to ranks, DataProto
+results it collects, and columns of lazy results it reads.  Process-wide and
+cumulative; take two snapshots and subtract (``after - before``) to measure
+one step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .._data._dataproto import DataProto
+
+_lock = threading.Lock()
+_sent = 0
+_received = 0
+#: Off until someone asks for the figures (see the module doc).
+counting = False
+
+
+@dataclass(frozen=True)
+class DriverTraffic:
+    """Cumulative DataProto payload bytes the driver sent to and received from ranks."""
+
+    sent_bytes: int
+    received_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.sent_bytes + self.received_bytes
+
+    def __sub__(self, other: DriverTraffic) -> DriverTraffic:
+        return DriverTraffic(self.sent_bytes - other.sent_bytes, self.received_bytes - other.received_bytes)
+
+
+def driver_traffic() -> DriverTraffic:
+    """A snapshot of the bytes of batch data that crossed this driver so far (counted from the first snapshot)."""
+    global counting
+    counting = True
+    return DriverTraffic(_sent, _received)
+
+
+def payload_bytes(data: Any) -> int:
+    """Bytes of a DataProto's tensors and numpy columns (0 for anything else)."""
+    if not isinstance(data, DataProto) or data.is_lazy:
+        return 0
+    total = 0
+    batch = data._batch
+    if batch is not None:
+        total += sum(t.nbytes for t in batch._tensors.values())
+    for column in data.non_tensor_batch.values():
+        total += column.nbytes
+    return total
+
+
+def count_sent(values: Iterable[Any]) -> None:
+    """Add the payload of DataProto ``values`` (each object once) to the bytes sent."""
+    global _sent
+    if not counting:
+        return
+    seen = {id(v): v for v in values if isinstance(v, DataProto)}
+    size = sum(payload_bytes(v) for v in seen.values())
+    if size:
+        with _lock:
+            _sent += size
+
+
+def count_received(values: Iterable[Any]) -> None:
+    """Add the payload of DataProto ``values`` to the bytes received."""
+    global _received
+    if not counting:
+        return
+    size = sum(payload_bytes(v) for v in values if isinstance(v, DataProto))
+    if size:
+        with _lock:
+            _received += size
+
+
+def count_sent_bytes(size: int) -> None:
+    """Add ``size`` bytes (driver-side columns of a lazy argument) to the bytes sent."""
+    global _sent
+    if size and counting:
+        with _lock:
+            _sent += size

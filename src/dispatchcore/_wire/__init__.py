@@ -1,0 +1,1 @@
+"""Private parts of the wire layer; the public face is dispatchcore.wire."""

@@ -1,0 +1,131 @@
+"""Several roles (actor, reference, critic...) hosted by one worker per rank.
+
+``create_colocated_worker_cls({"actor": Actor, "ref": Ref})`` builds a class
+whose instance holds one object per role and exposes each role's registered
+method ``m`` as ``<role>_m``.  ``wg.spawn({"actor", "ref"})`` then gives
+per-role groups on the same ranks.  Built in the core, so every executor
+gets colocation for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._dispatch._register import REGISTRATION_ATTR, registered_methods
+from ._worker import Worker
+
+
+class ClassWithInitArgs:
+    """A worker class with the arguments to build it (verl's ``RayClassWithInitArgs``)."""
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(cls, type):
+            raise TypeError(f"ClassWithInitArgs needs a class, got {cls!r}")
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+
+    def __call__(self) -> Any:
+        return self.cls(*self.args, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"ClassWithInitArgs({self.cls.__name__})"
+
+
+def _role_spec(role: str, value: Any) -> ClassWithInitArgs:
+    if isinstance(value, ClassWithInitArgs):
+        return value
+    if isinstance(value, type):
+        return ClassWithInitArgs(value)
+    inner = getattr(value, "cls", None)  # verl's RayClassWithInitArgs and look-alikes
+    if isinstance(inner, type):
+        return ClassWithInitArgs(inner, *getattr(value, "args", ()), **getattr(value, "kwargs", {}))
+    raise TypeError(f"role {role!r}: expected a worker class or ClassWithInitArgs, got {value!r}")
+
+
+def _forward(role: str, method: str, registration: Any) -> Any:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._dispatchcore_role_objects[role], method)(*args, **kwargs)
+
+    forward.__name__ = f"{role}_{method}"
+    forward.__qualname__ = f"Colocated.{role}_{method}"
+    setattr(forward, REGISTRATION_ATTR, registration)
+    return forward
+
+
+def _forward_mesh_info(role: str) -> Any:
+    def mesh_info(self: Any, mesh_name: str) -> tuple[int, bool]:
+        info: tuple[int, bool] = self._dispatchcore_role_objects[role]._dispatchcore_mesh_info(mesh_name)
+        return info
+
+    return mesh_info
+
+
+def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
+    """One worker class hosting every role of ``class_dict`` on each rank.
+
+    Values are worker classes or :class:`ClassWithInitArgs`.  The group's
+    ``init_kwargs`` may hold a dict per role name, merged over the role's own.
+    """
+    if not isinstance(class_dict, Mapping) or not class_dict:
+        raise ValueError("create_colocated_worker_cls needs a non-empty {role: worker class} mapping")
+    specs = {str(role): _role_spec(str(role), value) for role, value in class_dict.items()}
+    for role in specs:
+        if not role.isidentifier():
+            raise ValueError(f"role names become method prefixes and must be identifiers, got {role!r}")
+
+    def __init__(self: Any, **role_kwargs: Any) -> None:
+        unknown = sorted(set(role_kwargs) - set(specs))
+        if unknown:
+            raise TypeError(f"init_kwargs name unknown role(s) {unknown}; roles are {sorted(specs)}")
+        self._dispatchcore_role_objects = {}
+        for role, spec in specs.items():
+            extra = role_kwargs.get(role) or {}
+            self._dispatchcore_role_objects[role] = spec.cls(*spec.args, **{**spec.kwargs, **extra})
+
+    def on_membership_change(self: Any, change: Any) -> None:
+        # Every role's hook, in the order the roles were given.
+        for role in specs:
+            hook = getattr(self._dispatchcore_role_objects[role], "on_membership_change", None)
+            if hook is not None:
+                hook(change)
+
+    namespace: dict[str, Any] = {
+        "__init__": __init__,
+        "on_membership_change": on_membership_change,
+        "_dispatchcore_roles": {role: spec.cls for role, spec in specs.items()},
+        "__module__": __name__,
+    }
+    for role, spec in specs.items():
+        for method, registration in registered_methods(spec.cls).items():
+            namespace[f"{role}_{method}"] = _forward(role, method, registration)
+        namespace[f"{role}__dispatchcore_mesh_info"] = _forward_mesh_info(role)
+    name = "Colocated_" + "_".join(specs)
+    cls = type(name, (Worker,), namespace)
+    return cls
+
+
+#: Short alias of :func:`create_colocated_worker_cls`.
+colocate = create_colocated_worker_cls
+
+
+def method_names(worker_cls: type) -> tuple[str, ...]:
+    """Every method a call on ``worker_cls``'s ranks may name, sorted.
+
+    The ``@register`` methods (a colocated class's role-prefixed ones among
+    them, and those of each role class under its prefix), plus the core's
+    mesh query, rejoin call and the kept-rows calls.  Executors that bind entry points per method read it from
+    :attr:`GroupSpec.methods`.
+    """
+    names = set(registered_methods(worker_cls)) | {
+        "_dispatchcore_mesh_info",
+        "_dispatchcore_rejoin",
+        "_dispatchcore_take_rows",
+        "_dispatchcore_free_rows",
+    }
+    roles: dict[str, type] = getattr(worker_cls, "_dispatchcore_roles", None) or {}
+    for role, cls in roles.items():
+        names.update(f"{role}_{name}" for name in registered_methods(cls))
+        names.add(f"{role}__dispatchcore_mesh_info")
+    return tuple(sorted(names))

@@ -1,0 +1,104 @@
+"""The worker base class and the rank context it is built in.
+
+``self.rank`` and ``self.world_size`` must be right from the first line of a
+subclass's ``__init__`` (verl sets them only after).  Executors build workers
+through :class:`dispatchcore.WorkerHost`, which publishes the rank in a
+thread-local context that :meth:`Worker.__new__` reads; a worker built any
+other way falls back to the ``RANK`` / ``WORLD_SIZE`` environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._mesh import DispatchCollectInfo
+
+if TYPE_CHECKING:
+    from .._group._membership import MembershipChange
+
+_context = threading.local()
+
+
+@contextlib.contextmanager
+def rank_context(rank: int, world_size: int) -> Iterator[None]:
+    """Make workers built inside this block see ``rank`` / ``world_size``."""
+    previous = getattr(_context, "current", None)
+    _context.current = (rank, world_size)
+    try:
+        yield
+    finally:
+        _context.current = previous
+
+
+def current_rank_context() -> tuple[int, int]:
+    """(rank, world_size) for a worker being built now."""
+    found: tuple[int, int] | None = getattr(_context, "current", None)
+    if found is not None:
+        return found
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Worker(DispatchCollectInfo):
+    """Base class of every worker; subclass it and decorate methods with ``@register``.
+
+    Mesh declarations for nd dispatch (``_register_dispatch_collect_info``,
+    ``get_dispatch_collect`` / ``set_dispatch_collect``) come from
+    :class:`~dispatchcore._worker._mesh.DispatchCollectInfo`.
+    """
+
+    _rank: int
+    _world_size: int
+    _dispatch_collect_info: dict[str, tuple[int, bool]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
+        self = super().__new__(cls)
+        self._rank, self._world_size = current_rank_context()
+        self._dispatch_collect_info = {}
+        return self
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in its group (0 .. world_size-1)."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in this worker's group."""
+        return self._world_size
+
+    def on_membership_change(self, change: MembershipChange) -> None:
+        """Runs on every rank after ranks were replaced (``WorkerGroup.replace_rank``).
+
+        Override it to rebuild what spans ranks: tear down and re-create a
+        ``torch.distributed`` world (``os.environ`` already holds the new
+        ``MASTER_ADDR``/``MASTER_PORT``), and bring the new ranks' state in
+        line with the survivors' (copy it from ``change.source_rank``, or
+        reload a checkpoint).  On a new rank it runs after the setup calls
+        were replayed.  The default does nothing.
+        """
+
+    def _dispatchcore_rejoin(
+        self, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]
+    ) -> None:
+        """The core's rejoin call (see :mod:`dispatchcore._group._membership`)."""
+        from .._group._membership import rejoin
+
+        rejoin(self, change, replay)
+
+    @property
+    def fused_worker_dict(self) -> dict[str, Any]:
+        """The role objects of the fused worker hosting this one, by role (verl's name; ``{}`` if none)."""
+        fused: dict[str, Any] = self.__dict__.setdefault("_dispatchcore_fused", {})
+        return fused
+
+    @fused_worker_dict.setter
+    def fused_worker_dict(self, roles: dict[str, Any]) -> None:
+        self.__dict__["_dispatchcore_fused"] = roles
+
+    def get_fused_worker_by_name(self, worker_name: str) -> Any:
+        """The role object ``worker_name`` of the fused worker hosting this one, or ``None`` (verl's name)."""
+        return self.fused_worker_dict.get(worker_name)

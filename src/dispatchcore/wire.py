@@ -1,0 +1,61 @@
+"""The one serialization path for executors that move bytes between processes.
+
+For executor authors (DESIGN §5, §6).  Everything a rank receives or sends
+back goes through :func:`dumps` / :func:`loads`:
+
+* pickle protocol 5 (:data:`PROTOCOL`); tensors and numpy arrays travel as
+  out-of-band buffers of exactly their own bytes (a view never drags its
+  whole storage along), rebuilt without a copy on the other side;
+* functions and classes defined in the driver script travel by value
+  (cloudpickle, when installed: the ``ray`` and ``torchrun`` extras have it);
+* :attr:`Serialized.data` plus :attr:`Serialized.buffers` is all there is to
+  move; payloads whose total size is at most :data:`INLINE_LIMIT` are worth
+  sending in one message with the control data, larger ones as raw buffers.
+
+Receive side: allocate large buffers with :func:`numpy_tensor` /
+:func:`receive_buffer` (numpy memory page-faults far less than torch's), and
+when a call's results are rows that the collect step will concatenate,
+receive them into a :class:`RowBuffers` and hand it back as
+``CallHandle.row_buffers``: the concatenation then adopts those rows instead
+of copying them again.
+
+``DataProto`` pickles with the same tensor layout under any protocol-5
+pickler (Ray's included), so a backend whose transport pickles for it gets
+the zero-copy path too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._wire._buffer_pool import BUFFERS
+from ._wire._row_buffers import NUMPY_ALLOC_BYTES, RowBuffers, cat_rows, numpy_tensor
+from ._wire._serialization import PROTOCOL, Serialized, dumps, loads, rebuild_tensor, reduce_tensor, round_trip
+
+#: Payloads up to this many bytes ride inline with a control message.
+INLINE_LIMIT = 64 * 1024
+
+
+def receive_buffer(nbytes: int) -> np.ndarray:
+    """A writable ``uint8`` buffer of ``nbytes`` that nothing else can see, to receive one out-of-band buffer into.
+
+    Large ones are recycled from this process's buffer pool (see ``_buffer_pool``).
+    """
+    return BUFFERS.take(nbytes)
+
+
+__all__ = [
+    "INLINE_LIMIT",
+    "NUMPY_ALLOC_BYTES",
+    "PROTOCOL",
+    "RowBuffers",
+    "Serialized",
+    "cat_rows",
+    "dumps",
+    "loads",
+    "numpy_tensor",
+    "rebuild_tensor",
+    "receive_buffer",
+    "reduce_tensor",
+    "round_trip",
+]
