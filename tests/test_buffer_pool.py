@@ -1,4 +1,7 @@
-"""The process's pool of large host buffers: reuse only what nothing can see, bounded idle memory."""
+"""Unit test of an internal part (the process's buffer pool): imports dispatchcore._wire._buffer_pool directly.
+
+The pool of large host buffers: reuse only what nothing can see, bounded idle memory.
+"""
 
 from __future__ import annotations
 

@@ -11,9 +11,12 @@ import torch
 
 from dispatchcore import (
     PADDING_ROWS_KEY,
+    BatchSizeError,
     DataProto,
     DataProtoConfig,
     DataProtoItem,
+    DispatchError,
+    TensorBatch,
     chunk_with_padding,
     collate_fn,
     fold_batch_dim,
@@ -22,11 +25,8 @@ from dispatchcore import (
     union_two_dict,
     unpad_dataproto,
 )
-from dispatchcore._base._errors import BatchSizeError, DispatchError
-from dispatchcore._data._padding import AUTO_PADDING_KEY
-from dispatchcore._data._tensor_batch import TensorBatch
-from dispatchcore._wire._serialization import dumps, loads
 from dispatchcore.testing.assertions import assert_dataproto_equal
+from dispatchcore.wire import dumps, loads
 
 
 def make(n: int = 6, **kw: object) -> DataProto:
@@ -55,7 +55,7 @@ def test_from_dict_converts_lists_and_leaves_inputs_alone() -> None:
     data = DataProto.from_dict({"a": torch.zeros(2)}, non_tensors, meta, auto_padding=True)
     assert data.non_tensor_batch["s"].dtype == object
     assert non_tensors == {"s": ["x", "y"]} and meta == {"k": 1}
-    assert data.is_padding_enabled() and data.meta_info[AUTO_PADDING_KEY] is True
+    assert data.is_padding_enabled() and data.meta_info[DataProtoConfig.auto_padding_key] is True
 
 
 def test_from_single_dict_splits_by_type() -> None:

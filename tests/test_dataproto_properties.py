@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 
 from dispatchcore import (
     PADDING_ROWS_KEY,
+    BatchSizeError,
     DataProto,
     chunk_with_padding,
     pad_dataproto_to_divisor,
     unpad_dataproto,
 )
-from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._data._meta_info import values_equal
-from dispatchcore._wire._serialization import dumps, loads
+from dispatchcore.testing.assertions import values_equal
 from dispatchcore.testing.strategies import assert_dataproto_equal, dataprotos, world_sizes
+from dispatchcore.wire import dumps, loads
 
 # assume() keeps only lengths the world size divides (about one draw in four).
 FAST = settings(

@@ -19,7 +19,6 @@ from dispatchcore import (
     direct_call,
     make_nd_compute_dataproto_dispatch_fn,
 )
-from dispatchcore._dispatch._builtin_modes import dispatch_dp_compute_proto
 from dispatchcore.testing import check_dispatch_mode, nd_meshes, strategies
 
 world_sizes = strategies.world_sizes()
@@ -119,6 +118,7 @@ def test_direct_dispatch_functions_keep_no_state_between_calls() -> None:
     class Group:
         world_size = 2
 
+    dispatch_dp_compute_proto = direct_call(Dispatch.DP_COMPUTE_PROTO, 1).spec.dispatch_fn  # the mode's own
     first, _ = dispatch_dp_compute_proto(Group(), proto(5, True))
     second, _ = dispatch_dp_compute_proto(Group(), proto(8, False))
     assert [len(c) for c in first[0]] == [3, 3]

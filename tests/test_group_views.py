@@ -142,13 +142,22 @@ def test_disjoint_views_run_independently() -> None:
 
 def test_replace_rank_on_a_view_names_the_groups_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A view's rank numbers are positions in it; replacement works on the whole group's ranks."""
-    import dispatchcore._group._membership as membership
-
     asked: list[tuple[int, ...]] = []
-    monkeypatch.setattr(membership, "run_replacement", lambda root, ranks, generation: asked.append(ranks))
+
+    def replace_ranks(ranks: tuple[int, ...]) -> dict[str, str]:
+        asked.append(tuple(ranks))
+        raise _Asked  # what the executor is asked for is all this test looks at
+
     with WorkerGroup(EchoWorker, 4, backend="local") as group:
-        group.ranks([3, 1]).replace_rank(0)
-        group[2:].replace_rank(0, 1)
+        monkeypatch.setattr(group.executor, "replace_ranks", replace_ranks)
+        with pytest.raises(_Asked):
+            group.ranks([3, 1]).replace_rank(0)
+        with pytest.raises(_Asked):
+            group[2:].replace_rank(0, 1)
         with pytest.raises(ValueError, match=r"rank numbers in 0\.\.1"):
             group[2:].replace_rank(2)
     assert asked == [(3,), (2, 3)]
+
+
+class _Asked(Exception):
+    """Raised by the stand-in ``Executor.replace_ranks``: the replacement goes no further."""

@@ -1,4 +1,9 @@
-"""Rank processes keep freed heap memory for reuse: large tensors stop re-faulting every step."""
+"""Reads an internal part (whether a rank applied the malloc setting): imports dispatchcore._wire._allocator on ranks.
+
+Rank processes keep freed heap memory for reuse: large tensors stop re-faulting every step.
+``Allocating.kept`` reads the allocator module's ``applied`` flag on each rank: no public name says
+whether a rank's executor called :func:`dispatchcore.executor.keep_freed_memory`.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ class Allocating(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def kept(self) -> bool:
-        from dispatchcore import _allocator
+        from dispatchcore._wire import _allocator
 
         return _allocator.applied
 

@@ -1,4 +1,4 @@
-"""The one-shot signal each call handle waits on."""
+"""Unit test of an internal part (the one-shot latch each call handle waits on): imports dispatchcore._base._latch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""What only the in-process executor promises: threads, zero-copy opt-out, exit without hanging."""
+"""Sizes one case by an internal part (the local executor's driver-copy threshold): imports executors_local._executor.
+
+What only the in-process executor promises: threads, zero-copy opt-out, exit without hanging.
+``DRIVER_COPY_BYTES`` puts the large case of the private-copies test on the ranks' side of the threshold.
+"""
 
 from __future__ import annotations
 

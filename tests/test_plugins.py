@@ -1,4 +1,7 @@
-"""Executors are found through the ``dispatchcore`` entry-point group, as a third party's would be."""
+"""Unit test of the plugin registry internals (reset, per-plugin status): imports dispatchcore._spi._plugins directly.
+
+Executors are found through the ``dispatchcore`` entry-point group, as a third party's would be.
+"""
 
 from __future__ import annotations
 

@@ -21,9 +21,7 @@ from dispatchcore import (  # noqa: E402
     WorkerGroup,
 )
 from executors_ray import PlacementError, RayResourcePool  # noqa: E402
-from executors_ray._runtime import cuda_device_index, ip_sort_key  # noqa: E402
-from executors_ray._test_workers import BadInit, DataWorker, EnvWorker  # noqa: E402
-from executors_ray.testing import ray_session  # noqa: E402, F401
+from executors_ray.testing import BadInit, DataWorker, EnvWorker, ray_session  # noqa: E402, F401
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -151,30 +149,6 @@ def test_atoms_tuples_and_unregistered_methods(data2):
     assert executor._method(0, "no_such_method").func.__self__ is not None  # falls back to `call`
 
 
-def test_pack_falls_back_to_cloudpickle_for_code_by_value():
-    import cloudpickle
-
-    from dispatchcore.wire import dumps
-    from executors_ray import _payload
-
-    data = DataProto.from_dict({"x": torch.arange(6).reshape(3, 2)}, meta_info={"f": len})
-    fast = _payload.pack(data)
-    assert torch.equal(_payload.unpack(fast, copy=True).batch["x"], data.batch["x"])
-    assert _payload.unpack(_payload.pack(lambda v: v + 1), copy=True)(1) == 2  # C pickler refuses: cloudpickle
-    by_reference = _payload.pack(_ByValue())[0]
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    try:
-        by_value = _payload.pack(_ByValue())[0]
-        assert by_value == dumps(_ByValue()).data != by_reference  # this module's code travels by value
-    finally:
-        cloudpickle.unregister_pickle_by_value(module)
-
-
-class _ByValue:
-    """An instance whose class must travel by value once its module is registered."""
-
-
 def test_worker_error_keeps_group_usable(data2):
     with pytest.raises(WorkerError) as info:
         data2.fail(1)
@@ -237,10 +211,3 @@ def test_shutdown_kills_actors_and_is_idempotent():
         pytest.fail("actor still registered after shutdown")
     with pytest.raises(DispatchError):
         wg.pid()
-
-
-def test_helpers():
-    assert sorted(["10.0.0.10", "10.0.0.9", "9.1.1.1"], key=ip_sort_key) == ["9.1.1.1", "10.0.0.9", "10.0.0.10"]
-    assert cuda_device_index([], None) is None
-    assert cuda_device_index(["3"], "2,3") == 1
-    assert cuda_device_index(["3"], None) == 3

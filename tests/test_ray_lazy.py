@@ -1,4 +1,8 @@
-"""Lazy results on Ray: rows move actor to actor, never through the driver (one local Ray for the run)."""
+"""Lazy results on Ray; one check probes an internal part (an actor's rows group): imports executors_ray._tags.
+
+Rows move actor to actor, never through the driver (one local Ray for the run).  :func:`held_on` asks a rank
+actor directly, in its rows concurrency group, whether it still keeps a key (beside a running call).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,7 @@ from dispatchcore import DataProto, LazyDataProto, WorkerDiedError, WorkerGroup,
 from dispatchcore.executor import RowRequest  # noqa: E402
 from dispatchcore.testing import assert_dataproto_equal  # noqa: E402
 from executors_ray._tags import OK_PACKED, ROWS_GROUP  # noqa: E402
-from executors_ray._test_workers import RowsWorker  # noqa: E402
-from executors_ray.testing import ray_session  # noqa: E402, F401
+from executors_ray.testing import RowsWorker, ray_session  # noqa: E402, F401
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(60)]
 

@@ -17,7 +17,6 @@ from dispatchcore import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
-from dispatchcore._dispatch._register import registration_of
 
 
 def test_bad_mode_fails_at_decoration_time() -> None:
@@ -44,19 +43,22 @@ def test_bad_options_fail_at_decoration_time(kwargs: dict, match: str) -> None:
 
 
 def test_defaults_positional_and_bare_forms() -> None:
-    @register
-    def bare(self): ...
+    class Forms(Worker):
+        @register
+        def bare(self): ...
 
-    @register(Dispatch.DP_COMPUTE)
-    def positional(self): ...
+        @register(Dispatch.DP_COMPUTE)
+        def positional(self): ...
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO, blocking=False)
-    async def coro(self): ...
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO, blocking=False)
+        async def coro(self): ...
 
-    assert registration_of(bare).dispatch_mode is Dispatch.ALL_TO_ALL
-    assert registration_of(bare).execute_mode is Execute.ALL
-    assert registration_of(positional).dispatch_mode is Dispatch.DP_COMPUTE
-    assert registration_of(coro).is_async and not registration_of(coro).blocking
+    with WorkerGroup(Forms, 1, backend="local") as wg:  # a group's proxies carry each method's Registration
+        bare, positional, coro = wg.bare.registration, wg.positional.registration, wg.coro.registration
+    assert bare.dispatch_mode is Dispatch.ALL_TO_ALL
+    assert bare.execute_mode is Execute.ALL
+    assert positional.dispatch_mode is Dispatch.DP_COMPUTE
+    assert coro.is_async and not coro.blocking
 
 
 def test_double_registration_refused() -> None:

@@ -222,9 +222,9 @@ def test_checker_names_the_broken_property_world_size_and_batch(
 
 
 def test_checker_holds_per_rank_modes_to_rank_order() -> None:
-    from dispatchcore import Dispatch
-    from dispatchcore._dispatch._builtin_modes import dispatch_dp_compute_proto
+    from dispatchcore import Dispatch, direct_call
 
+    dispatch_dp_compute_proto = direct_call(Dispatch.DP_COMPUTE_PROTO, 1).spec.dispatch_fn  # the mode's own
     check_dispatch_mode(Dispatch.DP_COMPUTE_METRIC, collects="per_rank", max_examples=30)
     shuffled = DispatchSpec(dispatch_dp_compute_proto, lambda wg, outs: outs[1:] + outs[:1], name="ROTATED")
     with pytest.raises(ModePropertyError, match="position 0 of the collected list holds rank 1's output") as info:

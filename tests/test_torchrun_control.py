@@ -1,4 +1,7 @@
-"""The torchrun hub's control links: who may connect, sends that never block, deaths behind a forked child."""
+"""Unit test of an internal part (the torchrun hub's control links): imports executors_torchrun._control directly.
+
+Who may connect, sends that never block, deaths behind a forked child.
+"""
 
 from __future__ import annotations
 

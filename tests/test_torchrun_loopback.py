@@ -1,4 +1,6 @@
-"""A self-started torchrun world listens on loopback only.
+"""Unit test of internal parts (the torchrun store, the gloo transport): imports executors_torchrun._spawn, _transport.
+
+A self-started torchrun world listens on loopback only.
 
 Its store carries pickles that ranks unpickle, so a port reachable from the
 network would let anyone who can reach the machine run code in a rank.

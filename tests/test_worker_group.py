@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import traceback
+from collections.abc import Callable
 
 import pytest
 
@@ -16,17 +18,28 @@ from dispatchcore import (
     create_colocated_worker_cls,
     register,
 )
-from dispatchcore._group._worker_group import resolve_backend
 from dispatchcore.testing.workers import ActorRole, EchoWorker
+
+
+def chosen_backend(make: Callable[[], WorkerGroup[EchoWorker]]) -> str:
+    """The backend a group built by ``make`` chose: its name, or the name no installed backend has."""
+    try:
+        with make() as wg:
+            return wg.backend
+    except BackendNotFoundError as err:
+        found = re.match(r"no backend named '(\w+)'", str(err))
+        assert found, str(err)
+        return found.group(1)
 
 
 def test_backend_choice_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISPATCHCORE_BACKEND", raising=False)
-    assert resolve_backend(None) == "local"
+    assert chosen_backend(lambda: WorkerGroup(EchoWorker, 1)) == "local"
     monkeypatch.setenv("DISPATCHCORE_BACKEND", "from_env")
-    assert resolve_backend(None) == "from_env"
-    assert resolve_backend(None, {"backend": "from_config"}) == "from_config"
-    assert resolve_backend("from_arg", {"backend": "from_config"}) == "from_arg"
+    assert chosen_backend(lambda: WorkerGroup(EchoWorker, 1)) == "from_env"
+    config = {"backend": "from_config", "world_size": 1}
+    assert chosen_backend(lambda: WorkerGroup.from_config(config, EchoWorker)) == "from_config"
+    assert chosen_backend(lambda: WorkerGroup.from_config(config, EchoWorker, backend="from_arg")) == "from_arg"
 
 
 def test_environment_backend_is_used(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ their results come back.  Executors (``local`` threads, ``torchrun``
 processes, ``ray`` actors) are plugins found through pluggy.
 """
 
+from ._base import _moved
 from ._base._errors import (
     BackendNotFoundError,
     BatchSizeError,
@@ -35,7 +36,6 @@ from ._dispatch._modes import (
 )
 from ._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
 from ._dispatch._register import Registration, register
-from ._group._membership import MembershipChange
 from ._group._method_proxy import MethodProxy
 from ._group._worker_group import WorkerGroup
 from ._rows._lazy_dataproto import LazyDataProto
@@ -48,9 +48,12 @@ from ._trace._driver_traffic import DriverTraffic, driver_traffic
 from ._trace._tracer import Tracer, trace
 from ._worker._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._worker._fused import create_colocated_worker_raw_cls
+from ._worker._rejoin import MembershipChange
 from ._worker._worker import Worker
 
 __version__ = "0.1.0"
+
+_moved.install()  # old private module paths (pickles written before the move) keep importing
 
 __all__ = [
     "PADDING_ROWS_KEY",

@@ -19,8 +19,10 @@ bytes move and how death is seen.  Subclass :class:`Executor`, set ``name``:
   :func:`rank_environment`.
 * ``submit(call)``: send the call to its ranks at once and return a
   :class:`RankCallHandle` (subclass it or use it as is).  On the rank, run
-  ``host.run(call.method, args, kwargs, timed=call.timed)`` and send back
-  ``(ok, value)``; deliver it with :meth:`RankCallHandle.deliver`.  If a
+  ``host.run(call.method, args, kwargs, call.instructions)`` and send back
+  ``(ok, value)``; deliver it with :meth:`RankCallHandle.deliver`.
+  ``call.instructions`` (:class:`Instructions`: time the call, keep the
+  rows...) is the core's; forward it whole, never read it.  If a
   rank is seen dead, call :meth:`RankCallHandle.rank_died`.
 * ``shutdown()``: release everything; idempotent; prompt.
 
@@ -32,10 +34,13 @@ as soon as a death is seen), and the lowest-rank failure
 (→ :class:`~dispatchcore.WorkerError`, others noted).  Pull-based
 transports override :meth:`RankCallHandle.wait_for_progress`.
 
-Isolation (DESIGN §4): what a worker receives must equal a pickle round trip
+Isolation (``docs/design.md``, "Invariants"): what a worker receives must equal a pickle round trip
 of what was sent.  Across processes :func:`dispatchcore.wire.loads` does it;
 in this process use :func:`run_isolated` on a :class:`RankThread`.
 ``call.results_are_copied`` says the collect step copies results anyway.
+A value that cannot be pickled is reported in one wording everywhere:
+:meth:`RemoteFailure.unpicklable` on a rank, :func:`unpicklable_error` on
+the driver.
 
 Optional hooks, with defaults that decline:
 
@@ -62,17 +67,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._base._options import check_options
-from ._rows._store import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from ._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
 from ._rows._store import ROW_STORE as _ROW_STORE
 from ._runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
 from ._runtime._isolation import ATOMS, isolated_copy
 from ._runtime._rank_thread import RankThread, run_isolated
-from ._runtime._worker_host import RemoteFailure, WorkerHost, first_failure
-from ._spi._call import Call, UniqueValues
+from ._runtime._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
+from ._spi._call import PLAIN, Call, Instructions, UniqueValues
 from ._spi._executor_base import CallHandle, Executor, GroupSpec, remaining
-from ._spi._forward_plan import ChunkPlan, ForwardPlan, ResultShape, RowPiece, assemble_chunk, plan_forward
+from ._spi._forward_plan import assemble_chunk, plan_forward
 from ._spi._plugins import register_executor
 from ._spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
+from ._spi._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
 from ._trace._tracer import TimedResult
 from ._wire._allocator import keep_freed_memory
 from ._worker._colocate import method_names
@@ -97,6 +103,11 @@ def free_kept_rows(keys: Sequence[str]) -> None:
     _ROW_STORE.free(keys)
 
 
+def kept_results() -> int:
+    """How many lazy results this process keeps (for tests and diagnostics: 0 once every key was freed)."""
+    return len(_ROW_STORE)
+
+
 def holds_kept_rows(key: str) -> bool:
     """Whether this process keeps the rows under ``key`` (then no transport is needed)."""
     return _ROW_STORE.has(key)
@@ -106,6 +117,7 @@ __all__ = [
     "ATOMS",
     "FREE_ROWS_METHOD",
     "LOOPBACK",
+    "PLAIN",
     "RANK_ENV_KEYS",
     "TAKE_ROWS_METHOD",
     "Call",
@@ -115,6 +127,7 @@ __all__ = [
     "ForwardPlan",
     "GroupSpec",
     "HeldRows",
+    "Instructions",
     "RankCallHandle",
     "RankThread",
     "RemoteFailure",
@@ -133,6 +146,7 @@ __all__ = [
     "holds_kept_rows",
     "isolated_copy",
     "keep_freed_memory",
+    "kept_results",
     "liveness_poll",
     "local_ranks",
     "method_names",
@@ -143,4 +157,5 @@ __all__ = [
     "run_isolated",
     "take_kept_rows",
     "timeout_error",
+    "unpicklable_error",
 ]

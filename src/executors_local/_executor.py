@@ -29,6 +29,7 @@ from dispatchcore.executor import (
     Call,
     Executor,
     GroupSpec,
+    Instructions,
     RankCallHandle,
     RankThread,
     RemoteFailure,
@@ -96,7 +97,7 @@ class LocalExecutor(Executor):
         self._calls.add(handle)
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
-        method, timed, threads = call.method, call.timed, self.rank_threads
+        method, instructions, threads = call.method, call.instructions, self.rank_threads
         # Nothing to copy (no arguments at all): neither here nor on the ranks.
         bare = not any(call.args) and not any(call.kwargs)
         copy_here = isolate and not bare and _small_arguments(call)
@@ -120,7 +121,7 @@ class LocalExecutor(Executor):
                 kwargs,
                 isolate and not copy_here and not bare,
                 copy_result,
-                timed,
+                instructions,
             )
             tasks.append((threads[rank], run))
         for thread, task in tasks:
@@ -174,12 +175,7 @@ def _copy_arguments(
     try:
         return tuple([isolated_copy(a) for a in args]), {k: isolated_copy(v) for k, v in kwargs.items()}
     except Exception as exc:  # noqa: BLE001 - that rank's failure; Ctrl-C stops the submit, nothing queued yet
-        failure = RemoteFailure.capture(rank, method, exc)
-        failure.message = (
-            f"its arguments cannot be pickled for isolation ({exc}); pass picklable values, or "
-            "WorkerGroup(..., isolate=False) to share them uncopied"
-        )
-        return failure
+        return RemoteFailure.unpicklable(rank, method, "arguments", exc, in_process=True)
 
 
 def _run(
@@ -191,11 +187,11 @@ def _run(
     kwargs: dict[str, Any],
     isolate: bool,
     copy_result: bool,
-    timed: bool,
+    instructions: Instructions,
 ) -> None:
     """One rank's part of a call, on its thread: what a remote rank would see, then the outcome to the handle."""
     ok, value = run_isolated(
-        host, method, args, kwargs, isolate_inputs=isolate, isolate_result=copy_result, timed=timed
+        host, method, args, kwargs, isolate_inputs=isolate, isolate_result=copy_result, instructions=instructions
     )
     handle.deliver(position, ok, value)
 

@@ -137,7 +137,7 @@ class RankActor:
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
             return FAILED, failure
-        arg_slots, kwarg_slots, kinds, sources, inline, timed = layout
+        arg_slots, kwarg_slots, kinds, sources, inline, instructions = layout
         args: tuple[Any, ...] = ()
         kwargs: dict[str, Any] = {}
         if kinds:
@@ -150,7 +150,7 @@ class RankActor:
                 kwargs = {k: resolved[i] for k, i in kwarg_slots.items()}
             except BaseException as exc:  # noqa: BLE001 - reported to the driver
                 return FAILED, RemoteFailure.capture(host.rank, method, exc)
-        ok, value = host.run(method, args, kwargs, timed=timed)
+        ok, value = host.run(method, args, kwargs, instructions)
         if not ok:
             return FAILED, value
         if value is None or type(value) in ATOMS:
@@ -158,9 +158,7 @@ class RankActor:
         try:
             kind, payload = _payload.encode_result(value)
         except BaseException as exc:  # noqa: BLE001
-            failure = RemoteFailure.capture(host.rank, method, exc)
-            failure.message = f"its result cannot be pickled ({exc}); return picklable values"
-            return FAILED, failure
+            return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False)
         return payload if kind == RAW else (OK_PACKED, payload)
 
     def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:

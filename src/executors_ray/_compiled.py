@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
 
 from . import _payload
-from ._tags import FORWARD
+from ._tags import FORWARD, bare_layout
 from ._task_layout import rank_task
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class CompiledGraph:
         inputs: list[Any] = [None] * executor.spec.world_size
         if not any(call.args) and not any(call.kwargs):
             for rank in call.ranks:
-                inputs[rank] = (call.method, ((), {}, (), (), (), call.timed), ())
+                inputs[rank] = (call.method, bare_layout(call.instructions), ())
             return inputs
         unique = call.unique_values()
         for value in unique.values:

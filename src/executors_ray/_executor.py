@@ -39,6 +39,7 @@ from dispatchcore import DispatchError, WorkerDiedError
 from dispatchcore.executor import (
     FREE_ROWS_METHOD,
     LOOPBACK,
+    PLAIN,
     TAKE_ROWS_METHOD,
     Call,
     CallHandle,
@@ -58,7 +59,7 @@ from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, TIMED_NO_ARGS, Forwarded
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, Forwarded, bare_layout
 from ._task_layout import rank_task
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
@@ -388,8 +389,9 @@ class RayExecutor(Executor):
         """``call`` as one Ray task per rank (the path every call takes unless ``compiled=True``)."""
         if not any(call.args) and not any(call.kwargs):
             # No arguments anywhere: no task argument either (the common control call).
-            if call.timed:
-                refs = [self._method(rank, call.method)(TIMED_NO_ARGS) for rank in call.ranks]
+            if call.instructions != PLAIN:  # traced or lazy: the instructions are the one task argument
+                layout = bare_layout(call.instructions)
+                refs = [self._method(rank, call.method)(layout) for rank in call.ranks]
             else:
                 refs = [self._method(rank, call.method)() for rank in call.ranks]
             return RayCallHandle(self, call, refs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dispatchcore.executor import ChunkPlan
+from dispatchcore.executor import PLAIN, ChunkPlan, Instructions
 
 #: What ``RankActor.call`` returns when the result is not sent as it is:
 #: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``.  Anything that
@@ -34,17 +34,20 @@ ROWS_THREADS = 2
 #: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
 DEDICATED_PREFIX = "w_"
 
-#: A call's layout: ``(arg_slots, kwarg_slots, kinds, sources, inline, timed)``.
+#: A call's layout: ``(arg_slots, kwarg_slots, kinds, sources, inline, instructions)``.
 #: Per distinct value: its kind and where it is: ``inline[i]`` (source
 #: ``-1``), top-level task argument ``j`` (source ``j``, a reference Ray
 #: resolves) or element ``k`` of top-level argument ``j`` (``(j, k)``, one
-#: object holding several ranks' chunks).  ``timed`` is ``Call.timed``.
-Layout = tuple[tuple[int, ...], dict[str, int], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], bool]
+#: object holding several ranks' chunks).  ``instructions`` is ``Call.instructions``, forwarded whole.
+Layout = tuple[tuple[int, ...], dict[str, int], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], Instructions]
 
-#: A call without arguments sends no task argument at all (each costs Ray ~0.1 ms).
-NO_ARGS: Layout = ((), {}, (), (), (), False)
-#: The same, traced.
-TIMED_NO_ARGS: Layout = ((), {}, (), (), (), True)
+#: A call without arguments or instructions sends no task argument at all (each costs Ray ~0.1 ms).
+NO_ARGS: Layout = ((), {}, (), (), (), PLAIN)
+
+
+def bare_layout(instructions: Instructions) -> Layout:
+    """The layout of a call without arguments that still carries the core's instructions (traced, lazy)."""
+    return ((), {}, (), (), (), instructions)
 
 
 @dataclass

@@ -43,6 +43,6 @@ def rank_task(call: Call, unique: Any, encoded: list[Any], position: int) -> tup
         tuple(kinds),
         tuple(sources),
         tuple(inline),
-        call.timed,
+        call.instructions,
     )
     return layout, tops

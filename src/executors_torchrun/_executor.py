@@ -47,6 +47,7 @@ from dispatchcore.executor import (
     free_port,
     rank_environment,
     run_isolated,
+    unpicklable_error,
 )
 from dispatchcore.wire import RowBuffers
 
@@ -254,7 +255,7 @@ class TorchrunExecutor(Executor):
                     values,
                     unique.arg_slots[p],
                     unique.kwarg_slots[p],
-                    call.timed,
+                    call.instructions,
                 )
                 self._hub.command(d, message, (handle, p), cid, (works, packed))
         for p, g in enumerate(call.ranks):
@@ -303,7 +304,7 @@ class TorchrunExecutor(Executor):
                 kwargs,
                 isolate_inputs=isolate,
                 isolate_result=isolate and not call.results_are_copied,
-                timed=call.timed,
+                instructions=call.instructions,
             )
             handle.deliver(position, *outcome)
 
@@ -369,7 +370,4 @@ def _pack_or_explain(value: Any, method: str) -> Packed:
     try:
         return pack(value)
     except Exception as exc:
-        raise DispatchError(
-            f"an argument of {method!r} ({type(value).__name__}) cannot be pickled, and torchrun ranks are "
-            f"separate processes: {exc}"
-        ) from exc
+        raise unpicklable_error(method, value, exc) from exc

@@ -11,9 +11,9 @@ Commands (hub to rank)::
     ("start", cid, gid, group_rank, group_size, header, first_tag, env, death_timeout, isolate)
                                                env: a spare's rank variables (or None);
                                                death_timeout: the group's, bounding row fetches
-    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, timed)
-                                               timed: a traced call (``Call.timed``); the value
-                                               comes back as a ``TimedResult``
+    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, instructions)
+                                               instructions: the call's ``Call.instructions``,
+                                               forwarded whole to ``WorkerHost.run``
     ("close", gid)
     ("stop",)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore.executor import RemoteFailure, WorkerHost, keep_freed_memory
+from dispatchcore.executor import Instructions, RemoteFailure, WorkerHost, keep_freed_memory
 
 from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
@@ -111,7 +111,7 @@ class Server:
         values: list[tuple[int, Any, int]],
         arg_slots: tuple[int, ...],
         kwarg_slots: dict[str, int],
-        timed: bool,
+        instructions: Instructions,
     ) -> None:
         host = self._hosts.get(gid)
         rank = -1 if host is None else host.rank
@@ -125,7 +125,7 @@ class Server:
         args = tuple(resolved[s] for s in arg_slots)
         kwargs = {k: resolved[s] for k, s in kwarg_slots.items()}
         del resolved
-        ok, value = host.run(method, args, kwargs, timed=timed)
+        ok, value = host.run(method, args, kwargs, instructions)
         del args, kwargs
         self._reply(cid, ok, value, method=method, rank=rank)
 
@@ -148,8 +148,7 @@ class Server:
         try:
             packed = pack(value)
         except BaseException as exc:  # noqa: BLE001
-            failure = RemoteFailure.capture(rank, method, exc)
-            failure.message = f"its result cannot be pickled ({exc}); return picklable values"
+            failure = RemoteFailure.unpicklable(rank, method, "result", exc, in_process=False)
             self._status(("done", cid, False, failure, 0))
             return
         first = self._transport.sent.take(packed.header.tags)

@@ -10,9 +10,12 @@ noise, so it is only recorded (the full run, ``python scripts/soak.py
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +46,32 @@ def _load_soak() -> ModuleType:
     return module
 
 
+def _open_a_store() -> None:
+    """Open and drop a TCPStore made as a self-started torchrun world makes its own.
+
+    A listening socket bound to loopback, handed to the store as ``master_listen_fd`` (the store owns
+    it from then on).
+    """
+    import torch.distributed as dist
+
+    from dispatchcore.executor import LOOPBACK
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(socket.SOMAXCONN)
+        port = int(sock.getsockname()[1])
+        store = dist.TCPStore(
+            LOOPBACK, port, None, True, timedelta(seconds=300), wait_for_workers=False, master_listen_fd=sock.fileno()
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):  # a store that failed may have closed it already
+            sock.close()
+        raise
+    sock.detach()
+    del store
+
+
 def _backend(name: str) -> Any:
     marks = [] if name == "local" else [pytest.mark.slow, pytest.mark.timeout(180)]
     return pytest.param(name, marks=marks, id=name)
@@ -61,9 +90,7 @@ def test_short_soak_leaves_nothing_behind(backend: str, request: pytest.FixtureR
     if on_ray:  # the first actors a driver owns: Ray keeps 3 connections for the session
         soak.make_group(backend, 1).shutdown()
     if backend == "torchrun":  # torch's TCPStore keeps a pipe from its first use on
-        from executors_torchrun._spawn import start_store
-
-        start_store()  # dropped at once: its socket closes, the pipe stays
+        _open_a_store()  # dropped at once: its socket closes, the pipe stays
     if backend == "multiprocess":  # multiprocessing's resource tracker, started with the first spawned process
         from multiprocessing import resource_tracker
 

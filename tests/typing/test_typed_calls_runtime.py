@@ -20,7 +20,6 @@ from dispatchcore import (
     WorkerGroup,
     register,
 )
-from dispatchcore._dispatch._register import registration_of
 from dispatchcore.testing.conformance import batch
 from dispatchcore.testing.workers import EchoWorker
 
@@ -70,10 +69,10 @@ def test_call_namespace_misuse_errors(wg: WorkerGroup[EchoWorker]) -> None:
         _ = wg.call.not_registered
 
 
-def test_register_still_returns_the_function() -> None:
+def test_register_still_returns_the_function(wg: WorkerGroup[EchoWorker]) -> None:
     # Typed as a descriptor for checkers only: at run time the class keeps the plain function.
     assert type(EchoWorker.__dict__["echo"]).__name__ == "function"
-    assert registration_of(EchoWorker.echo) is not None
+    assert wg.echo.registration is not None  # the group found the function's Registration
     assert MethodProxy[[int], list[int]] is not None  # subscriptable at run time, as annotations may need
 
 

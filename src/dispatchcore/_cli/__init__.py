@@ -1,4 +1,4 @@
-"""The ``dispatchcore`` console script."""
+"""The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``."""
 
 from __future__ import annotations
 

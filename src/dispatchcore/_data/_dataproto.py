@@ -25,7 +25,6 @@ import copyreg
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, SupportsIndex, cast
 
 import numpy as np
@@ -37,8 +36,10 @@ from dispatchcore._data._meta_info import merge_meta_info, union_numpy_dict, uni
 from dispatchcore._data._minibatch import collate_rows, iterate_minibatches
 from dispatchcore._data._padding import AUTO_PADDING_KEY, DataProtoConfig, chunk_with_padding, split_views
 from dispatchcore._data._reshape import repeat_rows, repeat_rows_per_sample, unfold_column_chunks
+from dispatchcore._data._rows_like import DataProtoItem
 from dispatchcore._data._tensor_batch import TensorBatch, batch_from_state, batch_state
 from dispatchcore._data._tensordict_interop import from_tensordict, to_tensordict
+from dispatchcore._wire._row_buffers import RowBuffers
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; only read by type checkers
@@ -50,15 +51,6 @@ __all__ = [
     "DataProtoItem",
     "collate_fn",
 ]
-
-
-@dataclass
-class DataProtoItem:
-    """One row of a DataProto: what ``data[i]`` returns (verl's shape)."""
-
-    batch: TensorBatch | None = None
-    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
-    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 class DataProto:
@@ -293,11 +285,14 @@ class DataProto:
         return split_views(self, split_size)
 
     @staticmethod
-    def concat(data: Iterable[DataProto]) -> DataProto:
+    def concat(data: Iterable[DataProto], *, row_buffers: RowBuffers | None = None) -> DataProto:
         """Join rows of several DataProtos (one copy per column).
 
         ``meta_info["metrics"]`` of the items is gathered into lists per key;
         any other meta key must agree across items (ValueError naming it).
+        ``row_buffers``: the receive buffers the items' rows arrived in (an
+        executor's ``CallHandle.row_buffers``); rows lying in order in one of
+        them are adopted instead of copied.
         """
         items = list(data)
         if not items:
@@ -317,7 +312,7 @@ class DataProto:
                 f"DataProto.concat: items {missing} have no tensor batch while items "
                 f"{[i for i, b in enumerate(batches) if b is not None]} do"
             )
-        batch = None if missing else TensorBatch.cat(cast(list[TensorBatch], batches))
+        batch = None if missing else TensorBatch.cat(cast(list[TensorBatch], batches), row_buffers=row_buffers)
         first_keys = items[0].non_tensor_batch.keys()
         for pos, item in enumerate(items[1:], start=1):
             if item.non_tensor_batch.keys() != first_keys:  # keys views compare as sets, without copying

@@ -9,20 +9,18 @@ never imports :mod:`dispatchcore._data._dataproto` at run time.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._data._rows_like import DataProtoItem, RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
-
-if TYPE_CHECKING:
-    from dispatchcore._data._dataproto import DataProto, DataProtoItem
 
 __all__ = ["collate_rows", "iterate_minibatches"]
 
-D = TypeVar("D", bound="DataProto")
+D = TypeVar("D", bound=RowsLike)
 
 
 def iterate_minibatches(

@@ -11,16 +11,14 @@ and the functions here only call DataProto methods (``len``, slicing,
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._data._rows_like import RowsLike, check_positive
 from dispatchcore._data._tensor_batch import TensorBatch
-
-if TYPE_CHECKING:
-    from dispatchcore._data._dataproto import DataProto
 
 __all__ = [
     "AUTO_PADDING_KEY",
@@ -33,7 +31,7 @@ __all__ = [
     "unpad_dataproto",
 ]
 
-D = TypeVar("D", bound="DataProto")
+D = TypeVar("D", bound=RowsLike)
 
 #: ``meta_info`` key of a chunk: how many of its trailing rows are padding.
 PADDING_ROWS_KEY = "padding_rows"
@@ -64,15 +62,6 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     auto_padding_key = AUTO_PADDING_KEY
 
 
-def check_positive(name: str, value: Any) -> int:
-    """``value`` as an int, or a TypeError / ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
-    return int(value)
-
-
 def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
     """Pad ``data`` so its length divides by ``size_divisor``; returns ``(padded, pad_size)``.
 
@@ -101,7 +90,7 @@ def _padding_rows_in(start: int, stop: int, real_end: int) -> int:
     return max(0, min(stop - start, stop - real_end))
 
 
-def _existing_padding(data: DataProto) -> int | None:
+def _existing_padding(data: RowsLike) -> int | None:
     value = data.meta_info.get(PADDING_ROWS_KEY)
     if value is None:
         return None

@@ -10,17 +10,14 @@ and :mod:`dispatchcore._data._dataproto` can import this module one way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._data._padding import check_positive
+from dispatchcore._data._rows_like import RowsLike, check_positive
 from dispatchcore._data._tensor_batch import TensorBatch
-
-if TYPE_CHECKING:
-    from dispatchcore._data._dataproto import DataProto
 
 __all__ = [
     "fold_batch_dim",
@@ -30,7 +27,7 @@ __all__ = [
     "unfold_column_chunks",
 ]
 
-D = TypeVar("D", bound="DataProto")
+D = TypeVar("D", bound=RowsLike)
 
 
 def repeat_rows(data: D, repeat_times: int = 2, interleave: bool = True) -> D:

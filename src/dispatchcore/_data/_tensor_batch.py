@@ -30,7 +30,7 @@ import torch
 from dispatchcore._base._errors import BatchSizeError
 from dispatchcore._wire._serialization import rebuild_tensor, reduce_tensor
 
-from .._wire._row_buffers import cat_rows
+from .._wire._row_buffers import RowBuffers, cat_rows
 
 __all__ = ["TensorBatch", "is_tensordict"]
 
@@ -346,7 +346,7 @@ class TensorBatch:
     # -- joining ---------------------------------------------------------------
 
     @classmethod
-    def cat(cls, batches: Iterable[TensorBatch], dim: int = 0) -> TensorBatch:
+    def cat(cls, batches: Iterable[TensorBatch], dim: int = 0, *, row_buffers: RowBuffers | None = None) -> TensorBatch:
         """Concatenate rows: one ``torch.cat`` per key."""
         _dim0(dim)
         items = list(batches)
@@ -364,7 +364,7 @@ class TensorBatch:
         rows = sum([b._batch_size[0] if b._batch_size else 0 for b in items])
         out = cls.__new__(cls)
         out._batch_size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
-        out._tensors = {k: cat_rows([b._tensors[k] for b in items]) for k in keys}
+        out._tensors = {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys}
         return out
 
     @classmethod

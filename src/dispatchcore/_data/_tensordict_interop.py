@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from dispatchcore._data._rows_like import RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
-
-if TYPE_CHECKING:
-    from dispatchcore._data._dataproto import DataProto
 
 __all__ = ["from_tensordict", "to_tensordict"]
 
-D = TypeVar("D", bound="DataProto")
+D = TypeVar("D", bound=RowsLike)
 
 #: ``to_tensordict`` entry giving ``{column: (dtype, row_shape)}`` for columns that are not 1-D object arrays.
 _COLUMN_LAYOUT_KEY = "_dispatchcore_column_layout"
@@ -70,7 +68,7 @@ def from_tensordict(
     return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
 
-def to_tensordict(data: DataProto) -> Any:
+def to_tensordict(data: RowsLike) -> Any:
     """A TensorDict of ``data``'s tensors, non-tensor columns and meta info.
 
     Each column becomes a 1-D ``NonTensorStack`` holding one row value per

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -10,14 +10,19 @@ from .._base._errors import BatchSizeError, DispatchError
 from .._data._dataproto import DataProto
 from .._data._padding import PADDING_ROWS_KEY, chunk_with_padding
 from .._data._tensordict_split import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
-from .._rows._lazy_chunk import KEEP_ROWS_KWARG, bring_unreachable_rows
-from .._rows._lazy_dataproto import LazyDataProto
 from .._spi._forward_plan import plan_forward
+from .._wire._row_buffers import RowBuffers
 from ._call_context import current_call
 from ._futures import DataProtoFuture
 from ._modes import Dispatch, DispatchSpec, set_builtin
 
 PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
+
+
+class _LazyRows(Protocol):
+    """A ``LazyDataProto`` as the modes use it (the lazy-results plane is built on this layer's futures)."""
+
+    def bring_unreachable_rows(self, executor: Any) -> None: ...
 
 
 def _world(wg: Any) -> int:
@@ -72,9 +77,9 @@ def _chunk_value(wg: Any, value: Any, n: int) -> list[Any] | None:
         if parts is not None:
             return parts
         value = value.get()
-    if isinstance(value, LazyDataProto):
-        bring_unreachable_rows(getattr(wg, "executor", None), value)
     if isinstance(value, DataProto):
+        if value.is_lazy:  # a LazyDataProto: rows the ranks cannot fetch come to the driver once, before chunking
+            cast(_LazyRows, value).bring_unreachable_rows(getattr(wg, "executor", None))
         return _chunk_dataproto(value, n, ctx)
     if is_tensordict(value):
         chunks = chunk_tensordict(value, n)
@@ -105,7 +110,7 @@ def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[A
         return None
     if future.call is None or not future.call.results_are_copied or future.done_on_driver():
         return None
-    if KEEP_ROWS_KWARG in future.call.kwargs[0]:  # a lazy call: its result is cheap to get and forwards itself
+    if future.call.instructions.keep_rows is not None:  # a lazy call: its result is cheap to get and forwards itself
         return None
     shapes = executor.describe_results(handle)
     if shapes is None:
@@ -188,14 +193,16 @@ def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
     return slice_rows(result, 0, keep) if is_tensordict(result) else result[:keep]
 
 
-def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
+def concat_outputs(outputs: list[Any], ranks: list[int] | None = None, row_buffers: RowBuffers | None = None) -> Any:
     """One DataProto (or tensor) from per-rank outputs, in the given order.
 
-    ``ranks`` names the rank of each output in error messages (default: its position).
+    ``ranks`` names the rank of each output in error messages (default: its
+    position); ``row_buffers`` are the executor's receive buffers, whose rows
+    the concatenation adopts instead of copying.
     """
     try:
         if outputs and all(isinstance(o, DataProto) for o in outputs):
-            return DataProto.concat(outputs)
+            return DataProto.concat(outputs, row_buffers=row_buffers)
         if outputs and all(isinstance(o, torch.Tensor) for o in outputs):
             return torch.cat(outputs)
         if outputs and all(is_tensordict(o) for o in outputs):
@@ -221,8 +228,11 @@ def concat_outputs(outputs: list[Any], ranks: list[int] | None = None) -> Any:
 def collect_dp_compute_proto(wg: Any, outputs: list[Any]) -> Any:
     ctx = current_call()
     positions = ctx.collect_positions
+    buffers = ctx.row_buffers
     result = (
-        concat_outputs(outputs) if positions is None else concat_outputs([outputs[i] for i in positions], positions)
+        concat_outputs(outputs, row_buffers=buffers)
+        if positions is None
+        else concat_outputs([outputs[i] for i in positions], positions, buffers)
     )
     if isinstance(result, DataProto):
         result.meta_info.pop(PADDING_ROWS_KEY, None)
@@ -247,7 +257,7 @@ def _install() -> None:
         "DIRECT_ROLLOUT_METHOD": DispatchSpec(_direct_only, collect_list, direct=True),
     }
     for name, spec in specs.items():
-        set_builtin(Dispatch[name], DispatchSpec(**{**spec.__dict__, "name": name}))
+        set_builtin(Dispatch[name], DispatchSpec(**{**spec.__dict__, "name": name, "builtin": True}))
 
 
 _install()

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
         CollectsListLater,
         CollectsRankZero,
         CollectsRankZeroLater,
-        ExecuteAll,
-        ExecuteRankZero,
+        ModeTypes,
         ScattersList,
         ScattersListLater,
-        TypedDispatch,
     )
 
 T = TypeVar("T")
+B_co = TypeVar("B_co", covariant=True)
+L_co = TypeVar("L_co", covariant=True)
 
 DispatchFn = Callable[..., tuple[tuple[list[Any], ...], dict[str, list[Any]]]]
 CollectFn = Callable[[Any, list[Any]], Any]
@@ -161,6 +161,8 @@ class DispatchSpec:
     rank_zero_only: bool = False
     direct: bool = False
     name: str = "custom"
+    #: One of the core's own modes: its collect takes the receive buffers from the collect plan.
+    builtin: bool = False
 
     def __getitem__(self, key: str) -> Any:  # verl passes modes as dicts
         if key in ("dispatch_fn", "collect_fn"):
@@ -262,3 +264,18 @@ def resolve_mode(mode: Any) -> DispatchSpec:
         return _table[mode.name]
     except KeyError:
         raise RegistrationError(f"dispatch mode {mode!r} is no longer registered") from None
+
+
+if TYPE_CHECKING:  # the types each mode carries for checkers (see ``_typed_method``); nothing at run time
+
+    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]):
+        """A ``Dispatch`` member, with its decorator types (checkers only)."""
+
+    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]):
+        """A ``DispatchSpec`` (e.g. an nd mesh mode), with its decorator types (checkers only)."""
+
+    class ExecuteAll(Execute):
+        """``Execute.ALL`` (checkers only)."""
+
+    class ExecuteRankZero(Execute):
+        """``Execute.RANK_ZERO`` (checkers only)."""

@@ -19,7 +19,8 @@ from ._modes import DispatchSpec
 if TYPE_CHECKING:
     from .._data._dataproto import DataProto
     from ._futures import DataProtoFuture
-    from ._typed_method import CollectsAs, TypedSpec
+    from ._modes import TypedSpec
+    from ._typed_method import CollectsAs
 
 
 def mesh_layout(mesh_name: str, info: list[tuple[int, bool]]) -> tuple[int, list[int]]:
@@ -66,6 +67,8 @@ def make_nd_compute_dataproto_dispatch_fn(
         return tuple(spread(a) for a in per_dp_args), {k: spread(v) for k, v in per_dp_kwargs.items()}
 
     dispatch.__name__ = dispatch.__qualname__ = f"dispatch_nd_{mesh_name}"
-    spec = DispatchSpec(dispatch, collect_dp_compute_proto, returns_dataproto=True, name=f"nd_compute[{mesh_name}]")
+    spec = DispatchSpec(
+        dispatch, collect_dp_compute_proto, returns_dataproto=True, name=f"nd_compute[{mesh_name}]", builtin=True
+    )
     # A plain DispatchSpec: its type arguments exist for checkers only.
     return cast("TypedSpec[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]", spec)

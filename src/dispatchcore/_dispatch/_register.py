@@ -16,15 +16,14 @@ from .._base._errors import RegistrationError
 from ._modes import Dispatch, Execute, validate_mode
 
 if TYPE_CHECKING:
-    from .._group._method_proxy import MethodProxy
+    from ._modes import ExecuteAll, ExecuteRankZero
     from ._typed_method import (
+        BoundMethod,
         CollectsAs,
         CollectsList,
         CollectsListLater,
         CollectsRankZero,
         CollectsRankZeroLater,
-        ExecuteAll,
-        ExecuteRankZero,
         ModeTypes,
         RegisteredMethod,
     )
@@ -66,11 +65,11 @@ class Registration:
 @overload
 def register(
     dispatch_mode: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, list[R]]]: ...
+) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[P, list[R]]]: ...
 @overload
 def register(
     dispatch_mode: Callable[Concatenate[S, P], R], /
-) -> RegisteredMethod[S, P, R, MethodProxy[P, list[R]]]: ...
+) -> RegisteredMethod[S, P, R, BoundMethod[P, list[R]]]: ...
 
 
 # A mode that carries its result types (built-in members, nd meshes, register_dispatch_mode's).

@@ -3,7 +3,7 @@
 At run time ``@register`` returns the worker function unchanged.  To a type
 checker it returns a :class:`RegisteredMethod`: a descriptor that reads as
 the plain method on a worker instance (``self.update_actor(batch)`` inside
-the worker) and as a :class:`~dispatchcore.MethodProxy` when read off the
+the worker) and as a :class:`BoundMethod` (a :class:`~dispatchcore.MethodProxy` at run time) when read off the
 class, which is what ``wg.call`` is typed as (``WorkerGroup.call`` returns
 ``type[W]``).  The proxy keeps the method's parameters (a ``ParamSpec``, as
 Monarch's endpoints do) and returns what the dispatch mode collects:
@@ -30,9 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
-    from .._group._method_proxy import MethodProxy
     from ._futures import CallFuture
-    from ._modes import Dispatch, DispatchSpec, Execute
 
 S = TypeVar("S")
 S_contra = TypeVar("S_contra", contravariant=True)
@@ -43,6 +41,18 @@ D_co = TypeVar("D_co", covariant=True)
 M_co = TypeVar("M_co", covariant=True)
 B_co = TypeVar("B_co", covariant=True)
 L_co = TypeVar("L_co", covariant=True)
+
+
+class BoundMethod(Protocol[P, D_co]):
+    """A registered method bound on a group, as type checkers see it: called with the method's parameters.
+
+    :class:`~dispatchcore.MethodProxy` is the class that implements it at run
+    time; this protocol lets the decorator layer name the driver's call
+    without importing the group layer above it.
+    """
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co: ...
+    def options(self, *, timeout: float | None = ..., lazy: bool | None = ...) -> BoundMethod[P, D_co]: ...
 
 
 class RegisteredMethod(Protocol[S_contra, P, T_co, M_co]):
@@ -64,7 +74,7 @@ class RegisteredMethod(Protocol[S_contra, P, T_co, M_co]):
 class CollectsAs(Protocol[D_co]):
     """Decorator for a mode whose result does not depend on the method's return type."""
 
-    def __call__(self, func: Callable[Concatenate[S, P], R], /) -> RegisteredMethod[S, P, R, MethodProxy[P, D_co]]: ...
+    def __call__(self, func: Callable[Concatenate[S, P], R], /) -> RegisteredMethod[S, P, R, BoundMethod[P, D_co]]: ...
 
 
 class CollectsList(Protocol):
@@ -73,11 +83,11 @@ class CollectsList(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, list[R]]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[P, list[R]]]: ...
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], R], /
-    ) -> RegisteredMethod[S, P, R, MethodProxy[P, list[R]]]: ...
+    ) -> RegisteredMethod[S, P, R, BoundMethod[P, list[R]]]: ...
 
 
 class CollectsListLater(Protocol):
@@ -86,11 +96,11 @@ class CollectsListLater(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, CallFuture[list[R]]]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[P, CallFuture[list[R]]]]: ...
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], R], /
-    ) -> RegisteredMethod[S, P, R, MethodProxy[P, CallFuture[list[R]]]]: ...
+    ) -> RegisteredMethod[S, P, R, BoundMethod[P, CallFuture[list[R]]]]: ...
 
 
 class ScattersList(Protocol):
@@ -103,11 +113,11 @@ class ScattersList(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[..., list[R]]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[..., list[R]]]: ...
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], R], /
-    ) -> RegisteredMethod[S, P, R, MethodProxy[..., list[R]]]: ...
+    ) -> RegisteredMethod[S, P, R, BoundMethod[..., list[R]]]: ...
 
 
 class ScattersListLater(Protocol):
@@ -116,11 +126,11 @@ class ScattersListLater(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[..., CallFuture[list[R]]]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[..., CallFuture[list[R]]]]: ...
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], R], /
-    ) -> RegisteredMethod[S, P, R, MethodProxy[..., CallFuture[list[R]]]]: ...
+    ) -> RegisteredMethod[S, P, R, BoundMethod[..., CallFuture[list[R]]]]: ...
 
 
 class CollectsRankZero(Protocol):
@@ -129,9 +139,9 @@ class CollectsRankZero(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, R]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[P, R]]: ...
     @overload
-    def __call__(self, func: Callable[Concatenate[S, P], R], /) -> RegisteredMethod[S, P, R, MethodProxy[P, R]]: ...
+    def __call__(self, func: Callable[Concatenate[S, P], R], /) -> RegisteredMethod[S, P, R, BoundMethod[P, R]]: ...
 
 
 class CollectsRankZeroLater(Protocol):
@@ -140,27 +150,12 @@ class CollectsRankZeroLater(Protocol):
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], Coroutine[Any, Any, R]], /
-    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], MethodProxy[P, CallFuture[R]]]: ...
+    ) -> RegisteredMethod[S, P, Coroutine[Any, Any, R], BoundMethod[P, CallFuture[R]]]: ...
     @overload
     def __call__(
         self, func: Callable[Concatenate[S, P], R], /
-    ) -> RegisteredMethod[S, P, R, MethodProxy[P, CallFuture[R]]]: ...
+    ) -> RegisteredMethod[S, P, R, BoundMethod[P, CallFuture[R]]]: ...
 
 
 class ModeTypes(Generic[B_co, L_co]):
     """Type arguments a mode carries: the decorator ``register`` returns blocking (B) and not (L)."""
-
-
-if TYPE_CHECKING:
-
-    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]):
-        """A ``Dispatch`` member, with its decorator types (checkers only)."""
-
-    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]):
-        """A ``DispatchSpec`` (e.g. an nd mesh mode), with its decorator types (checkers only)."""
-
-    class ExecuteAll(Execute):
-        """``Execute.ALL`` (checkers only)."""
-
-    class ExecuteRankZero(Execute):
-        """``Execute.RANK_ZERO`` (checkers only)."""

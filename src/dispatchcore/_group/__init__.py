@@ -1,1 +1,5 @@
-"""group"""
+"""The driver's handle: ``WorkerGroup``, method proxies, views, membership, and the call pipeline (plan
+→ submit → resolve → collect).
+
+The top of the core: it imports every layer below and none imports it.
+"""

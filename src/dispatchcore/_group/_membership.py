@@ -1,4 +1,4 @@
-"""Replacing a dead rank: what changed, what is replayed, and the rank-side rejoin.
+"""Replacing a dead rank, driver side: the setup log, the replacement, one at a time.
 
 A rank that replaces a dead one starts empty: the executor runs the worker's
 ``__init__`` there, then the core sends one *rejoin* call to every rank.  On
@@ -14,42 +14,18 @@ or reload a checkpoint.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .._base._errors import DispatchError, WorkerDiedError, WorkerError
 from .._runtime._isolation import isolated_copy
 from .._spi._call import Call
-
-#: The worker method the core calls on every rank after a replacement.
-REJOIN_METHOD = "_dispatchcore_rejoin"
+from .._worker._rejoin import REJOIN_METHOD, MembershipChange
 
 #: What a group may do when a call finds a rank dead.
 ON_RANK_DEATH = ("raise", "replace")
-
-
-@dataclass(frozen=True)
-class MembershipChange:
-    """What every rank learns after ranks were replaced (argument of the hook)."""
-
-    #: Ranks now hosted by new processes (their state came from ``__init__`` and setup replay).
-    replaced: tuple[int, ...]
-    world_size: int
-    #: The lowest surviving rank: the one to copy state from.
-    source_rank: int
-    #: How many replacements this group has gone through (1 after the first).
-    generation: int
-    #: Rendezvous variables (``MASTER_ADDR``/``MASTER_PORT``) for a rebuilt
-    #: ``torch.distributed`` world; already in ``os.environ`` when the hook runs.
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    def is_new(self, rank: int) -> bool:
-        """Whether ``rank`` is one of the replacement processes."""
-        return rank in self.replaced
 
 
 @dataclass(frozen=True)
@@ -88,20 +64,6 @@ class SetupLog:
             return [s.method for s in self._steps]
 
 
-def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
-    """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hook."""
-    os.environ.update(change.env)
-    for method, args, kwargs in replay:
-        value = getattr(worker, method)(*args, **kwargs)
-        if inspect.isawaitable(value):
-            asyncio.run(_await(value))
-    worker.on_membership_change(change)
-
-
-async def _await(value: Any) -> Any:
-    return await value
-
-
 def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> MembershipChange:
     """Replace ``ranks`` of ``group`` (a root WorkerGroup): new ranks, setup replay, hook on every rank.
 
@@ -110,8 +72,6 @@ def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> Memb
     :class:`~dispatchcore.DispatchError` when the backend cannot replace or
     the rejoin failed (the group stays broken then).
     """
-    from .._base._errors import DispatchError, WorkerError
-
     executor = group.executor
     n = group.world_size
     env = dict(executor.replace_ranks(ranks))
@@ -164,8 +124,6 @@ class Membership:
         ``seen`` is the generation when the failed call began: if another
         caller replaced ranks since, there is nothing left to do.
         """
-        from .._base._errors import DispatchError, WorkerDiedError
-
         with self._lock:
             if self.generation != seen:
                 return

@@ -1,22 +1,26 @@
-"""Per-method proxies bound on a WorkerGroup.
+"""Per-method proxies bound on a WorkerGroup: each owns its call.
 
 Each ``@register`` method gets its own proxy class *named after the
 method*, whose ``__call__`` code object is renamed too, so a traceback
 through ``wg.update_actor(batch)`` reads ``update_actor`` rather than an
-anonymous wrapper.
+anonymous wrapper.  Calling it runs the call pipeline
+(:func:`~dispatchcore._group._pipeline.run_call`) on the group's
+:class:`~dispatchcore._group._site.CallSite`, as a Monarch endpoint owns its
+call: the proxy needs nothing private of the group.
 
 ``MethodProxy[P, D]`` is generic in the worker method's parameters and the
-call's result, so ``wg.call.update_actor`` type-checks (see ``_typed_method``).
+call's result; to type checkers it is the decorator layer's
+:class:`~dispatchcore._dispatch._typed_method.BoundMethod` (see ``_typed_method``).
 """
 
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
-if TYPE_CHECKING:
-    from .._dispatch._register import Registration
-    from ._worker_group import WorkerGroup
+from .._dispatch._register import Registration
+from ._pipeline import run_call
+from ._site import CallSite
 
 P = ParamSpec("P")
 D_co = TypeVar("D_co", covariant=True)
@@ -32,26 +36,28 @@ class MethodProxy(Generic[P, D_co]):
     the call returns (the mode's collected result, or a future of it).
     """
 
-    __slots__ = ("_group", "_lazy", "_name", "_registration", "_timeout")
+    __slots__ = ("_group", "_lazy", "_name", "_registration", "_site", "_timeout")
 
     def __init__(
         self,
-        group: WorkerGroup[Any],
+        group: Any,
+        site: CallSite,
         name: str,
         registration: Registration,
         timeout: Any = DEFAULT,
         lazy: bool | None = None,
     ):
-        self._group = group
+        self._group = group  # what the mode's dispatch and collect functions are handed (verl's ``wg``)
+        self._site = site
         self._name = name
         self._registration = registration
         self._timeout = timeout
         self._lazy = lazy
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
-        result: D_co = self._group._call_method(
-            self._name, self._registration, args, kwargs, self._timeout, lazy=self._lazy
-        )
+        site = self._site
+        timeout = site.call_timeout if self._timeout is DEFAULT else self._timeout
+        result: D_co = run_call(self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy)
         return result
 
     def options(self, *, timeout: float | None = DEFAULT, lazy: bool | None = None) -> MethodProxy[P, D_co]:
@@ -64,7 +70,7 @@ class MethodProxy(Generic[P, D_co]):
                 raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         if lazy is not None and not isinstance(lazy, bool):
             raise ValueError(f"lazy must be True, False or None, got {lazy!r}")
-        return type(self)(self._group, self._name, self._registration, timeout, lazy)
+        return type(self)(self._group, self._site, self._name, self._registration, timeout, lazy)
 
     @property
     def registration(self) -> Registration:
@@ -89,12 +95,12 @@ class MethodNamespace:
 
     __slots__ = ("_group",)
 
-    def __init__(self, group: WorkerGroup[Any]) -> None:
+    def __init__(self, group: Any) -> None:
         self._group = group
 
     def __getattr__(self, name: str) -> MethodProxy[..., Any]:
         group = self._group
-        if name in group._methods:
+        if name in group.method_names:
             proxy: MethodProxy[..., Any] = getattr(group, name)
             return proxy
         if callable(getattr(group.worker_cls, name, None)):
@@ -105,7 +111,8 @@ class MethodNamespace:
         )
 
     def __dir__(self) -> list[str]:
-        return self._group.method_names
+        names: list[str] = self._group.method_names
+        return names
 
     def __repr__(self) -> str:
         return f"<methods of {self._group!r}>"

@@ -18,8 +18,8 @@ import torch
 from .._data._dataproto import DataProto
 from .._trace._driver_traffic import count_received
 from ._column_plan import ColumnPlan, Segment, index_key
-from ._ledger import RemoteRows
-from ._store import ColumnSpec
+from ._records import ColumnSpec
+from ._remote import RemoteRows
 
 
 def plan_requests(plans: Mapping[str, ColumnPlan]) -> tuple[list[tuple[RemoteRows, Any]], dict[tuple[int, Any], int]]:

@@ -24,8 +24,9 @@ from .._trace._driver_traffic import count_sent, count_sent_bytes
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._fetch import plan_requests
 from ._lazy_dataproto import LazyDataProto
-from ._ledger import RemoteRows
-from ._store import ROW_STORE, ColumnSpec, RowRequest
+from ._records import ColumnSpec, RowRequest
+from ._remote import RemoteRows
+from ._store import ROW_STORE
 
 #: The keyword the core adds to a lazy call's per-rank kwargs; WorkerHost.run pops it and keeps the result.
 KEEP_ROWS_KWARG = "_dispatchcore_keep_rows"
@@ -168,25 +169,6 @@ def resolve_lazy_arguments(
         return resolved[id(v)]
 
     return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
-
-
-def bring_unreachable_rows(executor: Any, data: LazyDataProto) -> None:
-    """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
-
-    Called before a lazy argument is chunked, so the rows come over once for
-    the whole batch (and stay on the driver for later calls with the same
-    object) instead of once per chunk.
-    """
-    reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
-    unreachable = {id(s) for s in data.remote_sources() if not reaches(s.address)}
-    if not unreachable:
-        return
-    names = [
-        name
-        for name, plan in data._plans.items()
-        if any(isinstance(seg.source, RemoteRows) and id(seg.source) in unreachable for seg in plan.segments)
-    ]
-    data.read(names)
 
 
 def send_lazy_arguments(

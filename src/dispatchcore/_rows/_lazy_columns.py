@@ -7,15 +7,27 @@ They offer the part of TensorBatch's and dict's surface that verl code uses.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from typing import Any, Protocol
 
 import torch
 
 from .._data._tensor_batch import TensorBatch
+from ._records import ColumnSpec
 
-if TYPE_CHECKING:
-    from ._lazy_dataproto import LazyDataProto
+
+class ColumnOwner(Protocol):
+    """What the column views need of their lazy DataProto (which builds them, so they cannot name it)."""
+
+    _specs: dict[str, ColumnSpec]
+
+    def __len__(self) -> int: ...
+    def tensor_keys(self) -> list[str]: ...
+    def array_keys(self) -> list[str]: ...
+    def read(self, names: Iterable[str], timeout: float | None = None) -> dict[str, Any]: ...
+    def set_column(self, name: str, value: Any) -> None: ...
+    def drop_column(self, name: str) -> None: ...
+    def rename(self, old_keys: str | list[str] | None = None, new_keys: str | list[str] | None = None) -> Any: ...
 
 
 class LazyTensorColumns:
@@ -25,7 +37,7 @@ class LazyTensorColumns:
     the fetched :class:`TensorBatch` (a copy: writes through it are lost).
     """
 
-    def __init__(self, owner: LazyDataProto) -> None:
+    def __init__(self, owner: ColumnOwner) -> None:
         self._owner = owner
 
     def keys(self) -> list[str]:
@@ -119,7 +131,7 @@ class LazyTensorColumns:
 class LazyArrayColumns(MutableMapping[str, Any]):
     """``data.non_tensor_batch`` of a lazy DataProto: a mapping whose arrays are fetched when read."""
 
-    def __init__(self, owner: LazyDataProto) -> None:
+    def __init__(self, owner: ColumnOwner) -> None:
         self._owner = owner
 
     def __getitem__(self, key: str) -> Any:

@@ -36,8 +36,8 @@ from .._data._tensor_batch import TensorBatch
 from ._column_plan import ColumnPlan, Segment
 from ._fetch import assemble_column, fetch_on_driver, plan_requests
 from ._lazy_columns import LazyArrayColumns, LazyTensorColumns
-from ._ledger import RemoteRows
-from ._store import ColumnSpec
+from ._records import ColumnSpec
+from ._remote import RemoteRows
 
 
 class LazyDataProto(DataProto):
@@ -111,6 +111,24 @@ class LazyDataProto(DataProto):
                 if isinstance(segment.source, RemoteRows):
                     seen.setdefault(id(segment.source), segment.source)
         return list(seen.values())
+
+    def bring_unreachable_rows(self, executor: Any) -> None:
+        """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
+
+        Called before a lazy argument is chunked, so the rows come over once
+        for the whole batch (and stay on the driver for later calls with the
+        same object) instead of once per chunk.
+        """
+        reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
+        unreachable = {id(s) for s in self.remote_sources() if not reaches(s.address)}
+        if not unreachable:
+            return
+        names = [
+            name
+            for name, plan in self._plans.items()
+            if any(isinstance(seg.source, RemoteRows) and id(seg.source) in unreachable for seg in plan.segments)
+        ]
+        self.read(names)
 
     @property
     def is_materialized(self) -> bool:

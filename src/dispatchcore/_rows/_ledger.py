@@ -25,32 +25,15 @@ from typing import TYPE_CHECKING, Any
 from .._base._errors import DispatchError, MemoryBudgetError, WorkerDiedError
 from .._data._dataproto import DataProto
 from .._spi._call import Call
-from ._store import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from ._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from ._remote import RemoteRows
+from ._store import ROW_STORE
 
 if TYPE_CHECKING:
     from .._spi._executor_base import Executor
 
 #: Default per-rank budget for rows kept by lazy calls (``WorkerGroup(lazy_budget_bytes=...)``).
 DEFAULT_BUDGET = 8 << 30
-
-
-class RemoteRows:
-    """One rank's kept result, as the driver knows it: where, how big, which columns."""
-
-    __slots__ = ("__weakref__", "address", "held", "ledger", "rank")
-
-    def __init__(self, ledger: RowLedger, rank: int, address: Any, held: HeldRows) -> None:
-        self.ledger = ledger
-        self.rank = rank
-        self.address = address
-        self.held = held
-        weakref.finalize(self, ledger.release, rank, held.key, held.nbytes)
-
-    def request(self, columns: Sequence[str], index: Any) -> RowRequest:
-        return RowRequest(self.address, self.rank, self.held.key, tuple(columns), index)
-
-    def __repr__(self) -> str:
-        return f"RemoteRows(rank={self.rank}, rows={self.held.rows}, key={self.held.key!r})"
 
 
 class RowLedger:

@@ -16,70 +16,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
 from .._base._errors import DispatchError
 from .._data._dataproto import DataProto
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """One column's type: a tensor's dtype, per-row shape and device, or a numpy column's dtype."""
-
-    tensor: bool
-    dtype: Any
-    shape: tuple[int, ...]
-    device: str = "cpu"
-
-    @classmethod
-    def of(cls, value: Any) -> ColumnSpec:
-        if isinstance(value, torch.Tensor):
-            return cls(True, value.dtype, tuple(value.shape[1:]), str(value.device))
-        return cls(False, value.dtype, tuple(value.shape[1:]))
-
-    def row_bytes(self) -> int:
-        """Bytes one row takes (object columns count their pointers only)."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        size = self.dtype.itemsize if self.tensor else np.dtype(self.dtype).itemsize
-        return int(count * size)
-
-
-@dataclass(frozen=True)
-class HeldRows:
-    """What a rank sends back for a kept result: everything but the rows."""
-
-    key: str
-    rows: int
-    columns: dict[str, ColumnSpec]
-    meta_info: dict[str, Any] = field(default_factory=dict)
-    #: Whether the result had a tensor batch (a DataProto without one has ``batch is None``).
-    has_batch: bool = True
-
-    @property
-    def nbytes(self) -> int:
-        return sum(spec.row_bytes() for spec in self.columns.values()) * self.rows
-
-
-@dataclass(frozen=True)
-class RowRequest:
-    """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
-
-    ``address`` says where the key lives, in the producing executor's terms
-    (:meth:`~dispatchcore.Executor.row_address`); ``rank`` names the producing
-    rank in errors.
-    """
-
-    address: Any
-    rank: int
-    key: str
-    columns: tuple[str, ...]
-    index: slice | np.ndarray
+from ._records import ColumnSpec, HeldRows, RowRequest
 
 
 class RowStore:
@@ -146,7 +89,3 @@ def take_rows(data: DataProto, columns: Sequence[str], index: slice | np.ndarray
 
 #: This process's kept results (ranks of every group living here share it; keys never collide).
 ROW_STORE = RowStore()
-
-#: Core methods a call may name to read or free kept rows (handled by WorkerHost itself).
-TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
-FREE_ROWS_METHOD = "_dispatchcore_free_rows"

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._spi._call import PLAIN, Instructions
 from ._isolation import ATOMS, isolated_copy
 from ._worker_host import RemoteFailure, WorkerHost
 
@@ -27,32 +28,27 @@ def run_isolated(
     isolate_inputs: bool = True,
     isolate_result: bool = True,
     timed: bool = False,
+    instructions: Instructions = PLAIN,
 ) -> tuple[bool, Any]:
     """Run ``method`` on ``host`` as a remote rank would see it; never raises.
 
     With ``isolate_inputs`` the worker gets private copies (equal to a pickle
     round trip); with ``isolate_result`` the caller gets a private copy of the
     value (skip it when the collect step copies anyway, ``Call.results_are_copied``).
+    ``instructions`` is the call's ``Call.instructions``, forwarded whole.
     """
     if isolate_inputs and (args or kwargs):
         try:
             args = tuple(isolated_copy(a) for a in args)
             kwargs = {k: isolated_copy(v) for k, v in kwargs.items()}
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            failure = RemoteFailure.capture(host.rank, method, exc)
-            failure.message = (
-                f"its arguments cannot be pickled for isolation ({exc}); pass picklable values, or "
-                "WorkerGroup(..., isolate=False) to share them uncopied"
-            )
-            return False, failure
-    ok, value = host.run(method, args, kwargs, timed=timed)
+            return False, RemoteFailure.unpicklable(host.rank, method, "arguments", exc, in_process=True)
+    ok, value = host.run(method, args, kwargs, instructions, timed=timed)
     if ok and isolate_result and type(value) not in ATOMS:
         try:
             value = isolated_copy(value)
         except Exception as exc:  # noqa: BLE001
-            failure = RemoteFailure.capture(host.rank, method, exc)
-            failure.message = f"its result cannot be pickled for isolation ({exc}); return picklable values"
-            return False, failure
+            return False, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=True)
     return ok, value
 
 

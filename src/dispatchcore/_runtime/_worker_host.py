@@ -16,12 +16,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import WorkerDiedError, WorkerError
+from .._base._errors import DispatchError, WorkerDiedError, WorkerError
 from .._data._dataproto import DataProto
-from .._rows._lazy_chunk import KEEP_ROWS_KWARG, RowFetcher, resolve_lazy_arguments
-from .._rows._store import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD
+from .._rows._lazy_chunk import RowFetcher, resolve_lazy_arguments
+from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD
+from .._rows._store import ROW_STORE
+from .._spi._call import PLAIN, Instructions
 from .._trace._tracer import TimedResult, now_us
 from .._worker._worker import rank_context
+
+#: What to do about arguments that cannot be pickled.
+_ARGUMENT_FIX = "pass picklable values (plain data, tensors, numpy arrays, DataProto; not locks, open files or sockets)"
 
 #: Result types that are never awaitable (skips the awaitable check).
 _PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, dict})
@@ -47,6 +52,17 @@ class RemoteFailure:
             return cls(rank, method, type(exc).__qualname__, exc.detail, text, exc.rank)
         return cls(rank, method, type(exc).__qualname__, str(exc), text)
 
+    @classmethod
+    def unpicklable(cls, rank: int, method: str, part: str, exc: BaseException, *, in_process: bool) -> RemoteFailure:
+        """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled."""
+        failure = cls.capture(rank, method, exc)
+        why = "for isolation" if in_process else "to cross to another process"
+        fix = "return picklable values" if part == "result" else _ARGUMENT_FIX
+        if part != "result" and in_process:
+            fix += ", or WorkerGroup(..., isolate=False) to share them uncopied"
+        failure.message = f"its {part} cannot be pickled {why} ({exc}); {fix}"
+        return failure
+
     def to_error(self) -> WorkerError | WorkerDiedError:
         if self.died_rank is not None:
             detail = f"{self.message} (seen by rank {self.rank} in {self.method!r} while reading rows it kept)"
@@ -54,6 +70,14 @@ class RemoteFailure:
             error.seen_by = self.rank
             return error
         return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
+
+
+def unpicklable_error(method: str, value: Any, exc: BaseException) -> DispatchError:
+    """Driver side: an argument of ``method`` that cannot be pickled for the ranks (same wording as the ranks')."""
+    return DispatchError(
+        f"an argument of {method!r} ({type(value).__name__}) cannot be pickled to cross to another process "
+        f"({exc}); {_ARGUMENT_FIX}"
+    )
 
 
 def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError | WorkerDiedError:
@@ -105,20 +129,30 @@ class WorkerHost:
         return None
 
     def run(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, timed: bool = False
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        instructions: Instructions = PLAIN,
+        *,
+        timed: bool = False,
     ) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
 
-        ``timed`` (a traced call, ``Call.timed``) wraps a value in
-        :class:`~dispatchcore.executor.TimedResult` saying when the method ran.
+        ``instructions`` is the call's :class:`~dispatchcore.executor.Instructions`
+        (``call.instructions``), forwarded whole by the executor: a traced call
+        wraps a value in :class:`~dispatchcore.executor.TimedResult` saying when
+        the method ran; a lazy one keeps a ``DataProto`` result in this
+        process and returns its description.  ``timed=True`` is the older
+        spelling of ``Instructions(timed=True)``.
         """
-        if timed:
+        if timed or instructions.timed:
             start = now_us()
-            ok, value = self.run(method, args, kwargs)
+            ok, value = self._run(method, args, kwargs, instructions.keep_rows)
             return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
-        keep = kwargs.get(KEEP_ROWS_KWARG) if kwargs else None
-        if keep is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k != KEEP_ROWS_KWARG}
+        return self._run(method, args, kwargs, instructions.keep_rows)
+
+    def _run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], keep: str | None) -> tuple[bool, Any]:
         fn = self._bound.get(method)
         if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
             return self._rows_method(method, args)

@@ -3,13 +3,35 @@
 The core has already dispatched (split, padded, chosen the ranks); an
 executor only moves :class:`Call`'s per-rank arguments and brings back one
 result per rank.  :meth:`Call.unique_values` tells it which argument objects
-are the same object on several ranks, so each is serialized once (DESIGN §5).
+are the same object on several ranks, so each is serialized once (see
+``docs/design.md``, "Data path").  :class:`Instructions` is what the core
+tells every rank of the call besides its arguments; an executor forwards it
+whole to ``WorkerHost.run``, whatever it holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """The core's orders to each rank of one call, beside the user's arguments (small and picklable).
+
+    Executors never read it: they hand it, whole, to
+    ``WorkerHost.run(method, args, kwargs, call.instructions)`` on the rank.
+    """
+
+    #: A traced call: the rank's value comes back as a ``TimedResult`` (timing out of band).
+    timed: bool = False
+    #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``)
+    #: and send back its description instead of its rows.
+    keep_rows: str | None = None
+
+
+#: A call with no orders beyond running the method.
+PLAIN = Instructions()
 
 
 @dataclass
@@ -24,9 +46,8 @@ class Call:
     #: Set when the collect step copies every result anyway (concatenation),
     #: so an executor may skip isolating results.
     results_are_copied: bool = False
-    #: A traced call: pass it to ``WorkerHost.run(..., timed=True)`` so each
-    #: rank's value comes back as a ``TimedResult`` (timing out of band).
-    timed: bool = False
+    #: What the core tells every rank of this call; forward it whole to ``WorkerHost.run``.
+    instructions: Instructions = field(default=PLAIN)
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.args) or len(self.args) != len(self.kwargs):
@@ -34,6 +55,15 @@ class Call:
                 f"Call {self.method!r}: {len(self.ranks)} ranks but {len(self.args)} "
                 f"argument tuples and {len(self.kwargs)} keyword dicts"
             )
+
+    @property
+    def timed(self) -> bool:
+        """A traced call (``instructions.timed``; kept for executors written before :class:`Instructions`)."""
+        return self.instructions.timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self.instructions = replace(self.instructions, timed=bool(value))
 
     def unique_values(self) -> UniqueValues:
         """Distinct argument objects (by identity) and per-rank slots into them."""

@@ -33,7 +33,7 @@ from .._base._errors import DispatchError
 if TYPE_CHECKING:
     from .._wire._row_buffers import RowBuffers
     from ._call import Call
-    from ._forward_plan import ChunkPlan, ResultShape
+    from ._row_pieces import ChunkPlan, ResultShape
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,37 @@ Idle memory is bounded: at most :data:`IDLE_LIMIT_BYTES` per process (env
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
-
-from ._reuse_limit import reuse_limit_bytes
 
 #: Smaller requests come from numpy directly (the allocator reuses them well).
 POOL_MIN_BYTES = 1 << 20
 #: Buffers idle this long are let go.
 IDLE_SECONDS = 30.0
+
+
+# One rule for every cache of freed memory in a process: this pool and the rank allocator
+# settings (``_allocator``) share its default and its MiB override.
+def reuse_limit_bytes(variable: str, zero_means: str, environ: Mapping[str, str] | None = None) -> int:
+    """Bytes from ``variable`` (whole MiB), else min(1 GiB, RAM / 16); ``zero_means`` goes in the error text."""
+    env = os.environ if environ is None else environ
+    configured = env.get(variable)
+    if configured is not None:
+        try:
+            return max(0, int(configured)) << 20
+        except ValueError:
+            raise ValueError(f"{variable} must be a whole number of MiB ({zero_means}), got {configured!r}") from None
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 16 << 30
+    return int(min(1 << 30, physical // 16))
 
 
 #: Most idle bytes one process keeps (1 GiB, or 1/16 of physical memory if less).

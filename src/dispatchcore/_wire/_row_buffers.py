@@ -3,19 +3,23 @@
 An executor that receives every rank's rows of one tensor key straight into
 slices of one buffer has already made the copy a concatenation would make.
 It hands the collect step a :class:`RowBuffers` with the results (as
-``CallHandle.row_buffers``); the core makes it current for that call's
-collect, and :func:`~dispatchcore.wire.cat_rows` returns a view spanning the
-slices instead of copying them again.  Nothing is global: only buffers of
-the call being collected qualify, each once.
+``CallHandle.row_buffers``); the collect plan hands them to the
+concatenation (``cat_rows(tensors, buffers)``), which returns a view spanning
+the slices instead of copying them again.  Only buffers of the call being
+collected qualify, each once.  A user-defined collect function has verl's
+fixed signature and cannot be handed anything, so for it alone the core
+opens :func:`adopting` around the call: the one ambient hook, in this layer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
+from collections.abc import Iterator
 
 import torch
 
-from .._dispatch._call_context import current_call_or_none
 from ._buffer_pool import BUFFERS
 
 
@@ -80,14 +84,28 @@ class RowBuffers:
 NUMPY_ALLOC_BYTES = 1 << 20
 
 
-def cat_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+_adopting: contextvars.ContextVar[RowBuffers | None] = contextvars.ContextVar("dispatchcore_rows", default=None)
+
+
+@contextlib.contextmanager
+def adopting(buffers: RowBuffers | None) -> Iterator[None]:
+    """Let concatenations in the block adopt rows of ``buffers`` (for collect functions that cannot be handed them)."""
+    token = _adopting.set(buffers)
+    try:
+        yield
+    finally:
+        _adopting.reset(token)
+
+
+def cat_rows(tensors: list[torch.Tensor], buffers: RowBuffers | None = None) -> torch.Tensor:
     """``torch.cat`` along rows into numpy-allocated memory, or no copy at all.
 
-    Rows the current call's executor received straight into one of its
-    :class:`RowBuffers`, in order, come back as one view of that buffer.
+    Rows an executor received straight into one of ``buffers`` (default: those
+    of an enclosing :func:`adopting` block), in order, come back as one view
+    of that buffer.
     """
-    ctx = current_call_or_none()
-    buffers: RowBuffers | None = None if ctx is None else ctx.row_buffers
+    if buffers is None:
+        buffers = _adopting.get()
     if buffers is not None:
         joined = buffers.join(tensors)
         if joined is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._mesh import DispatchCollectInfo
 
 if TYPE_CHECKING:
-    from .._group._membership import MembershipChange
+    from ._rejoin import MembershipChange
 
 _context = threading.local()
 
@@ -84,8 +84,8 @@ class Worker(DispatchCollectInfo):
     def _dispatchcore_rejoin(
         self, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]
     ) -> None:
-        """The core's rejoin call (see :mod:`dispatchcore._group._membership`)."""
-        from .._group._membership import rejoin
+        """The core's rejoin call (see :mod:`dispatchcore._worker._rejoin`)."""
+        from ._rejoin import rejoin
 
         rejoin(self, change, replay)
 

@@ -18,8 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
-from .. import DataProto, WorkerGroup, create_colocated_worker_cls, driver_traffic
-from .._trace._tracer import Tracer, trace
+from .. import DataProto, Tracer, WorkerGroup, create_colocated_worker_cls, driver_traffic, trace
 from .task import make_prompts
 from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
 

@@ -7,6 +7,8 @@
   group needed.
 * :mod:`~dispatchcore.testing.faults`: ``backend="faulty"`` wraps any backend
   and makes chosen ranks raise, hang, die or be slow (:class:`Fault`).
+* :mod:`~dispatchcore.testing.mock`: ``backend="mock"`` runs every rank in the
+  calling thread (:class:`MockExecutor`), for core tests that need no backend.
 * :mod:`~dispatchcore.testing.pytest_plugin`: the ``make_group`` fixture and
   the ``--dispatchcore-backend`` option (loaded automatically by pytest).
 * :mod:`~dispatchcore.testing.conformance`: a third-party executor runs the
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .assertions import assert_dataproto_equal
     from .faults import Fault, FaultyExecutor, FiredFault, InjectedFault
+    from .mock import MockExecutor
     from .modes import ModePropertyError, assert_mode_properties, check_dispatch_mode
     from .strategies import (
         ALL_DTYPES,
@@ -47,6 +50,7 @@ _WHERE = {
     "FaultyExecutor": "faults",
     "FiredFault": "faults",
     "InjectedFault": "faults",
+    "MockExecutor": "mock",
     "ModePropertyError": "modes",
     "assert_mode_properties": "modes",
     "check_dispatch_mode": "modes",
@@ -66,6 +70,7 @@ __all__ = [
     "FaultyExecutor",
     "FiredFault",
     "InjectedFault",
+    "MockExecutor",
     "ModePropertyError",
     "assert_dataproto_equal",
     "assert_mode_properties",

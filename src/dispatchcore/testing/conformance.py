@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .. import (
+    PADDING_ROWS_KEY,
     BatchSizeError,
     DataProto,
     DataProtoFuture,
@@ -32,7 +33,6 @@ from .. import (
     create_colocated_worker_cls,
     driver_traffic,
 )
-from .._data._padding import PADDING_ROWS_KEY
 from .assertions import assert_dataproto_equal
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 

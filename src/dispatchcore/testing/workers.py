@@ -16,13 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._data._dataproto import DataProto
-from .._data._padding import PADDING_ROWS_KEY
-from .._dispatch._modes import Dispatch, Execute
-from .._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from .._dispatch._register import register
-from .._rows._store import ROW_STORE
-from .._worker._worker import Worker
+from .. import PADDING_ROWS_KEY, DataProto, Dispatch, Execute, Worker, make_nd_compute_dataproto_dispatch_fn, register
+from ..executor import kept_results
 
 MESH = "train"
 
@@ -161,7 +156,7 @@ class EchoWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def kept_row_keys(self) -> int:
         """How many lazy results this rank's process keeps (the row store is per process)."""
-        return len(ROW_STORE)
+        return kept_results()
 
     @register(Dispatch.ONE_TO_ALL)
     def keep(self, value: Any) -> None:

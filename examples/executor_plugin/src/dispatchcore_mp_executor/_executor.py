@@ -177,7 +177,7 @@ class MultiprocessExecutor(Executor):
                 handle.rank_died(position, gone)
                 continue
             parts, arg_slots, kwarg_slots = message(position)
-            header = (call_id, kind, call.method, call.timed, arg_slots, kwarg_slots)
+            header = (call_id, kind, call.method, call.instructions, arg_slots, kwarg_slots)
             try:
                 with state.send_lock:
                     _pipe.send(state.conn, header, parts)

@@ -42,7 +42,7 @@ def rank_main(conn: Connection, rank: int, world_size: int, env: dict[str, str])
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="mp-rank-watchdog", daemon=True).start()
     host: WorkerHost | None = None
     while (message := inbox.get()) is not None:
-        (call_id, kind, method, timed, arg_slots, kwarg_slots), parts = message
+        (call_id, kind, method, instructions, arg_slots, kwarg_slots), parts = message
         try:
             values = [_pipe.decode(part) for part in parts]
             if kind == START:
@@ -54,7 +54,7 @@ def rank_main(conn: Connection, rank: int, world_size: int, env: dict[str, str])
                 assert host is not None, "a call arrived before the worker was built"
                 args = tuple(values[i] for i in arg_slots)
                 kwargs = {name: values[i] for name, i in kwarg_slots.items()}
-                ok, value = host.run(method, args, kwargs, timed=timed)
+                ok, value = host.run(method, args, kwargs, instructions)
         except BaseException as exc:  # noqa: BLE001 - e.g. an argument that cannot be unpickled here
             ok, value = False, RemoteFailure.capture(rank, method, exc)
         if not _reply(conn, rank, method, call_id, ok, value):

@@ -1,0 +1,52 @@
+"""Stage 4 of a call: collect the per-rank results into what the caller gets.
+
+Lazy results are adopted first (each rank's kept rows become a
+``LazyDataProto`` handle; nothing else crossed the driver); eager ones are
+counted as driver traffic.  ``Execute.RANK_ZERO`` hands back rank 0's value;
+every other call runs the mode's ``collect_fn(wg, outputs)`` under the
+call's collect plan, with the executor's receive buffers in it so that the
+built-in concatenation adopts rows it received in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .._dispatch._call_context import enter_call, leave_call
+from .._rows._lazy_dataproto import LazyDataProto
+from .._rows._remote import RemoteRows
+from .._trace._driver_traffic import count_received
+from .._wire._row_buffers import RowBuffers, adopting
+from ._plan import PlannedCall
+from ._site import CallSite
+from ._tracing import CallTrace
+
+
+def collect(
+    group: Any,
+    site: CallSite,
+    planned: PlannedCall,
+    results: list[Any],
+    row_buffers: RowBuffers | None,
+    trace: CallTrace | None,
+) -> Any:
+    """The caller's value from the ranks' ``results`` (in call order)."""
+    if planned.lazy:
+        adopted = site.shared.ledger.adopt(planned.call.ranks, results)
+        results = [LazyDataProto.of_remote(r) if isinstance(r, RemoteRows) else r for r in adopted]
+    else:
+        count_received(results)
+    if planned.unwrap:
+        return results[0]
+    ctx = planned.context
+    ctx.row_buffers = row_buffers
+    token = enter_call(ctx)
+    # A user-defined collect cannot be handed the buffers (verl's signature): it gets them from the wire layer.
+    scope = contextlib.nullcontext() if planned.spec.builtin else adopting(row_buffers)
+    try:
+        with scope, trace.collecting() if trace is not None else contextlib.nullcontext():
+            return planned.spec.collect_fn(group, results)
+    finally:
+        leave_call(token)
+        ctx.row_buffers = None  # claimable once: a retried collect copies

@@ -1,0 +1,149 @@
+"""Stage 1 of a call: plan it.  Dispatch splits the arguments per rank; the plan says how to collect.
+
+The mode's ``dispatch_fn(wg, *args, **kwargs)`` runs under the call's
+:class:`~dispatchcore.CallContext`, which is the *collect plan*: which
+outputs to collect (``collect_positions``), how many padding rows to trim
+(``pad_size``/``padded_len``); the collect stage adds the executor's receive
+buffers.  Lazy ``DataProto`` arguments become row requests (the rows move
+rank to rank, or through the driver where the ranks cannot reach them), and
+what the core tells every rank (keep the rows, time the call) goes into the
+call's :class:`~dispatchcore.executor.Instructions`, never into the user's
+keyword arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .._base._errors import DispatchError
+from .._dispatch._call_context import CallContext, enter_call, leave_call
+from .._dispatch._futures import CallFuture
+from .._dispatch._modes import DispatchSpec, Execute
+from .._dispatch._register import Registration
+from .._rows._lazy_chunk import send_lazy_arguments
+from .._rows._remote import RemoteRows
+from .._spi._call import PLAIN, Call, Instructions
+from ._call_checks import per_rank_values
+from ._site import CallSite
+
+_keep_tokens = itertools.count()
+
+
+@dataclass
+class PlannedCall:
+    """A call ready to submit, and what its collect needs to know."""
+
+    call: Call
+    spec: DispatchSpec
+    #: The collect plan the dispatch filled in (positions, padding).
+    context: CallContext
+    #: Lazy: results stay on the ranks and come back as ``LazyDataProto``.
+    lazy: bool
+    #: ``Execute.RANK_ZERO``: the caller gets rank 0's value itself.
+    unwrap: bool
+    #: Rows the call's lazy arguments read; kept alive until the call is over.
+    read_sources: list[RemoteRows]
+    #: The group's replacement generation when the call began (retry after a replacement).
+    generation: int
+
+
+def plan_call(
+    group: Any,
+    site: CallSite,
+    name: str,
+    registration: Registration,
+    spec: DispatchSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float | None,
+    lazy: bool | None,
+) -> PlannedCall:
+    """Dispatch ``args``/``kwargs`` over ``site``'s ranks into one :class:`Call`, with its collect plan."""
+    unwrap = registration.execute_mode is Execute.RANK_ZERO
+    if lazy is None:
+        lazy = registration.lazy if registration.lazy is not None else site.shared.lazy
+    lazy = lazy and spec.returns_dataproto
+    ctx = CallContext(name, site.world_size)
+    token = enter_call(ctx)
+    try:
+        if registration.materialize_futures and not spec.returns_dataproto and (args or kwargs):
+            args, kwargs = _materialize(args, kwargs)
+        per_rank_args, per_rank_kwargs = per_rank_values(spec.dispatch_fn(group, *args, **kwargs), spec.name, name)
+    finally:
+        leave_call(token)
+    per_rank_args, per_rank_kwargs, read_sources = _send_data(site, per_rank_args, per_rank_kwargs)
+    instructions = Instructions(keep_rows=f"{os.getpid()}-{next(_keep_tokens)}") if lazy else PLAIN
+    call = build_call(
+        site,
+        name,
+        spec.name,
+        per_rank_args,
+        per_rank_kwargs,
+        rank_zero=spec.rank_zero_only or unwrap,
+        timeout=timeout,
+        copied=spec.returns_dataproto and not unwrap,
+        instructions=instructions,
+    )
+    return PlannedCall(call, spec, ctx, lazy, unwrap, read_sources, site.shared.membership.generation)
+
+
+def build_call(
+    site: CallSite,
+    name: str,
+    mode_name: str,
+    per_rank_args: Any,
+    per_rank_kwargs: Any,
+    *,
+    rank_zero: bool,
+    timeout: float | None,
+    copied: bool = False,
+    instructions: Instructions = PLAIN,
+) -> Call:
+    """Transpose per-rank lists into one argument tuple and keyword dict per rank (checked)."""
+    n = site.world_size
+    for i, v in enumerate((*per_rank_args, *per_rank_kwargs.values())):
+        if not isinstance(v, (list, tuple)) or len(v) != n:
+            where = (
+                f"argument {i}"
+                if i < len(per_rank_args)
+                else f"keyword {list(per_rank_kwargs)[i - len(per_rank_args)]!r}"
+            )
+            size = f"{len(v)} entries" if isinstance(v, (list, tuple)) else f"a {type(v).__name__}"
+            raise DispatchError(
+                f"dispatch function of mode {mode_name!r} returned {where} of {name!r} as {size}; "
+                f"it must be a list with one entry per rank ({n})"
+            )
+    # Per-rank lists are indexed by position in this group; the call names real ranks (views).
+    ranks = site.ranks[:1] if rank_zero else site.ranks
+    count = len(ranks)
+    # Every list has n entries (checked above): zip transposes them into one tuple per rank.
+    args = list(itertools.islice(zip(*per_rank_args, strict=True), count)) if per_rank_args else [()] * count
+    if per_rank_kwargs:
+        keys = tuple(per_rank_kwargs)
+        per_rank = itertools.islice(zip(*per_rank_kwargs.values(), strict=True), count)
+        kwargs = [dict(zip(keys, values, strict=True)) for values in per_rank]
+    else:
+        kwargs = [{} for _ in ranks]
+    return Call(site.prefix + name, ranks, args, kwargs, timeout, copied, instructions)
+
+
+def _send_data(
+    site: CallSite, per_rank_args: tuple[Any, ...], per_rank_kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[RemoteRows]]:
+    """Lazy DataProto arguments as row requests (or driver-read rows), counting what the driver sends."""
+    columns = [*per_rank_args, *per_rank_kwargs.values()]
+    if not columns or not all(isinstance(c, (list, tuple)) for c in columns):
+        return per_rank_args, per_rank_kwargs, []  # malformed: build_call says what the dispatch returned
+    sent, sources = send_lazy_arguments(site.executor, columns)
+    n = len(per_rank_args)
+    return tuple(sent[:n]), dict(zip(per_rank_kwargs, sent[n:], strict=True)), sources
+
+
+def _materialize(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def get(v: Any) -> Any:
+        return v.get() if isinstance(v, CallFuture) else v
+
+    return tuple(get(a) for a in args), {k: get(v) for k, v in kwargs.items()}

@@ -1,0 +1,49 @@
+"""The replacement hook of the call pipeline: a call that found one of its ranks dead.
+
+With ``on_rank_death="replace"`` the group starts a new rank in place of the
+dead one (setup replayed, ``on_membership_change`` run on every rank) and a
+call registered with ``retry=True`` runs once more on the rebuilt group; any
+other call raises its ``WorkerDiedError``, with a note saying the group takes
+calls again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._base._errors import WorkerDiedError
+from .._dispatch._register import Registration
+from ._site import CallSite
+
+
+def should_retry(
+    group: Any,
+    site: CallSite,
+    exc: WorkerDiedError,
+    registration: Registration,
+    method: str,
+    generation: int,
+    retried: bool,
+) -> bool:
+    """After ``exc`` ended a call: replace the dead rank if the group says so; whether to run the call again.
+
+    Returns False when the error is to be raised as it is (a producing rank of
+    another group died, the group raises on death, or the call was already a
+    retry).  Raises ``exc`` (noted) when the rank was replaced but the call is
+    not safe to run twice.
+    """
+    if exc.seen_by is not None:  # a producing rank (maybe of another group) died, not ours
+        return False
+    shared = site.shared
+    shared.ledger.dead.add(exc.rank)
+    if shared.on_rank_death != "replace" or retried:
+        return False
+    root = shared.root() if shared.root is not None else None
+    shared.membership.recover(root if root is not None else group, exc.rank, generation)
+    if not registration.retry:
+        exc.add_note(
+            f"rank {exc.rank} was replaced (on_rank_death='replace') and the group takes calls "
+            f"again; {method!r} was not retried: register it with retry=True if it is safe to run twice"
+        )
+        raise exc
+    return True

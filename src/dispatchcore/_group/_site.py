@@ -1,0 +1,74 @@
+"""What one call needs to know about the group it goes through: its ranks and what they share.
+
+A group and its views (``wg[0:2]``, ``wg.ranks([...])``, the roles ``spawn``
+returns) share one :class:`SharedRanks`: the executor, the setup log, the
+ledger of rows kept on the ranks, the closed flag.  Each adds a
+:class:`CallSite`: which of those ranks it calls, under which method-name
+prefix, with which default bound.  The call pipeline reads only these two
+objects, so it never reaches into a ``WorkerGroup``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._base._errors import DispatchError
+from .._rows._ledger import RowLedger
+from .._spi._executor_base import Executor
+from ._membership import Membership
+
+
+@dataclass
+class SharedRanks:
+    """One executor's ranks, as every group and view over them sees them."""
+
+    executor: Executor
+    backend: str
+    #: The root group's name in traces (``Actor#0``).
+    label: str
+    #: The group's ``lazy=`` default.
+    lazy: bool
+    on_rank_death: str
+    ledger: RowLedger
+    membership: Membership = field(default_factory=Membership)
+    closed: bool = False
+    #: The root group (a weak reference: the group owns this object), which replacement rebuilds.
+    root: Callable[[], Any] | None = None
+
+
+@dataclass
+class CallSite:
+    """Where a group's calls go: ``ranks`` of the shared executor, methods named ``prefix + name``."""
+
+    shared: SharedRanks
+    ranks: tuple[int, ...]
+    prefix: str
+    call_timeout: float | None
+    closed: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def executor(self) -> Executor:
+        return self.shared.executor
+
+    def over(self, ranks: tuple[int, ...] | None = None, prefix: str | None = None) -> CallSite:
+        """A site for a view: some of these ranks, or another role's prefix."""
+        return CallSite(
+            self.shared,
+            self.ranks if ranks is None else ranks,
+            self.prefix if prefix is None else prefix,
+            self.call_timeout,
+        )
+
+    def check_open(self, group: Any) -> None:
+        """Raise :class:`DispatchError` when the group (or its root) is shut down or its executor broken."""
+        if self.shared.closed or self.closed:  # a view shut down refuses calls; its parent goes on
+            raise DispatchError(f"{group!r} is shut down; create a new WorkerGroup")
+        reason = self.shared.executor.broken
+        if reason:
+            raise DispatchError(f"{group!r} can take no more calls: {reason}. Shut it down and create a new one")

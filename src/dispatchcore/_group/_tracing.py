@@ -1,0 +1,69 @@
+"""The tracing hook of the call pipeline: slices for dispatch, execute per rank and collect.
+
+Only while a :func:`dispatchcore.trace` block is open does a call get a
+:class:`CallTrace`; otherwise the pipeline skips every hook here.  A traced
+call asks its ranks to time themselves (``Instructions.timed``), so rank
+timings travel out of band in each result and are unwrapped here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from .._spi._call import Call
+from .._trace._tracer import TimedResult, Tracer, active_tracer, now_us
+
+_call_ids = itertools.count()
+
+
+class CallTrace:
+    """One traced call's slices (driver track: dispatch, execute, collect; one track per rank)."""
+
+    def __init__(self, tracer: Tracer, label: str, name: str, started: float) -> None:
+        self.tracer = tracer
+        self.label = label
+        self.name = name
+        self.started = started
+        self.submitted = started
+        self.call_id = next(_call_ids)
+
+    @classmethod
+    def begin(cls, label: str, prefix: str, name: str) -> CallTrace | None:
+        """A trace for this call if a trace block is open (the name role-qualified), else ``None``."""
+        tracer = active_tracer()
+        if tracer is None:
+            return None
+        return cls(tracer, label, f"{prefix[:-1]}.{name}" if prefix else name, now_us())
+
+    def dispatched(self, call: Call) -> None:
+        """The dispatch slice ends as the call is submitted; its ranks are asked to time themselves."""
+        self.submitted = now_us()
+        self._slice("driver", f"{self.name} dispatch", self.started, self.submitted, "dispatch")
+        call.instructions = replace(call.instructions, timed=True)
+
+    def executed(self, call: Call, results: list[Any]) -> list[Any]:
+        """The execute slice and each rank's compute slice; returns the plain results."""
+        self._slice("driver", f"{self.name} execute", self.submitted, now_us(), "execute")
+        plain = []
+        for rank, value in zip(call.ranks, results, strict=True):
+            if isinstance(value, TimedResult):
+                track = f"{self.label} rank {rank}"
+                self._slice(track, self.name, value.start_us, value.end_us, "compute", rank=rank, pid=value.pid)
+                value = value.value
+            plain.append(value)
+        return plain
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        start = now_us()
+        try:
+            yield
+        finally:
+            self._slice("driver", f"{self.name} collect", start, now_us(), "collect")
+
+    def _slice(self, track: str, title: str, start: float, end: float, phase: str, **extra: Any) -> None:
+        self.tracer.slice(track, title, start, end, phase=phase, method=self.name, call=self.call_id, **extra)

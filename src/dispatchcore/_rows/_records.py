@@ -1,0 +1,75 @@
+"""Kept rows described without the rows: column types, what a rank holds, what a reader asks for.
+
+These plain records cross processes (a rank's answer to a lazy call, a
+consumer's request to a producer) and are what the driver's bookkeeping
+reasons with; nothing here touches a ``DataProto``, so every part of the
+lazy-results plane can name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Core methods a call may name to read or free kept rows (handled by WorkerHost itself).
+TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
+FREE_ROWS_METHOD = "_dispatchcore_free_rows"
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One column's type: a tensor's dtype, per-row shape and device, or a numpy column's dtype."""
+
+    tensor: bool
+    dtype: Any
+    shape: tuple[int, ...]
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, value: Any) -> ColumnSpec:
+        if isinstance(value, torch.Tensor):
+            return cls(True, value.dtype, tuple(value.shape[1:]), str(value.device))
+        return cls(False, value.dtype, tuple(value.shape[1:]))
+
+    def row_bytes(self) -> int:
+        """Bytes one row takes (object columns count their pointers only)."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        size = self.dtype.itemsize if self.tensor else np.dtype(self.dtype).itemsize
+        return int(count * size)
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """What a rank sends back for a kept result: everything but the rows."""
+
+    key: str
+    rows: int
+    columns: dict[str, ColumnSpec]
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    #: Whether the result had a tensor batch (a DataProto without one has ``batch is None``).
+    has_batch: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(spec.row_bytes() for spec in self.columns.values()) * self.rows
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
+
+    ``address`` says where the key lives, in the producing executor's terms
+    (:meth:`~dispatchcore.Executor.row_address`); ``rank`` names the producing
+    rank in errors.
+    """
+
+    address: Any
+    rank: int
+    key: str
+    columns: tuple[str, ...]
+    index: slice | np.ndarray

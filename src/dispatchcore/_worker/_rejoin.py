@@ -1,0 +1,52 @@
+"""Rejoining after a replacement, rank side: what changed, and the rejoin call every rank runs.
+
+The driver half (the setup log, starting the new ranks) is
+:mod:`dispatchcore._group._membership`; this half runs on the ranks, so the
+worker layer holds it and the group layer imports it, never the other way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The worker method the core calls on every rank after a replacement.
+REJOIN_METHOD = "_dispatchcore_rejoin"
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """What every rank learns after ranks were replaced (argument of the hook)."""
+
+    #: Ranks now hosted by new processes (their state came from ``__init__`` and setup replay).
+    replaced: tuple[int, ...]
+    world_size: int
+    #: The lowest surviving rank: the one to copy state from.
+    source_rank: int
+    #: How many replacements this group has gone through (1 after the first).
+    generation: int
+    #: Rendezvous variables (``MASTER_ADDR``/``MASTER_PORT``) for a rebuilt
+    #: ``torch.distributed`` world; already in ``os.environ`` when the hook runs.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def is_new(self, rank: int) -> bool:
+        """Whether ``rank`` is one of the replacement processes."""
+        return rank in self.replaced
+
+
+def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
+    """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hook."""
+    os.environ.update(change.env)
+    for method, args, kwargs in replay:
+        value = getattr(worker, method)(*args, **kwargs)
+        if inspect.isawaitable(value):
+            asyncio.run(_await(value))
+    worker.on_membership_change(change)
+
+
+async def _await(value: Any) -> Any:
+    return await value
