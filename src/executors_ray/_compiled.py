@@ -31,16 +31,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from dispatchcore.executor import Call, RankCallHandle, RemoteFailure
+from dispatchcore.executor import Call, CallHandle, RankCallHandle, RemoteFailure
 
 from . import _payload
+from ._rank_actors import RankActors
 from ._tags import FORWARD, bare_layout
 from ._task_layout import rank_task
-
-if TYPE_CHECKING:
-    from ._executor import RayExecutor
 
 #: Tells the serving thread to tear the graph down and stop.
 _STOP = object()
@@ -49,8 +48,8 @@ _STOP = object()
 class CompiledCallHandle(RankCallHandle):
     """A call served by the graph; the serving thread delivers its results (or its plain fallback's)."""
 
-    def __init__(self, executor: RayExecutor, call: Call) -> None:
-        super().__init__(call, death_timeout=executor.spec.death_timeout, on_broken=executor.mark_broken)
+    def __init__(self, rank_actors: RankActors, call: Call) -> None:
+        super().__init__(call, death_timeout=rank_actors.death_timeout, on_broken=rank_actors.mark_broken)
         self.error: BaseException | None = None
 
     def fail(self, error: BaseException) -> None:
@@ -66,10 +65,15 @@ class CompiledCallHandle(RankCallHandle):
 
 
 class CompiledGraph:
-    """One group's compiled graph and the daemon thread that serves it."""
+    """One group's compiled graph and the daemon thread that serves it.
 
-    def __init__(self, executor: RayExecutor, idle_s: float) -> None:
-        self.executor = executor
+    It sees the group through ``rank_actors`` and runs a call the graph can no
+    longer serve through ``submit_plain`` (the executor's plain path).
+    """
+
+    def __init__(self, rank_actors: RankActors, idle_s: float, submit_plain: Callable[[Call], CallHandle]) -> None:
+        self.rank_actors = rank_actors
+        self.submit_plain = submit_plain
         self.idle_s = idle_s
         self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -95,7 +99,7 @@ class CompiledGraph:
         if tasks is None:
             self.close("a call the graph cannot carry (object references or forwarded futures)")
             return None
-        handle = CompiledCallHandle(self.executor, call)
+        handle = CompiledCallHandle(self.rank_actors, call)
         while True:
             with self._lock:
                 thread = self._thread
@@ -111,8 +115,7 @@ class CompiledGraph:
 
     def _tasks(self, call: Call) -> list[Any] | None:
         """Each rank's graph input (``None``: not in the call); ``None`` if a value must go as a plain task."""
-        executor = self.executor
-        inputs: list[Any] = [None] * executor.spec.world_size
+        inputs: list[Any] = [None] * self.rank_actors.world_size
         if not any(call.args) and not any(call.kwargs):
             for rank in call.ranks:
                 inputs[rank] = (call.method, bare_layout(call.instructions), ())
@@ -149,10 +152,10 @@ class CompiledGraph:
 
     # -- the serving thread --------------------------------------------------------
     def _start(self) -> None:
-        ray = self.executor.ray
+        ray = self.rank_actors.ray
         from ray.dag import InputNode, MultiOutputNode
 
-        actors = self.executor.actors
+        actors = list(self.rank_actors.actors)
         started = time.monotonic()
         with InputNode() as inp:
             dag = MultiOutputNode([actor.compiled_call.bind(inp[rank]) for rank, actor in enumerate(actors)])
@@ -203,7 +206,7 @@ class CompiledGraph:
             self._teardown(graph, reason)
 
     def _execute(self, graph: Any, handle: CompiledCallHandle, tasks: list[Any]) -> None:
-        ray = self.executor.ray
+        ray = self.rank_actors.ray
         refs = graph.execute(*tasks)
         for position, rank in enumerate(handle.call.ranks):
             self._accept(handle, position, ray.get(refs[rank], timeout=-1))
@@ -220,12 +223,10 @@ class CompiledGraph:
 
     def _report_graph_error(self, handle: CompiledCallHandle, exc: BaseException) -> None:
         """A dead rank gives ``WorkerDiedError`` (as on the plain path); else the graph's error, per rank."""
-        executor, ray = self.executor, self.executor.ray
+        group, ray = self.rank_actors, self.rank_actors.ray
         waiting = handle.waiting_positions()
-        pings = [
-            executor.actor(handle.call.ranks[p]).ping.options(concurrency_group="control").remote() for p in waiting
-        ]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=min(5.0, executor.spec.death_timeout))
+        pings = [group.actor(handle.call.ranks[p]).ping.options(concurrency_group="control").remote() for p in waiting]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=min(5.0, group.death_timeout))
         dead = False
         for position, ping in zip(waiting, pings, strict=True):
             rank = handle.call.ranks[position]
@@ -237,7 +238,7 @@ class CompiledGraph:
                 dead = True
                 handle.rank_died(
                     position,
-                    f"its Ray actor {executor.actor_name(rank)!r} on {executor.node_of(rank)} is gone "
+                    f"its Ray actor {group.actor_name(rank)!r} on {group.node_of(rank)} is gone "
                     f"(compiled graph: {type(exc).__name__})",
                 )
         if not dead:
@@ -273,7 +274,7 @@ class CompiledGraph:
 
     def _run_plain(self, handle: CompiledCallHandle) -> None:
         try:
-            values = self.executor.submit_plain(handle.call).result()
+            values = self.submit_plain(handle.call).result()
         except Exception as exc:  # noqa: BLE001 - delivered to the caller as the plain call raised it
             handle.fail(exc)
             return

@@ -57,6 +57,7 @@ from ._actor import actor_class
 from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
 from ._pool import PlacementError, RayResourcePool
+from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
 from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, Forwarded, bare_layout
@@ -102,29 +103,40 @@ class RayExecutor(Executor):
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"])
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
-        self._actors: list[Any] = []
         self._remotes: list[dict[str, Any]] = [{} for _ in range(spec.world_size)]
         #: Every rank on the driver's node: several ranks' chunks may share one object.
         self._same_node = False
-        self._names = [f"{spec.name}-rank{rank}" for rank in range(spec.world_size)]
         self._spare_count = _spare_count(opts["spare_ranks"], self._pool is not None, self._detached)
         #: Started actors with no rank yet: (actor, its describe() answer, its name), oldest first.
         self._spares: list[tuple[Any, Any, str]] = []
         self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
-        self._infos: list[dict[str, Any]] = []
         self._actor_opts: list[dict[str, Any]] = []
         self._packed_spec: Any = None
 
-        self._closed = False
         self._pool_acquired = False
-        self.compiled = _compiled_graph(self, opts["compiled"], opts["compiled_idle_s"])
+        compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
+        #: The rank actors, their names and nodes, and whether the group is shut down: all that its
+        #: call handles and compiled graph see of it (kept current here, in place).
+        self._rank_actors = RankActors(
+            ray=self.ray,
+            job_id=self.job_id,
+            world_size=spec.world_size,
+            death_timeout=spec.death_timeout,
+            isolate=spec.isolate,
+            poll_interval=self.poll_interval,
+            mark_broken=self.mark_broken,
+            names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
+        )
+        self.compiled: CompiledGraph | None = None
+        if compiled_idle_s is not None:  # the graph runs what it cannot serve as plain calls
+            self.compiled = CompiledGraph(self._rank_actors, compiled_idle_s, self.submit_plain)
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
-        #: Ray's actor ids of an attached detached group (a launched one has them in ``_infos``).
+        #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
         try:
             if opts["attach"]:
@@ -137,17 +149,17 @@ class RayExecutor(Executor):
 
     # -- start-up ----------------------------------------------------------------
     def _launch(self) -> None:
-        ray, spec = self.ray, self.spec
+        ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
         actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class(spec.methods)
         for options in actor_opts:
-            self._actors.append(cls.options(**options).remote())
+            group.actors.append(cls.options(**options).remote())
         self._add_spares(self._spare_count)
         infos = self._wait(
-            [a.describe.remote(rank == 0) for rank, a in enumerate(self._actors)], deadline, "place and start"
+            [a.describe.remote(rank == 0) for rank, a in enumerate(group.actors)], deadline, "place and start"
         )
-        self._infos = infos
+        group.infos = infos
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
@@ -156,7 +168,7 @@ class RayExecutor(Executor):
         )
         refs = [
             a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name, spec.death_timeout)
-            for rank, a in enumerate(self._actors)
+            for rank, a in enumerate(group.actors)
         ]
         failures = self._wait(refs, deadline, "build the workers (__init__)")
         errors = [f for f in failures if f is not None]
@@ -181,17 +193,17 @@ class RayExecutor(Executor):
         The old actors are killed first (a hung rank is replaced too).  A
         used spare is topped up in the background.
         """
-        if self._closed:
+        if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if self._detached:
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
         if self.compiled is not None:
             self.compiled.close("ranks replaced", wait=self.spec.death_timeout)
-        ray, spec = self.ray, self.spec
+        ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
         for rank in ranks:
             try:
-                ray.kill(self._actors[rank], no_restart=True)
+                ray.kill(group.actors[rank], no_restart=True)
             except Exception:  # noqa: BLE001, S110 - already gone
                 pass
         cls = actor_class(spec.methods)
@@ -207,23 +219,23 @@ class RayExecutor(Executor):
             fresh[rank] = (actor, actor.describe.remote(False), options["name"])
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
-            self._actors[rank], _, self._names[rank] = fresh[rank]
+            group.actors[rank], _, group.names[rank] = fresh[rank]
             self._remotes[rank] = {}
             self._row_addresses.pop(rank, None)
-            self._infos[rank] = info
+            group.infos[rank] = info
         here = ray.get_runtime_context().get_node_id()
-        self._same_node = all(info["node_id"] == here for info in self._infos)
+        self._same_node = all(info["node_id"] == here for info in group.infos)
         # A fresh port on rank 0's node: the old world's store may still hold the old one.
         port = self._wait(
-            [self._actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
+            [group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
             deadline,
             "pick a rendezvous port",
         )[0]["port"]
-        self._infos[0] = {**self._infos[0], "port": port}
-        env = self._rank_env(self._infos)
+        group.infos[0] = {**group.infos[0], "port": port}
+        env = self._rank_env(group.infos)
         packed, n = self._packed_spec, spec.world_size
         refs = [
-            self._actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout)
+            group.actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout)
             for r in ranks
         ]
         failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
@@ -287,7 +299,7 @@ class RayExecutor(Executor):
             num_gpus = float(opts["num_gpus"] or 0)
             per_rank = [{**base, "num_cpus": num_cpus, "num_gpus": num_gpus} for _ in range(spec.world_size)]
         for rank, options in enumerate(per_rank):
-            options["name"] = self._names[rank]
+            options["name"] = self._rank_actors.names[rank]
         return per_rank
 
     def _rank_env(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -321,7 +333,7 @@ class RayExecutor(Executor):
                 values.append(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - actor died while starting
                 raise WorkerDiedError(
-                    rank, f"its Ray actor {self._names[rank]!r} died while starting: {exc}", "__init__"
+                    rank, f"its Ray actor {self._rank_actors.names[rank]!r} died while starting: {exc}", "__init__"
                 ) from exc
         return values
 
@@ -336,10 +348,10 @@ class RayExecutor(Executor):
 
     def _attach(self) -> None:
         """Look up the running actors of the detached group ``spec.name``."""
-        ray = self.ray
-        for rank, name in enumerate(self._names):
+        ray, group = self.ray, self._rank_actors
+        for rank, name in enumerate(group.names):
             try:
-                self._actors.append(ray.get_actor(name, namespace=self._namespace))
+                group.actors.append(ray.get_actor(name, namespace=self._namespace))
             except ValueError as exc:
                 raise DispatchError(
                     f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
@@ -347,9 +359,9 @@ class RayExecutor(Executor):
                     f"name={self.spec.name!r})"
                 ) from exc
         deadline = time.monotonic() + self._start_timeout
-        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in self._actors]
+        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in group.actors]
         idents = self._wait(refs, deadline, "reach the detached actors")
-        self._attached_ids = [ident.get("actor_id") or name for ident, name in zip(idents, self._names, strict=True)]
+        self._attached_ids = [ident.get("actor_id") or name for ident, name in zip(idents, group.names, strict=True)]
         for rank, ident in enumerate(idents):
             if ident["world_size"] != self.spec.world_size or not ident["started"]:
                 raise DispatchError(
@@ -359,7 +371,7 @@ class RayExecutor(Executor):
 
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> CallHandle:
-        if self._closed:
+        if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if call.method == TAKE_ROWS_METHOD:
             return self._submit_rows(call)  # beside the graph and any running call, never queued behind them
@@ -394,7 +406,7 @@ class RayExecutor(Executor):
                 refs = [self._method(rank, call.method)(layout) for rank in call.ranks]
             else:
                 refs = [self._method(rank, call.method)() for rank in call.ranks]
-            return RayCallHandle(self, call, refs)
+            return RayCallHandle(self._rank_actors, call, refs)
         unique = call.unique_values()
         try:
             encoded = _payload.encode_all(unique.values, self.ray.put, bundle=self._same_node)
@@ -407,7 +419,7 @@ class RayExecutor(Executor):
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)
             refs.append(self._method(rank, call.method)(layout, *tops))
-        return RayCallHandle(self, call, refs)
+        return RayCallHandle(self._rank_actors, call, refs)
 
     def _submit_rows(self, call: Call) -> CallHandle:
         """The core's row read or free, run in the ranks' ``rows`` concurrency group.
@@ -423,13 +435,14 @@ class RayExecutor(Executor):
             refs.append(self._rows_remote(rank)(call.method, layout, *tops))
         if call.method == TAKE_ROWS_METHOD:
             call = dataclasses.replace(call, results_are_copied=True)
-        return RayCallHandle(self, call, refs)
+        return RayCallHandle(self._rank_actors, call, refs)
 
     def _rows_remote(self, rank: int) -> Any:
         cache = self._remotes[rank]
         remote = cache.get(ROWS_GROUP)
         if remote is None:
-            remote = cache[ROWS_GROUP] = self._actors[rank].call.options(concurrency_group=ROWS_GROUP).remote
+            actor = self._rank_actors.actors[rank]
+            remote = cache[ROWS_GROUP] = actor.call.options(concurrency_group=ROWS_GROUP).remote
         return remote
 
     def _method(self, rank: int, method: str) -> Any:
@@ -437,7 +450,7 @@ class RayExecutor(Executor):
         cache = self._remotes[rank]
         remote = cache.get(method)
         if remote is None:
-            actor = self._actors[rank]
+            actor = self._rank_actors.actors[rank]
             dedicated = getattr(actor, DEDICATED_PREFIX + method, None) if method.isidentifier() else None
             remote = dedicated.remote if dedicated is not None else functools.partial(actor.call.remote, method)
             cache[method] = remote
@@ -452,9 +465,10 @@ class RayExecutor(Executor):
         driver, a producer shut down or failed, or a wait past the producing
         call's bound; a dead producer is seen within ``death_timeout``.
         """
-        if not isinstance(handle, RayCallHandle) or self._closed or not self._actors:
+        group = self._rank_actors
+        if not isinstance(handle, RayCallHandle) or group.closed or not group.actors:
             return None
-        producer = handle.executor
+        producer = handle.rank_actors
         if producer.job_id != self.job_id or producer.closed or handle.fetched_any():
             return None
         try:
@@ -462,7 +476,7 @@ class RayExecutor(Executor):
         except DispatchError:
             return None
         ray, timeout = self.ray, self.spec.death_timeout
-        ref = self._actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(handle.refs, timeout)
+        ref = group.actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(handle.refs, timeout)
         ready, _ = ray.wait([ref], timeout=timeout)
         if not ready:
             return None
@@ -481,52 +495,50 @@ class RayExecutor(Executor):
         """Rank ``rank``'s actor, which any Ray group of this driver can fetch kept rows from."""
         address = self._row_addresses.get(rank)
         if address is None:
-            info = self._infos[rank] if rank < len(self._infos) else {}
-            actor_id = self._attached_ids[rank] if self._attached_ids else str(info.get("actor_id", self._names[rank]))
-            address = RowAddress(self._ray_key, actor_id, self._names[rank], self._actors[rank])
+            group = self._rank_actors
+            info = group.infos[rank] if rank < len(group.infos) else {}
+            actor_id = self._attached_ids[rank] if self._attached_ids else str(info.get("actor_id", group.names[rank]))
+            address = RowAddress(self._ray_key, actor_id, group.names[rank], group.actors[rank])
             self._row_addresses[rank] = address
         return address
 
     def can_fetch_rows(self, address: Any) -> bool:
         """True for the actors of any Ray group of this driver's Ray connection."""
-        return isinstance(address, RowAddress) and address.ray == self._ray_key and not self._closed
+        return isinstance(address, RowAddress) and address.ray == self._ray_key and not self._rank_actors.closed
 
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
-        return self._actors[rank]
+        return self._rank_actors.actor(rank)
 
     def actor_name(self, rank: int) -> str:
-        return self._names[rank]
+        return self._rank_actors.actor_name(rank)
 
     def node_of(self, rank: int) -> str:
         """``node <ip> (<node id prefix>)`` hosting ``rank``, for error messages."""
-        info = self._infos[rank] if rank < len(self._infos) else None
-        if not info:
-            return "an unknown node"
-        return f"node {info['ip']} ({str(info['node_id'])[:8]})"
+        return self._rank_actors.node_of(rank)
 
     @property
     def actors(self) -> list[Any]:
         """The actor handles, in rank order."""
-        return list(self._actors)
+        return list(self._rank_actors.actors)
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`shutdown` ran (the actors are gone, or let go of if detached)."""
-        return self._closed
+        return self._rank_actors.closed
 
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""
-        if self._closed:
+        if self._rank_actors.closed:
             return
-        self._closed = True
+        self._rank_actors.closed = True
         self._release(kill=not self._detached)
 
     def _release(self, kill: bool) -> None:
         compiled = getattr(self, "compiled", None)
         # A graph still serving a hung call is ended by killing its actors below (its channels close).
         gone = compiled is None or compiled.close("shutdown", wait=0 if self.broken else 5.0)
-        actors, self._actors = self._actors, []
+        actors, self._rank_actors.actors = self._rank_actors.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
         self._remotes = [{} for _ in self._remotes]
@@ -543,12 +555,13 @@ class RayExecutor(Executor):
             self._pool.release()
 
 
-def _compiled_graph(executor: RayExecutor, compiled: Any, idle_s: Any) -> CompiledGraph | None:
+def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:
+    """The compiled graph's idle bound, or ``None`` without one; checked before Ray is reached."""
     if not isinstance(compiled, bool):
         raise TypeError(f"compiled must be True or False, got {compiled!r}")
     if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s <= 0:
         raise ValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
-    return CompiledGraph(executor, float(idle_s)) if compiled else None
+    return float(idle_s) if compiled else None
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:

@@ -17,15 +17,13 @@ module only says how results arrive and how death is seen on Ray:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dispatchcore.executor import Call, RankCallHandle
 
 from . import _payload
+from ._rank_actors import RankActors
 from ._tags import CONTROL_GROUP
-
-if TYPE_CHECKING:
-    from ._executor import RayExecutor
 
 
 class RayCallHandle(RankCallHandle):
@@ -35,19 +33,20 @@ class RayCallHandle(RankCallHandle):
     object store and delivers ``None`` for each (see :meth:`readiness`).
     """
 
-    def __init__(self, executor: RayExecutor, call: Call, refs: list[Any], *, fetch: bool = True) -> None:
+    def __init__(self, rank_actors: RankActors, call: Call, refs: list[Any], *, fetch: bool = True) -> None:
         super().__init__(
             call,
-            death_timeout=executor.spec.death_timeout,
-            on_broken=executor.mark_broken if fetch else _ignore,
+            death_timeout=rank_actors.death_timeout,
+            on_broken=rank_actors.mark_broken if fetch else _ignore,
         )
-        if executor.poll_interval is not None:
-            self.poll = min(self.poll, executor.poll_interval)
-        self.executor = executor
+        if rank_actors.poll_interval is not None:
+            self.poll = min(self.poll, rank_actors.poll_interval)
+        #: The group's actors (not its executor): the Ray they belong to, names and nodes, whether it shut down.
+        self.rank_actors = rank_actors
         self.refs = refs
         self.submitted = time.monotonic()
         self._fetch = fetch
-        self._copy = executor.spec.isolate and not call.results_are_copied
+        self._copy = rank_actors.isolate and not call.results_are_copied
         self._fast_tried = not fetch
         self._pings: dict[int, tuple[Any, float]] = {}
         #: When each waiting rank was last pinged.  A dead actor fails its call's
@@ -61,7 +60,7 @@ class RayCallHandle(RankCallHandle):
 
     # -- results -----------------------------------------------------------------
     def wait_for_progress(self, seconds: float) -> None:
-        ray = self.executor.ray
+        ray = self.rank_actors.ray
         deadline = time.monotonic() + seconds
         if not self._fast_tried:
             self._fast_tried = True
@@ -92,7 +91,7 @@ class RayCallHandle(RankCallHandle):
             for position in positions:
                 self.deliver(position, True, None)
             return
-        ray = self.executor.ray
+        ray = self.rank_actors.ray
         try:
             values = ray.get([self.refs[p] for p in positions])
         except Exception:  # noqa: BLE001 - find which rank it was
@@ -116,7 +115,7 @@ class RayCallHandle(RankCallHandle):
         if RankCallHandle.done(self):
             return True
         refs = [self.refs[p] for p in self.waiting_positions()]
-        ready, _ = self.executor.ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ready, _ = self.rank_actors.ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
 
     def fetched_any(self) -> bool:
@@ -130,15 +129,15 @@ class RayCallHandle(RankCallHandle):
         left = None if bound is None else max(1e-3, bound - (time.monotonic() - self.submitted))
         n = len(self.refs)
         probe = Call(self.call.method, self.call.ranks, [()] * n, [{}] * n, timeout=left)
-        return RayCallHandle(self.executor, probe, self.refs, fetch=False)
+        return RayCallHandle(self.rank_actors, probe, self.refs, fetch=False)
 
     # -- liveness ----------------------------------------------------------------
     def check_alive(self, waiting: list[int]) -> None:
         """Ping ranks still running; a failed ping, or none answered within ``death_timeout``, is a death."""
-        executor = self.executor
-        if executor.closed:
+        group = self.rank_actors
+        if group.closed:
             return  # its actors are gone: their references fail, which the waits see
-        ray = executor.ray
+        ray = group.ray
         now = time.monotonic()
         sent = [self._pings[p][0] for p in waiting if p in self._pings]
         answered = set(ray.wait(sent, num_returns=len(sent), timeout=0)[0]) if sent else set()
@@ -158,7 +157,7 @@ class RayCallHandle(RankCallHandle):
                     rank = self.call.ranks[position]
                     self.rank_died(
                         position,
-                        f"its Ray actor {executor.actor_name(rank)!r} on {executor.node_of(rank)} has not "
+                        f"its Ray actor {group.actor_name(rank)!r} on {group.node_of(rank)} has not "
                         f"answered a liveness ping for {self.death_timeout:g} s (death_timeout)",
                     )
                     continue
@@ -166,13 +165,13 @@ class RayCallHandle(RankCallHandle):
                 self._pings.pop(position, None)
                 if now - self._pinged.get(position, -float("inf")) < self._ping_every:
                     continue
-                actor = executor.actor(self.call.ranks[position])
+                actor = group.actor(self.call.ranks[position])
                 self._pings[position] = (actor.ping.options(concurrency_group=CONTROL_GROUP).remote(), now)
                 self._pinged[position] = now
 
     def _gone(self, position: int, exc: BaseException) -> str:
         rank = self.call.ranks[position]
-        name, node = self.executor.actor_name(rank), self.executor.node_of(rank)
+        name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
         return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
 
 

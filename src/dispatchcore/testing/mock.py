@@ -31,7 +31,7 @@ class MockExecutor(Executor):
         super().__init__(spec)
         check_options("mock", spec.options, {})
         self._hosts = [
-            WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, spec.init_kwargs)
+            WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
             for rank in range(spec.world_size)
         ]
         for host in self._hosts:
