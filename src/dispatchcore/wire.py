@@ -1,6 +1,6 @@
 """The one serialization path for executors that move bytes between processes.
 
-For executor authors (DESIGN §5, §6).  Everything a rank receives or sends
+For executor authors (``docs/design.md``, "Data path" and "The executor contract").  Everything a rank receives or sends
 back goes through :func:`dumps` / :func:`loads`:
 
 * pickle protocol 5 (:data:`PROTOCOL`); tensors and numpy arrays travel as

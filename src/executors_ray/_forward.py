@@ -3,7 +3,7 @@
 The driver never pulls the batch.  It waits until the producing call's
 results sit in the object store, asks one consuming actor (in its control
 thread) to :func:`describe` them, and lets the core plan each consuming
-rank's chunk (padding and ``meta_info`` are the core's business, DESIGN §6).
+rank's chunk (padding and ``meta_info`` are the core's business, docs/design.md, "The executor contract").
 Each rank then receives a :class:`~executors_ray._tags.Forwarded`: the
 plan plus the references it reads.  :func:`resolve` fetches those results
 (zero-copy on the same node) and joins the planned rows with

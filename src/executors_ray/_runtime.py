@@ -1,7 +1,7 @@
 """Connecting to Ray, lazily: nothing here imports ray until a group needs it.
 
 The entry-point module and the executor class must be importable without
-ray (DESIGN §6), so every function that touches Ray imports it inside.
+ray (docs/design.md, "The executor contract"), so every function that touches Ray imports it inside.
 """
 
 from __future__ import annotations

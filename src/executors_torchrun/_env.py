@@ -44,7 +44,7 @@ def run_id() -> str:
 
 
 def set_local_device() -> None:
-    """Make the rank's ``LOCAL_RANK`` GPU current on the calling thread (DESIGN §4, devices).
+    """Make the rank's ``LOCAL_RANK`` GPU current on the calling thread (docs/design.md, "Invariants", devices).
 
     Run on a rank's serving thread before any worker exists: each rank
     process's main loop, and worker 0's thread in the torchrun driver.

@@ -1,4 +1,4 @@
-"""The built-in dispatch modes' driver-side functions (DESIGN §4 table)."""
+"""The built-in dispatch modes' driver-side functions (``docs/design.md``, "Invariants"; the table is in the README)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The core runs user-supplied dispatch and collect functions and hands
 arguments to executors it does not know.  What goes wrong there would
 otherwise surface as a bare ``TypeError`` from deep inside the core or a
 backend's pickler; these helpers catch it at the boundary and say which
-call, which argument or rank, and what to do instead (DESIGN §3: every
+call, which argument or rank, and what to do instead (docs/design.md, "Public names": every
 error is a :class:`~dispatchcore.DispatchError`).
 """
 

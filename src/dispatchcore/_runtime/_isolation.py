@@ -1,6 +1,6 @@
 """Private copies equal to a pickle round trip, made without pickling.
 
-DESIGN §4: what a worker receives must equal a pickle round trip of what was
+docs/design.md, "Invariants": what a worker receives must equal a pickle round trip of what was
 sent.  Across processes the transport does that; inside one process (the
 local executor, rank 0 of torchrun) a copy has to.  Pickling a DataProto
 chunk and unpickling it costs several times a plain clone, so the common

@@ -1,7 +1,7 @@
 """The executor contract: what a backend plugin implements.
 
 An executor owns processes, actors or threads; the core owns dispatch,
-collect, padding and binding (DESIGN §6).  A backend subclasses
+collect, padding and binding (docs/design.md, "The executor contract").  A backend subclasses
 :class:`Executor`, sets :attr:`Executor.name`, and implements three things:
 
 * ``__init__(spec)`` starts ``spec.world_size`` ranks, each hosting

@@ -3,7 +3,7 @@
 When a ``DataProtoFuture`` is passed into another call, an executor that can
 move rows rank to rank need not bring the batch to the driver.  It tells the
 core each producing rank's result shape (:class:`ResultShape`: row count and
-``meta_info``); the core, which owns padding and chunking (DESIGN §6),
+``meta_info``); the core, which owns padding and chunking (docs/design.md, "The executor contract"),
 answers with one :class:`ChunkPlan` per consuming rank: row ranges into the
 producers' results plus the chunk's ``meta_info``.  The executor only moves
 the bytes.  The arithmetic is the driver path's: the producer's padding is

@@ -1,6 +1,6 @@
 """The environment a rank sees, and the port its process group meets on.
 
-Every backend gives its workers torchrun's variables (DESIGN §3), so
+Every backend gives its workers torchrun's variables (docs/design.md, "Public names"), so
 ``torch.distributed.init_process_group()`` inside a worker just works.
 How ranks map to nodes differs per backend; the variables and their
 meaning do not, so they are built here once.

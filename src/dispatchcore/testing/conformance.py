@@ -1,4 +1,4 @@
-"""The conformance suite: the behaviour every executor must show (DESIGN §4).
+"""The conformance suite: the behaviour every executor must show (docs/design.md, "Invariants").
 
 Subclass :class:`ExecutorConformance` in a test module and set ``backend``
 (and ``backend_options``); pytest then runs every case against that

@@ -35,7 +35,7 @@ def rank_main(conn: Connection, rank: int, world_size: int, env: dict[str, str])
     """Entry point of a rank process (the target ``multiprocessing`` spawns)."""
     os.environ.update(env)  # this process's own environment; the driver's stays untouched
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    if torch.cuda.is_available():  # DESIGN §4: the LOCAL_RANK device is current before __init__
+    if torch.cuda.is_available():  # docs/design.md, "Invariants": the LOCAL_RANK device is current before __init__
         torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_read_driver, args=(conn, inbox), name="mp-rank-inbox", daemon=True).start()
