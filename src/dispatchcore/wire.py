@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._wire._buffer_pool import BUFFERS
-from ._wire._row_buffers import NUMPY_ALLOC_BYTES, RowBuffers, cat_rows, numpy_tensor
+from ._wire._row_buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor
 from ._wire._serialization import PROTOCOL, Serialized, dumps, loads, rebuild_tensor, reduce_tensor, round_trip
 
 #: Payloads up to this many bytes ride inline with a control message.
@@ -50,6 +50,7 @@ __all__ = [
     "PROTOCOL",
     "RowBuffers",
     "Serialized",
+    "adopting",
     "cat_rows",
     "dumps",
     "loads",
