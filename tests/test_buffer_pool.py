@@ -1,4 +1,4 @@
-"""Unit test of an internal part (the process's buffer pool): imports dispatchcore._wire._buffer_pool directly.
+"""Unit test of an internal part (the process's buffer pool): imports dispatchcore._wire._buffers directly.
 
 The pool of large host buffers: reuse only what nothing can see, bounded idle memory.
 """
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatchcore._wire._buffer_pool import POOL_MIN_BYTES, BufferPool, size_class
+from dispatchcore._wire._buffers import POOL_MIN_BYTES, BufferPool, size_class
 from dispatchcore.wire import numpy_tensor
 
 MB = 1 << 20
@@ -82,7 +82,7 @@ def test_a_limit_of_zero_turns_the_pool_off() -> None:
 
 
 def test_a_bad_limit_in_the_environment_says_what_to_write() -> None:
-    code = "import dispatchcore._wire._buffer_pool"
+    code = "import dispatchcore._wire._buffers"
     env = {"DISPATCHCORE_BUFFER_POOL_MB": "lots", "PATH": ""}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0

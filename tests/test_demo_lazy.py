@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatchcore.demo import DemoConfig, run_demo
-from dispatchcore.demo.cli import main
+from dispatchcore.demo.loop import main
 
 STEPS = 3
 

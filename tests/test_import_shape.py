@@ -151,8 +151,20 @@ def test_core_folder_holds_faces_and_concept_packages_only() -> None:
     entries = sorted(p.name for p in (SRC / "dispatchcore").iterdir() if p.name != "__pycache__")
     packages = [e for e in entries if (SRC / "dispatchcore" / e).is_dir()]
     modules = [e for e in entries if e.endswith(".py")]
-    assert set(packages) == {*LAYERS, "_cli", "demo", "testing"}
-    assert set(modules) == {"__init__.py", "executor.py", "wire.py"}
+    assert set(packages) == {*LAYERS, "_cli", "demo", "testing", "executor", "wire"}
+    assert set(modules) == {"__init__.py"}
+
+
+@pytest.mark.parametrize("face", ["dispatchcore.executor", "dispatchcore.wire"])
+def test_the_executor_faces_hold_no_code(face: str) -> None:
+    """A face is a door, not a room: only imports and ``__all__``, so its names are defined in one place."""
+    tree = ast.parse(MODULES[face].read_text())
+    kinds = {type(node).__name__ for node in tree.body}
+    assert kinds <= {"Expr", "ImportFrom", "Assign"}, kinds
+    assigned = [
+        t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+    ]
+    assert assigned == ["__all__"]
 
 
 @pytest.mark.parametrize("package", ["executors_local", "executors_ray", "executors_torchrun", "dispatchcore.testing"])

@@ -1,4 +1,4 @@
-"""The ``mock`` executor (``dispatchcore.testing.MockExecutor``): found by its entry point, runs the contract in-thread."""
+"""The ``mock`` executor (``dispatchcore.testing.MockExecutor``): found by its entry point, runs calls in-thread."""
 
 from __future__ import annotations
 

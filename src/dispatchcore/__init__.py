@@ -25,17 +25,14 @@ from ._data._tensor_batch import TensorBatch
 from ._dispatch._builtin_modes import concat_outputs, trim_padding
 from ._dispatch._call_context import CallContext, current_call
 from ._dispatch._direct_call import DirectCall, direct_call
-from ._dispatch._futures import CallFuture, DataProtoFuture
-from ._dispatch._modes import (
-    Dispatch,
-    DispatchSpec,
-    Execute,
-    register_dispatch_mode,
-    unregister_dispatch_mode,
-    update_dispatch_mode,
-)
+from ._dispatch._enum import Execute
+from ._dispatch._futures import CallFuture
+from ._dispatch._modes import Dispatch, register_dispatch_mode, unregister_dispatch_mode, update_dispatch_mode
 from ._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from ._dispatch._register import Registration, register
+from ._dispatch._proto_future import DataProtoFuture
+from ._dispatch._register import register
+from ._dispatch._registration import Registration
+from ._dispatch._spec import DispatchSpec
 from ._group._method_proxy import MethodProxy
 from ._group._worker_group import WorkerGroup
 from ._rows._lazy_dataproto import LazyDataProto

@@ -1,59 +1,6 @@
-"""The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``."""
+"""The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``.
 
-from __future__ import annotations
-
-import argparse
-import sys
-from collections.abc import Sequence
-
-
-def _backends(_: argparse.Namespace) -> int:
-    from .._spi._plugins import registry
-
-    rows = [("backend", "package", "status")]
-    for info in registry.all():
-        package = info.distribution or "?"
-        origin = f"{package} ({info.plugin})"
-        rows.append((info.name, origin, info.status))
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    for name, origin, status in rows:
-        print(f"{name:<{widths[0]}}  {origin:<{widths[1]}}  {status}")
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from ..demo.cli import run
-
-    return run(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from ._bench import run_benchmarks
-
-    return run_benchmarks(quick=args.quick, only=args.only)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dispatchcore", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    backends = commands.add_parser("backends", help="list the executors found and whether they can run here")
-    backends.set_defaults(run=_backends)
-    demo = commands.add_parser("demo", help="run a small RL post-training loop on a backend")
-    from ..demo.cli import add_arguments
-
-    add_arguments(demo)
-    demo.set_defaults(run=_demo)
-    bench = commands.add_parser("bench", help="run every executor's benchmark and print its ratio table")
-    bench.add_argument("--quick", action="store_true", help="short version (a few minutes in all)")
-    bench.add_argument("--only", action="append", choices=["local", "ray", "torchrun"], help="one executor")
-    bench.set_defaults(run=_bench)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.run(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+The code is :mod:`dispatchcore._cli.__main__`, so the console script
+(``dispatchcore._cli.__main__:main``) and ``python -m dispatchcore._cli`` run
+the same module; this face imports nothing, so ``-m`` runs it exactly once.
+"""

@@ -32,14 +32,14 @@ import torch
 
 from dispatchcore._base._errors import BatchSizeError
 from dispatchcore._data._coerce import as_batch, as_column, as_index
+from dispatchcore._data._item import DataProtoItem
 from dispatchcore._data._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict
 from dispatchcore._data._minibatch import collate_rows, iterate_minibatches
 from dispatchcore._data._padding import AUTO_PADDING_KEY, DataProtoConfig, chunk_with_padding, split_views
 from dispatchcore._data._reshape import repeat_rows, repeat_rows_per_sample, unfold_column_chunks
-from dispatchcore._data._rows_like import DataProtoItem
 from dispatchcore._data._tensor_batch import TensorBatch, batch_from_state, batch_state
 from dispatchcore._data._tensordict_interop import from_tensordict, to_tensordict
-from dispatchcore._wire._row_buffers import RowBuffers
+from dispatchcore._wire._buffers import RowBuffers
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; only read by type checkers

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._data._padding import PADDING_ROWS_KEY
+from dispatchcore._data._rows_like import PADDING_ROWS_KEY
 from dispatchcore._data._tensor_batch import TensorBatch
 
 __all__ = [

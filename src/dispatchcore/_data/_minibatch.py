@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._data._rows_like import DataProtoItem, RowsLike
+from dispatchcore._data._rows_like import RowItem, RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
 
 __all__ = ["collate_rows", "iterate_minibatches"]
@@ -63,12 +63,12 @@ def iterate_minibatches(
     return batches()
 
 
-def collate_rows(items: Sequence[DataProtoItem], cls: type[D]) -> D:
+def collate_rows(items: Sequence[RowItem], cls: type[D]) -> D:
     """Stack row items back into a ``cls`` (non-tensors become object arrays, as in verl)."""
     batch = None
     rows = [item.batch for item in items]
     if rows and all(r is not None for r in rows):
-        batch = TensorBatch.stack(rows).contiguous()  # type: ignore[arg-type]
+        batch = TensorBatch.stack(rows).contiguous()
     keys: list[str] = list(items[0].non_tensor_batch) if items else []
     non_tensor = {key: _stack_column([item.non_tensor_batch[key] for item in items]) for key in keys}
     return cls(batch=batch, non_tensor_batch=non_tensor)

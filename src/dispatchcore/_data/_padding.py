@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._data._rows_like import RowsLike, check_positive
+from dispatchcore._data._rows_like import AUTO_PADDING_KEY, PADDING_ROWS_KEY, RowsLike, check_positive
 from dispatchcore._data._tensor_batch import TensorBatch
 
 __all__ = [
@@ -33,10 +33,6 @@ __all__ = [
 
 D = TypeVar("D", bound=RowsLike)
 
-#: ``meta_info`` key of a chunk: how many of its trailing rows are padding.
-PADDING_ROWS_KEY = "padding_rows"
-#: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
-AUTO_PADDING_KEY = "_verl_auto_padding"
 _ENV_FLAGS = ("DISPATCHCORE_AUTO_PADDING", "VERL_AUTO_PADDING")
 
 

@@ -3,19 +3,28 @@
 ``DataProto``'s methods call the helpers (padding, reshaping, mini-batches,
 tensordict interop), so the helpers cannot import the class, not even for a
 type: they program against :class:`RowsLike`, which ``DataProto`` (and any
-subclass, ``LazyDataProto`` included) satisfies.
+subclass, ``LazyDataProto`` included) satisfies.  The ``meta_info`` keys
+they agree on live here too, so this module imports nothing of the package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
 import numpy as np
-import torch
 
-from ._tensor_batch import TensorBatch
+#: ``meta_info`` key of a chunk: how many of its trailing rows are padding.
+PADDING_ROWS_KEY = "padding_rows"
+#: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
+AUTO_PADDING_KEY = "_verl_auto_padding"
+
+
+class RowItem(Protocol):
+    """One row as ``data[i]`` returns it (a ``DataProtoItem``)."""
+
+    batch: Any
+    non_tensor_batch: dict[str, Any]
 
 
 class RowsLike(Protocol):
@@ -26,31 +35,22 @@ class RowsLike(Protocol):
 
     def __init__(
         self,
-        batch: TensorBatch | Mapping[str, torch.Tensor] | None = None,
+        batch: Any = None,
         non_tensor_batch: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
     ) -> None: ...
     @property
-    def batch(self) -> TensorBatch: ...
+    def batch(self) -> Any: ...  # a TensorBatch (the helpers import that class themselves)
     def __len__(self) -> int: ...
     def __getitem__(self, item: Any) -> Any: ...
     def is_padding_enabled(self) -> bool: ...
     def _take(self, index: Any) -> Self: ...
     def _new(
         self,
-        batch: TensorBatch | None,
+        batch: Any,
         non_tensor: dict[str, np.ndarray],
         meta: dict[str, Any],
     ) -> Self: ...
-
-
-@dataclass
-class DataProtoItem:
-    """One row of a DataProto: what ``data[i]`` returns (verl's shape)."""
-
-    batch: TensorBatch | None = None
-    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
-    meta_info: dict[str, Any] = field(default_factory=dict)
 
 
 def check_positive(name: str, value: Any) -> int:

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from dispatchcore._base._errors import BatchSizeError
-from dispatchcore._wire._serialization import rebuild_tensor, reduce_tensor
+from dispatchcore._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
-from .._wire._row_buffers import RowBuffers, cat_rows
+from .._wire._buffers import RowBuffers, cat_rows
 
 __all__ = ["TensorBatch", "is_tensordict"]
 

@@ -11,10 +11,11 @@ from .._data._dataproto import DataProto
 from .._data._padding import PADDING_ROWS_KEY, chunk_with_padding
 from .._data._tensordict_split import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
 from .._spi._forward_plan import plan_forward
-from .._wire._row_buffers import RowBuffers
+from .._wire._buffers import RowBuffers
 from ._call_context import current_call
-from ._futures import DataProtoFuture
-from ._modes import Dispatch, DispatchSpec, set_builtin
+from ._modes import Dispatch, set_builtin
+from ._proto_future import DataProtoFuture
+from ._spec import DispatchSpec
 
 PerRank = tuple[tuple[list[Any], ...], dict[str, list[Any]]]
 

@@ -9,15 +9,17 @@ bound.  Dispatch and collect run on the driver only.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from .._base._errors import RegistrationError
+from ._enum import _DynamicEnum
+from ._spec import CollectFn, DispatchFn, DispatchSpec
 
 if TYPE_CHECKING:
     from .._data._dataproto import DataProto
-    from ._futures import CallFuture, DataProtoFuture
+    from ._futures import CallFuture
+    from ._proto_future import DataProtoFuture
     from ._typed_method import (
         CollectsAs,
         CollectsList,
@@ -32,79 +34,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 B_co = TypeVar("B_co", covariant=True)
 L_co = TypeVar("L_co", covariant=True)
-
-DispatchFn = Callable[..., tuple[tuple[list[Any], ...], dict[str, list[Any]]]]
-CollectFn = Callable[[Any, list[Any]], Any]
-
-
-class _DynamicEnumMeta(type):
-    _members: dict[str, Any]
-
-    def __iter__(cls) -> Iterator[Any]:
-        return iter(list(cls._members.values()))
-
-    def __len__(cls) -> int:
-        return len(cls._members)
-
-    def __getitem__(cls, name: str) -> Any:
-        try:
-            return cls._members[name]
-        except KeyError:
-            raise KeyError(f"{cls.__name__} has no member {name!r}; known: {sorted(cls._members)}") from None
-
-    def __contains__(cls, item: object) -> bool:
-        if isinstance(item, str):
-            return item in cls._members
-        return isinstance(item, cls) and cls._members.get(item.name) is item
-
-    def __getattr__(cls, name: str) -> Any:
-        members = cls.__dict__.get("_members", {})
-        if name in members:
-            return members[name]
-        raise AttributeError(f"{cls.__name__} has no member {name!r}; known: {sorted(members)}")
-
-
-class _DynamicEnum(metaclass=_DynamicEnumMeta):
-    """An enum whose members can be added and removed at run time."""
-
-    _members: dict[str, Any] = {}
-
-    def __init__(self, name: str, value: int) -> None:
-        self.name = name
-        self.value = value
-
-    def __init_subclass__(cls) -> None:
-        cls._members = {}
-
-    @classmethod
-    def _add(cls, name: str) -> Any:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise RegistrationError(f"a {cls.__name__} name must be an identifier, got {name!r}")
-        if name in cls._members:
-            raise RegistrationError(f"{cls.__name__}.{name} already exists")
-        member = cls(name, max((m.value for m in cls._members.values()), default=-1) + 1)
-        cls._members[name] = member
-        return member
-
-    @classmethod
-    def _remove(cls, name: str) -> None:
-        cls._members.pop(name, None)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__}.{self.name}: {self.value}>"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_member_or_placeholder, (type(self), self.name, self.value))
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self.name))
-
-
-def _member_or_placeholder(cls: Any, name: str, value: int) -> Any:
-    """Unpickle a member by name; a mode the receiving process never registered
-    (one added in a driver script) becomes an unregistered stand-in, because
-    dispatch and collect only ever run on the driver."""
-    return cls._members.get(name) or cls(name, value)
 
 
 class Dispatch(_DynamicEnum):
@@ -121,14 +50,6 @@ class Dispatch(_DynamicEnum):
         DIRECT_ROLLOUT_METHOD: ClassVar[TypedDispatch[CollectsAs[NoReturn], CollectsAs[NoReturn]]]
 
 
-class Execute(_DynamicEnum):
-    """Which ranks run a call: ``ALL`` or ``RANK_ZERO`` (result unwrapped)."""
-
-    if TYPE_CHECKING:
-        ALL: ClassVar[ExecuteAll]
-        RANK_ZERO: ClassVar[ExecuteRankZero]
-
-
 BUILTIN_DISPATCH = (
     "RANK_ZERO",
     "ONE_TO_ALL",
@@ -141,33 +62,6 @@ BUILTIN_DISPATCH = (
 )
 for _name in BUILTIN_DISPATCH:
     Dispatch._add(_name)
-for _name in ("ALL", "RANK_ZERO"):
-    Execute._add(_name)
-
-
-@dataclass(frozen=True)
-class DispatchSpec:
-    """A mode's driver-side functions and how the core should treat it.
-
-    ``returns_dataproto``: a ``blocking=False`` call returns a
-    :class:`~dispatchcore.DataProtoFuture`.  ``rank_zero_only``: only rank 0
-    runs the call.  ``direct``: the method is meant to be called on workers
-    directly, never through the group.
-    """
-
-    dispatch_fn: DispatchFn
-    collect_fn: CollectFn
-    returns_dataproto: bool = False
-    rank_zero_only: bool = False
-    direct: bool = False
-    name: str = "custom"
-    #: One of the core's own modes: its collect takes the receive buffers from the collect plan.
-    builtin: bool = False
-
-    def __getitem__(self, key: str) -> Any:  # verl passes modes as dicts
-        if key in ("dispatch_fn", "collect_fn"):
-            return getattr(self, key)
-        raise KeyError(key)
 
 
 _table: dict[str, DispatchSpec] = {}
@@ -273,9 +167,3 @@ if TYPE_CHECKING:  # the types each mode carries for checkers (see ``_typed_meth
 
     class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]):
         """A ``DispatchSpec`` (e.g. an nd mesh mode), with its decorator types (checkers only)."""
-
-    class ExecuteAll(Execute):
-        """``Execute.ALL`` (checkers only)."""
-
-    class ExecuteRankZero(Execute):
-        """``Execute.RANK_ZERO`` (checkers only)."""

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, cast
 from .._base._errors import DispatchError
 from ._builtin_modes import PerRank, collect_dp_compute_proto, split_dataprotos
 from ._call_context import current_call
-from ._modes import DispatchSpec
+from ._spec import DispatchSpec
 
 if TYPE_CHECKING:
     from .._data._dataproto import DataProto
-    from ._futures import DataProtoFuture
     from ._modes import TypedSpec
+    from ._proto_future import DataProtoFuture
     from ._typed_method import CollectsAs
 
 

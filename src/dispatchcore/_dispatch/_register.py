@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from .._base._errors import RegistrationError
-from ._modes import Dispatch, Execute, validate_mode
+from ._enum import Execute
+from ._modes import Dispatch, validate_mode
+from ._registration import REGISTRATION_ATTR, Registration
 
 if TYPE_CHECKING:
-    from ._modes import ExecuteAll, ExecuteRankZero
+    from ._enum import ExecuteAll, ExecuteRankZero
     from ._typed_method import (
         BoundMethod,
         CollectsAs,
@@ -35,28 +36,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B")
 L = TypeVar("L")
-
-#: Attribute under which ``@register`` stores a method's :class:`Registration`.
-REGISTRATION_ATTR = "__dispatchcore_registration__"
-
-
-@dataclass(frozen=True)
-class Registration:
-    """Options of one registered worker method."""
-
-    dispatch_mode: Any
-    execute_mode: Execute
-    blocking: bool
-    materialize_futures: bool
-    is_async: bool = False
-    #: A setup call: recorded when it succeeds and replayed, in order, on a
-    #: rank that replaces a dead one (see ``WorkerGroup.replace_rank``).
-    setup: bool = False
-    #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
-    #: by a rank's death is retried once on the rebuilt group.
-    retry: bool = False
-    #: Keep a DataProto result on the ranks (a ``LazyDataProto``); ``None``: the group decides.
-    lazy: bool | None = None
 
 
 # The overloads only tell type checkers what a driver call returns per mode
@@ -234,26 +213,3 @@ def register(
         return func
 
     return decorate
-
-
-def registration_of(obj: Any) -> Registration | None:
-    """The :class:`Registration` of a function, or ``None`` if undecorated."""
-    target = getattr(obj, "__func__", obj)
-    found = getattr(target, REGISTRATION_ATTR, None)
-    return found if isinstance(found, Registration) else None
-
-
-def registered_methods(worker_cls: type) -> dict[str, Registration]:
-    """Every ``@register`` method of ``worker_cls`` (inherited ones included)."""
-    found: dict[str, Registration] = {}
-    for name in dir(worker_cls):
-        if name.startswith("__"):
-            continue
-        try:
-            attr = inspect.getattr_static(worker_cls, name)
-        except AttributeError:
-            continue
-        registration = registration_of(attr)
-        if registration is not None:
-            found[name] = registration
-    return found

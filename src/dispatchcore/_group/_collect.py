@@ -17,8 +17,8 @@ from .._dispatch._call_context import enter_call, leave_call
 from .._rows._lazy_dataproto import LazyDataProto
 from .._rows._remote import RemoteRows
 from .._trace._driver_traffic import count_received
-from .._wire._row_buffers import RowBuffers, adopting
-from ._plan import PlannedCall
+from .._wire._buffers import RowBuffers, adopting
+from ._planned import PlannedCall
 from ._site import CallSite
 from ._tracing import CallTrace
 

@@ -1,12 +1,18 @@
-"""Per-method proxies bound on a WorkerGroup: each owns its call.
+"""Per-method proxies bound on a WorkerGroup, and the call each one runs: plan → submit → resolve → collect.
 
 Each ``@register`` method gets its own proxy class *named after the
 method*, whose ``__call__`` code object is renamed too, so a traceback
 through ``wg.update_actor(batch)`` reads ``update_actor`` rather than an
-anonymous wrapper.  Calling it runs the call pipeline
-(:func:`~dispatchcore._group._pipeline.run_call`) on the group's
+anonymous wrapper.  Calling it runs :func:`run_call` on the group's
 :class:`~dispatchcore._group._site.CallSite`, as a Monarch endpoint owns its
 call: the proxy needs nothing private of the group.
+
+:func:`run_call` reads top to bottom.  Each stage lives in a module of its
+own (plan: ``_plan``, resolve's replacement and retry: ``_retry``, collect:
+``_collect``); what used to be a branch inside the call is a hook between
+stages (tracing: ``_tracing``, setup recording: the group's setup log, lazy
+adoption and driver-traffic counting: ``_collect``).  A new capability adds
+a stage or a hook here, not a branch in every stage.
 
 ``MethodProxy[P, D]`` is generic in the worker method's parameters and the
 call's result; to type checkers it is the decorator layer's
@@ -15,12 +21,23 @@ call's result; to type checkers it is the decorator layer's
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._dispatch._register import Registration
-from ._pipeline import run_call
+from .._base._errors import DispatchError, WorkerDiedError
+from .._dispatch._futures import CallFuture
+from .._dispatch._modes import resolve_mode
+from .._dispatch._proto_future import DataProtoFuture
+from .._dispatch._registration import Registration
+from .._spi._executor_base import CallHandle, remaining
+from ._call_checks import submit_call
+from ._collect import collect
+from ._plan import plan_call
+from ._planned import PlannedCall
+from ._retry import should_retry
 from ._site import CallSite
+from ._tracing import CallTrace
 
 P = ParamSpec("P")
 D_co = TypeVar("D_co", covariant=True)
@@ -116,3 +133,75 @@ class MethodNamespace:
 
     def __repr__(self) -> str:
         return f"<methods of {self._group!r}>"
+
+
+def run_call(
+    group: Any,
+    site: CallSite,
+    name: str,
+    registration: Registration,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float | None,
+    lazy: bool | None,
+    retried: bool = False,
+) -> Any:
+    """Run registered method ``name`` on ``site``'s ranks; the collected result, or a future of it."""
+    spec = resolve_mode(registration.dispatch_mode)
+    if spec.direct:
+        raise DispatchError(
+            f"{name!r} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on the workers "
+            "directly, not through the WorkerGroup"
+        )
+    site.check_open(group)
+    site.shared.ledger.flush()
+    trace = CallTrace.begin(site.shared.label, site.prefix, name)
+    planned = plan_call(group, site, name, registration, spec, args, kwargs, timeout, lazy)
+    if trace is not None:
+        trace.dispatched(planned.call)
+    handle = submit_call(site.executor, planned.call, site.shared.backend)
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def resolve(wait: float | None) -> Any:
+        try:
+            results = handle.result(remaining(deadline) if wait is None else wait)
+        except WorkerDiedError as exc:
+            if not should_retry(group, site, exc, registration, planned.call.method, planned.generation, retried):
+                raise
+            again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, retried=True)
+            return again if registration.blocking else again.get()
+        return _finish(group, site, registration, planned, handle, results, trace)
+
+    if registration.blocking:
+        return resolve(None)
+    if spec.returns_dataproto:
+        ctx = planned.context
+        return DataProtoFuture(
+            resolve,
+            handle.done,
+            handle=handle,
+            executor=site.executor,
+            call=planned.call,
+            collect_positions=ctx.collect_positions,
+            pad_size=ctx.pad_size,
+            padded_len=ctx.padded_len,
+        )
+    return CallFuture(resolve, handle.done)
+
+
+def _finish(
+    group: Any,
+    site: CallSite,
+    registration: Registration,
+    planned: PlannedCall,
+    handle: CallHandle,
+    results: list[Any],
+    trace: CallTrace | None,
+) -> Any:
+    """After the ranks answered: free what the call read, record setup, trace, collect."""
+    del planned.read_sources[:]  # the call is over: the rows it read may be freed
+    if registration.setup:
+        site.shared.membership.setup_log.record(planned.call)
+    if trace is not None:
+        results = trace.executed(planned.call, results)
+    return collect(group, site, planned, results, handle.row_buffers, trace)

@@ -15,39 +15,22 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from .._base._errors import DispatchError
 from .._dispatch._call_context import CallContext, enter_call, leave_call
+from .._dispatch._enum import Execute
 from .._dispatch._futures import CallFuture
-from .._dispatch._modes import DispatchSpec, Execute
-from .._dispatch._register import Registration
+from .._dispatch._registration import Registration
+from .._dispatch._spec import DispatchSpec
 from .._rows._lazy_chunk import send_lazy_arguments
 from .._rows._remote import RemoteRows
 from .._spi._call import PLAIN, Call, Instructions
 from ._call_checks import per_rank_values
+from ._planned import PlannedCall
 from ._site import CallSite
 
 _keep_tokens = itertools.count()
-
-
-@dataclass
-class PlannedCall:
-    """A call ready to submit, and what its collect needs to know."""
-
-    call: Call
-    spec: DispatchSpec
-    #: The collect plan the dispatch filled in (positions, padding).
-    context: CallContext
-    #: Lazy: results stay on the ranks and come back as ``LazyDataProto``.
-    lazy: bool
-    #: ``Execute.RANK_ZERO``: the caller gets rank 0's value itself.
-    unwrap: bool
-    #: Rows the call's lazy arguments read; kept alive until the call is over.
-    read_sources: list[RemoteRows]
-    #: The group's replacement generation when the call began (retry after a replacement).
-    generation: int
 
 
 def plan_call(

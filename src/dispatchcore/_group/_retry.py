@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._base._errors import WorkerDiedError
-from .._dispatch._register import Registration
+from .._dispatch._registration import Registration
 from ._site import CallSite
 
 

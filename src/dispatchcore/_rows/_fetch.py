@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from .._data._dataproto import DataProto
-from .._trace._driver_traffic import count_received
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._records import ColumnSpec
 from ._remote import RemoteRows
@@ -67,7 +66,7 @@ def assemble_column(
 
 
 def fetch_on_driver(requests: Sequence[tuple[RemoteRows, Any]], timeout: float | None) -> list[DataProto]:
-    """Rows for ``requests`` read to the driver, grouped by the group (ledger) holding them."""
+    """Rows for ``requests`` read to the driver, grouped by the group (ledger) holding them (not yet counted)."""
     out: list[DataProto | None] = [None] * len(requests)
     by_ledger: dict[int, tuple[Any, list[int]]] = {}
     for i, (source, _) in enumerate(requests):
@@ -76,6 +75,4 @@ def fetch_on_driver(requests: Sequence[tuple[RemoteRows, Any]], timeout: float |
         parts = ledger.read([requests[i][1] for i in positions], timeout)
         for i, part in zip(positions, parts, strict=True):
             out[i] = part
-    fetched = [p for p in out if p is not None]
-    count_received(fetched)
-    return fetched
+    return [p for p in out if p is not None]  # the caller counts them as driver traffic

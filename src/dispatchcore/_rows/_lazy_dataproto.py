@@ -33,6 +33,7 @@ from .._data._coerce import as_index
 from .._data._dataproto import DataProto
 from .._data._meta_info import merge_meta_info, union_two_dict
 from .._data._tensor_batch import TensorBatch
+from .._trace._driver_traffic import count_received
 from ._column_plan import ColumnPlan, Segment
 from ._fetch import assemble_column, fetch_on_driver, plan_requests
 from ._lazy_columns import LazyArrayColumns, LazyTensorColumns
@@ -192,6 +193,7 @@ class LazyDataProto(DataProto):
         wanted = {n: self._plans[n] for n in names}
         requests, slots = plan_requests(wanted)
         fetched = fetch_on_driver(requests, timeout)
+        count_received(fetched)
         out: dict[str, Any] = {}
         for name, plan in wanted.items():
             column = assemble_column(plan, self._specs[name], self._length, name, slots, fetched)

@@ -89,3 +89,32 @@ def take_rows(data: DataProto, columns: Sequence[str], index: slice | np.ndarray
 
 #: This process's kept results (ranks of every group living here share it; keys never collide).
 ROW_STORE = RowStore()
+
+
+def take_kept_rows(request: RowRequest) -> DataProto:
+    """Producing rank: the ``DataProto`` of rows ``request`` asks for, from this process's kept results.
+
+    Views of the kept result (a slice) or a gathered copy (an index array);
+    serialize it to send it.  Raises :class:`~dispatchcore.DispatchError`
+    when the key was freed.
+    """
+    return ROW_STORE.take(request)
+
+
+def free_kept_rows(keys: Sequence[str]) -> None:
+    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
+
+    For executors that deliver the core's frees (:data:`FREE_ROWS_METHOD`)
+    beside the command loop, so a rank busy in a long call still frees.
+    """
+    ROW_STORE.free(keys)
+
+
+def kept_results() -> int:
+    """How many lazy results this process keeps (for tests and diagnostics: 0 once every key was freed)."""
+    return len(ROW_STORE)
+
+
+def holds_kept_rows(key: str) -> bool:
+    """Whether this process keeps the rows under ``key`` (then no transport is needed)."""
+    return ROW_STORE.has(key)

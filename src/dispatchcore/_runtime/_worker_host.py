@@ -23,7 +23,7 @@ from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD
 from .._rows._store import ROW_STORE
 from .._spi._call import PLAIN, Instructions
 from .._trace._tracer import TimedResult, now_us
-from .._worker._worker import rank_context
+from .._worker._rank_context import rank_context
 
 #: What to do about arguments that cannot be pickled.
 _ARGUMENT_FIX = "pass picklable values (plain data, tensors, numpy arrays, DataProto; not locks, open files or sockets)"

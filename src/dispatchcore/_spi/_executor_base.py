@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._base._errors import DispatchError
 
 if TYPE_CHECKING:
-    from .._wire._row_buffers import RowBuffers
+    from .._wire._buffers import RowBuffers
     from ._call import Call
     from ._row_pieces import ChunkPlan, ResultShape
 

@@ -32,7 +32,7 @@ import os
 import platform
 from collections.abc import Mapping
 
-from ._buffer_pool import reuse_limit_bytes
+from ._buffers import reuse_limit_bytes
 
 #: ``mallopt`` parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._dispatch._register import REGISTRATION_ATTR, registered_methods
+from .._dispatch._registration import REGISTRATION_ATTR, registered_methods
 from ._worker import Worker
 
 
@@ -108,24 +108,3 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
 
 #: Short alias of :func:`create_colocated_worker_cls`.
 colocate = create_colocated_worker_cls
-
-
-def method_names(worker_cls: type) -> tuple[str, ...]:
-    """Every method a call on ``worker_cls``'s ranks may name, sorted.
-
-    The ``@register`` methods (a colocated class's role-prefixed ones among
-    them, and those of each role class under its prefix), plus the core's
-    mesh query, rejoin call and the kept-rows calls.  Executors that bind entry points per method read it from
-    :attr:`GroupSpec.methods`.
-    """
-    names = set(registered_methods(worker_cls)) | {
-        "_dispatchcore_mesh_info",
-        "_dispatchcore_rejoin",
-        "_dispatchcore_take_rows",
-        "_dispatchcore_free_rows",
-    }
-    roles: dict[str, type] = getattr(worker_cls, "_dispatchcore_roles", None) or {}
-    for role, cls in roles.items():
-        names.update(f"{role}_{name}" for name in registered_methods(cls))
-        names.add(f"{role}__dispatchcore_mesh_info")
-    return tuple(sorted(names))

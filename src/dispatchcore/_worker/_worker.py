@@ -1,4 +1,4 @@
-"""The worker base class and the rank context it is built in.
+"""The worker base class: rank and world size right from the first line of ``__init__``.
 
 ``self.rank`` and ``self.world_size`` must be right from the first line of a
 subclass's ``__init__`` (verl sets them only after).  Executors build workers
@@ -9,37 +9,13 @@ other way falls back to the ``RANK`` / ``WORLD_SIZE`` environment.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._mesh import DispatchCollectInfo
+from ._rank_context import current_rank_context
 
 if TYPE_CHECKING:
     from ._rejoin import MembershipChange
-
-_context = threading.local()
-
-
-@contextlib.contextmanager
-def rank_context(rank: int, world_size: int) -> Iterator[None]:
-    """Make workers built inside this block see ``rank`` / ``world_size``."""
-    previous = getattr(_context, "current", None)
-    _context.current = (rank, world_size)
-    try:
-        yield
-    finally:
-        _context.current = previous
-
-
-def current_rank_context() -> tuple[int, int]:
-    """(rank, world_size) for a worker being built now."""
-    found: tuple[int, int] | None = getattr(_context, "current", None)
-    if found is not None:
-        return found
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Worker(DispatchCollectInfo):

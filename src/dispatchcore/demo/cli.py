@@ -1,14 +1,9 @@
-"""Command line of the demo."""
+"""The demo's command-line options (a leaf: ``dispatchcore demo`` and ``python -m dispatchcore.demo`` share it)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
-from collections.abc import Sequence
-
-from .loop import DemoConfig, ProgressTable, run_demo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,44 +27,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def is_driver() -> bool:
     """Under torchrun every rank runs this script; only rank 0 drives (and prints)."""
     return not os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("RANK", "0") == "0"
-
-
-def run(args: argparse.Namespace) -> int:
-    backend = args.backend or os.environ.get("DISPATCHCORE_BACKEND") or "local"
-    world_size = args.world_size
-    if world_size is None:
-        launched = os.environ.get("WORLD_SIZE") if os.environ.get("TORCHELASTIC_RUN_ID") else None
-        world_size = int(launched) if launched else 2
-    config = DemoConfig(
-        backend=backend,
-        world_size=world_size,
-        steps=args.steps,
-        seed=args.seed,
-        checkpoint=args.checkpoint,
-        lazy=args.lazy,
-    )
-    driver = is_driver()
-    if driver:
-        print(
-            f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
-            f"lazy={'on' if config.lazy else 'off'} "
-            f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
-            flush=True,
-        )
-    started = time.perf_counter()
-    history = run_demo(config, on_step=ProgressTable(config.steps) if driver else None, trace_path=args.trace)
-    first, last = history[0].reward, history[-1].reward
-    print(f"\nreward {first:.3f} -> {last:.3f} in {time.perf_counter() - started:.1f}s", flush=True)
-    if args.trace:
-        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dispatchcore.demo", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,16 +9,19 @@ references on and reads only the ``rewards`` column; the numbers are the same.
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
 
 from .. import DataProto, Tracer, WorkerGroup, create_colocated_worker_cls, driver_traffic, trace
+from .cli import add_arguments, is_driver
 from .task import make_prompts
 from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
 
@@ -92,14 +95,7 @@ def run_demo(
     """Train for ``config.steps`` steps; returns the per-step metrics."""
     n = config.world_size
     replicas = 2 if n % 2 == 0 else 1
-    model = ModelConfig(
-        length=config.length,
-        lr=config.lr,
-        kl_coef=config.kl_coef,
-        seed=config.seed,
-        collective="thread" if config.backend == "local" else "gloo",
-        group_key=uuid.uuid4().hex,
-    )
+    model = _model_config(config)
     generator = torch.Generator().manual_seed(config.seed)
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
@@ -119,31 +115,7 @@ def run_demo(
                 for proxy in (actor.generate_sequences, reward_wg.compute_reward, ref.compute_ref_log_prob)
             )
             for step in range(1, config.steps + 1):
-                since, started = len(tracer.events), time.perf_counter()
-                traffic_before = driver_traffic()
-                prompts = make_prompts(config.prompts_per_step, config.length, generator)
-                prompts = prompts.repeat_interleave(config.samples_per_prompt, dim=0)
-                batch = DataProto.from_dict({"prompts": prompts}, auto_padding=True)
-                batch = batch.union(generate(batch))
-                batch = batch.union(compute_reward(batch))
-                batch = batch.union(compute_ref(batch))
-                scores = batch.batch["rewards"]
-                batch.batch["advantages"] = group_baseline_advantages(scores, config.samples_per_prompt)
-                batch.meta_info["total_rows"] = len(batch)
-                per_rank = actor.update_actor(batch)
-                rows = sum(m["rows"] for m in per_rank)
-                dispatch, compute, collect = phase_seconds(tracer, since)
-                metrics = StepMetrics(
-                    step=step,
-                    reward=float(scores.mean()),
-                    loss=sum(m["loss_sum"] for m in per_rank) / rows,
-                    kl=sum(m["kl_sum"] for m in per_rank) / rows,
-                    dispatch_s=dispatch,
-                    compute_s=compute,
-                    collect_s=collect,
-                    step_s=time.perf_counter() - started,
-                    driver_bytes=(driver_traffic() - traffic_before).total,
-                )
+                metrics = _step(step, config, tracer, generator, (generate, compute_reward, compute_ref), actor)
                 history.append(metrics)
                 if on_step is not None:
                     on_step(metrics)
@@ -151,6 +123,49 @@ def run_demo(
                 actor.save_checkpoint(config.checkpoint)
             actor.shutdown_collective()
     return history
+
+
+def _model_config(config: DemoConfig) -> ModelConfig:
+    return ModelConfig(
+        length=config.length,
+        lr=config.lr,
+        kl_coef=config.kl_coef,
+        seed=config.seed,
+        collective="thread" if config.backend == "local" else "gloo",
+        group_key=uuid.uuid4().hex,
+    )
+
+
+def _step(
+    step: int, config: DemoConfig, tracer: Tracer, generator: torch.Generator, calls: tuple[Any, Any, Any], actor: Any
+) -> StepMetrics:
+    """One RL step: generate, reward, reference log-probs, advantages on the driver, update."""
+    generate, compute_reward, compute_ref = calls
+    since, started = len(tracer.events), time.perf_counter()
+    traffic_before = driver_traffic()
+    prompts = make_prompts(config.prompts_per_step, config.length, generator)
+    prompts = prompts.repeat_interleave(config.samples_per_prompt, dim=0)
+    batch = DataProto.from_dict({"prompts": prompts}, auto_padding=True)
+    batch = batch.union(generate(batch))
+    batch = batch.union(compute_reward(batch))
+    batch = batch.union(compute_ref(batch))
+    scores = batch.batch["rewards"]
+    batch.batch["advantages"] = group_baseline_advantages(scores, config.samples_per_prompt)
+    batch.meta_info["total_rows"] = len(batch)
+    per_rank = actor.update_actor(batch)
+    rows = sum(m["rows"] for m in per_rank)
+    dispatch, compute, collect = phase_seconds(tracer, since)
+    return StepMetrics(
+        step=step,
+        reward=float(scores.mean()),
+        loss=sum(m["loss_sum"] for m in per_rank) / rows,
+        kl=sum(m["kl_sum"] for m in per_rank) / rows,
+        dispatch_s=dispatch,
+        compute_s=compute,
+        collect_s=collect,
+        step_s=time.perf_counter() - started,
+        driver_bytes=(driver_traffic() - traffic_before).total,
+    )
 
 
 class ProgressTable:
@@ -180,3 +195,40 @@ class ProgressTable:
             done = int(30 * m.step / self.total)
             print(f"[{'#' * done}{'.' * (30 - done)}] step {m.step}/{self.total}", end="", file=self.out)
         self.out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    backend = args.backend or os.environ.get("DISPATCHCORE_BACKEND") or "local"
+    world_size = args.world_size
+    if world_size is None:
+        launched = os.environ.get("WORLD_SIZE") if os.environ.get("TORCHELASTIC_RUN_ID") else None
+        world_size = int(launched) if launched else 2
+    config = DemoConfig(
+        backend=backend,
+        world_size=world_size,
+        steps=args.steps,
+        seed=args.seed,
+        checkpoint=args.checkpoint,
+        lazy=args.lazy,
+    )
+    driver = is_driver()
+    if driver:
+        print(
+            f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
+            f"lazy={'on' if config.lazy else 'off'} "
+            f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
+            flush=True,
+        )
+    started = time.perf_counter()
+    history = run_demo(config, on_step=ProgressTable(config.steps) if driver else None, trace_path=args.trace)
+    first, last = history[0].reward, history[-1].reward
+    print(f"\nreward {first:.3f} -> {last:.3f} in {time.perf_counter() - started:.1f}s", flush=True)
+    if args.trace:
+        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dispatchcore.demo", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -142,15 +142,7 @@ def assert_mode_properties(
     except Exception as exc:
         raise fail("dispatch", f"dispatch raised {type(exc).__name__}: {exc}") from exc
 
-    chunks = []
-    for rank in range(world_size):
-        rank_args, rank_kwargs = call.inputs(rank)
-        # The chunk may arrive by position or by keyword, whichever way the mode passes it on.
-        chunk = next((v for v in (*rank_args, *rank_kwargs.values()) if isinstance(v, DataProto)), None)
-        if chunk is None:
-            got = [type(v).__name__ for v in (*rank_args, *rank_kwargs.values())]
-            raise fail("dispatch", f"rank {rank} received no DataProto (its arguments: {got})")
-        chunks.append(chunk)
+    chunks = _received_chunks(call, world_size, fail)
     _check_chunks(chunks, len(data), fail)
 
     try:
@@ -165,6 +157,19 @@ def assert_mode_properties(
         assert_dataproto_equal(sent, before)
     except AssertionError as exc:
         raise fail("caller_unchanged", f"dispatch or collect changed the caller's batch: {exc}") from None
+
+
+def _received_chunks(call: Any, world_size: int, fail: Callable[[str, str], ModePropertyError]) -> list[DataProto]:
+    """The DataProto each rank receives, by position or by keyword, whichever way the mode passes it on."""
+    chunks = []
+    for rank in range(world_size):
+        rank_args, rank_kwargs = call.inputs(rank)
+        chunk = next((v for v in (*rank_args, *rank_kwargs.values()) if isinstance(v, DataProto)), None)
+        if chunk is None:
+            got = [type(v).__name__ for v in (*rank_args, *rank_kwargs.values())]
+            raise fail("dispatch", f"rank {rank} received no DataProto (its arguments: {got})")
+        chunks.append(chunk)
+    return chunks
 
 
 def _row_ids(chunk: DataProto) -> list[int] | None:

@@ -63,55 +63,22 @@ directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from ._base._options import check_options
-from ._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
-from ._rows._store import ROW_STORE as _ROW_STORE
-from ._runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
-from ._runtime._isolation import ATOMS, isolated_copy
-from ._runtime._rank_thread import RankThread, run_isolated
-from ._runtime._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
-from ._spi._call import PLAIN, Call, Instructions, UniqueValues
-from ._spi._executor_base import CallHandle, Executor, GroupSpec, remaining
-from ._spi._forward_plan import assemble_chunk, plan_forward
-from ._spi._plugins import register_executor
-from ._spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
-from ._spi._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
-from ._trace._tracer import TimedResult
-from ._wire._allocator import keep_freed_memory
-from ._worker._colocate import method_names
-
-
-def take_kept_rows(request: RowRequest) -> Any:
-    """Producing rank: the ``DataProto`` of rows ``request`` asks for, from this process's kept results.
-
-    Views of the kept result (a slice) or a gathered copy (an index array);
-    serialize it to send it.  Raises :class:`~dispatchcore.DispatchError`
-    when the key was freed.
-    """
-    return _ROW_STORE.take(request)
-
-
-def free_kept_rows(keys: Sequence[str]) -> None:
-    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
-
-    For executors that deliver the core's frees (:data:`FREE_ROWS_METHOD`)
-    beside the command loop, so a rank busy in a long call still frees.
-    """
-    _ROW_STORE.free(keys)
-
-
-def kept_results() -> int:
-    """How many lazy results this process keeps (for tests and diagnostics: 0 once every key was freed)."""
-    return len(_ROW_STORE)
-
-
-def holds_kept_rows(key: str) -> bool:
-    """Whether this process keeps the rows under ``key`` (then no transport is needed)."""
-    return _ROW_STORE.has(key)
-
+from .._base._options import check_options
+from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from .._rows._store import free_kept_rows, holds_kept_rows, kept_results, take_kept_rows
+from .._runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
+from .._runtime._isolation import ATOMS, isolated_copy
+from .._runtime._rank_thread import RankThread, run_isolated
+from .._runtime._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
+from .._spi._call import PLAIN, Call, Instructions, UniqueValues
+from .._spi._executor_base import CallHandle, Executor, GroupSpec, remaining
+from .._spi._forward_plan import assemble_chunk, plan_forward
+from .._spi._plugins import register_executor
+from .._spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
+from .._spi._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
+from .._trace._tracer import TimedResult
+from .._wire._allocator import keep_freed_memory
+from .._worker._method_names import method_names
 
 __all__ = [
     "ATOMS",

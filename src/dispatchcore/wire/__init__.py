@@ -26,23 +26,16 @@ the zero-copy path too.
 
 from __future__ import annotations
 
-import numpy as np
-
-from ._wire._buffer_pool import BUFFERS
-from ._wire._row_buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor
-from ._wire._serialization import PROTOCOL, Serialized, dumps, loads, rebuild_tensor, reduce_tensor, round_trip
-
-#: Payloads up to this many bytes ride inline with a control message.
-INLINE_LIMIT = 64 * 1024
-
-
-def receive_buffer(nbytes: int) -> np.ndarray:
-    """A writable ``uint8`` buffer of ``nbytes`` that nothing else can see, to receive one out-of-band buffer into.
-
-    Large ones are recycled from this process's buffer pool (see ``_buffer_pool``).
-    """
-    return BUFFERS.take(nbytes)
-
+from .._wire._buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor, receive_buffer
+from .._wire._serialization import (
+    INLINE_LIMIT,
+    PROTOCOL,
+    Serialized,
+    dumps,
+    loads,
+    round_trip,
+)
+from .._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
 __all__ = [
     "INLINE_LIMIT",

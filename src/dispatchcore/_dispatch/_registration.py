@@ -1,0 +1,59 @@
+"""What ``@register`` records on a worker method, and reading it back off a class.
+
+Kept apart from the decorator so that the layers that only *read*
+registrations (the worker's colocation, the group's binding, the call
+pipeline) need nothing of the decorator's typing machinery.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from ._enum import Execute
+
+#: Attribute under which ``@register`` stores a method's :class:`Registration`.
+REGISTRATION_ATTR = "__dispatchcore_registration__"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Options of one registered worker method."""
+
+    dispatch_mode: Any
+    execute_mode: Execute
+    blocking: bool
+    materialize_futures: bool
+    is_async: bool = False
+    #: A setup call: recorded when it succeeds and replayed, in order, on a
+    #: rank that replaces a dead one (see ``WorkerGroup.replace_rank``).
+    setup: bool = False
+    #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
+    #: by a rank's death is retried once on the rebuilt group.
+    retry: bool = False
+    #: Keep a DataProto result on the ranks (a ``LazyDataProto``); ``None``: the group decides.
+    lazy: bool | None = None
+
+
+def registration_of(obj: Any) -> Registration | None:
+    """The :class:`Registration` of a function, or ``None`` if undecorated."""
+    target = getattr(obj, "__func__", obj)
+    found = getattr(target, REGISTRATION_ATTR, None)
+    return found if isinstance(found, Registration) else None
+
+
+def registered_methods(worker_cls: type) -> dict[str, Registration]:
+    """Every ``@register`` method of ``worker_cls`` (inherited ones included)."""
+    found: dict[str, Registration] = {}
+    for name in dir(worker_cls):
+        if name.startswith("__"):
+            continue
+        try:
+            attr = inspect.getattr_static(worker_cls, name)
+        except AttributeError:
+            continue
+        registration = registration_of(attr)
+        if registration is not None:
+            found[name] = registration
+    return found

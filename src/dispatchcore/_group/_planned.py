@@ -1,0 +1,32 @@
+"""A planned call: the ``Call`` to submit and what its collect needs to know.
+
+Made by the plan stage, read by the resolve and collect stages; a record of
+its own so that the stages need not import each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._dispatch._call_context import CallContext
+from .._dispatch._spec import DispatchSpec
+from .._rows._remote import RemoteRows
+from .._spi._call import Call
+
+
+@dataclass
+class PlannedCall:
+    """A call ready to submit, and what its collect needs to know."""
+
+    call: Call
+    spec: DispatchSpec
+    #: The collect plan the dispatch filled in (positions, padding).
+    context: CallContext
+    #: Lazy: results stay on the ranks and come back as ``LazyDataProto``.
+    lazy: bool
+    #: ``Execute.RANK_ZERO``: the caller gets rank 0's value itself.
+    unwrap: bool
+    #: Rows the call's lazy arguments read; kept alive until the call is over.
+    read_sources: list[RemoteRows]
+    #: The group's replacement generation when the call began (retry after a replacement).
+    generation: int

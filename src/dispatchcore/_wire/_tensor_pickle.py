@@ -1,0 +1,96 @@
+"""A tensor as exactly its bytes for pickle protocol 5, and rebuilt over any buffer without a copy.
+
+torch's own pickling goes through ``torch.save`` of the whole storage; here a
+tensor reduces to a :class:`pickle.PickleBuffer` over its own bytes (out of
+band under protocol 5) and is rebuilt with ``torch.frombuffer`` over whatever
+buffer the receiver supplies.  ``TensorBatch`` and ``DataProto`` use
+:func:`reduce_tensor` in their own reducers, so any protocol-5 pickler (Ray's
+included) gets the same layout; :mod:`._serialization` builds the one
+dumps/loads path on it.  Imports nothing of dispatchcore.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def tensor_array(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of ``t``'s own elements (copying only if needed); pickles under any protocol."""
+    if t.device.type != "cpu":
+        t = t.detach().to("cpu")
+    t = t.detach()
+    if t.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
+    """:func:`tensor_array` as a bare buffer (protocol 5 only: out of band, and no numpy in the stream)."""
+    return pickle.PickleBuffer(tensor_array(t))  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
+
+
+def _flat_bytes(raw: Any, readonly: bool) -> torch.Tensor:
+    """A uint8 tensor over any buffer (numpy array, bytearray, memoryview, ...), without copying."""
+    if readonly:
+        # Read-only shared memory (Ray's object store) or bytes.  torch would
+        # only warn and then let a worker write into buffers other readers
+        # share.  Executors that keep isolation copy before this point; here
+        # the memory is wrapped as is and the flag is the caller's business.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(raw, dtype=torch.uint8)
+    return torch.frombuffer(raw, dtype=torch.uint8)
+
+
+def rebuild_tensor(
+    raw: Any,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    device: str | None = None,
+    requires_grad: bool = False,
+) -> torch.Tensor:
+    """Inverse of :func:`reduce_tensor`: a tensor over ``raw``'s memory (any buffer; numpy in older pickles)."""
+    view = memoryview(raw)
+    if view.nbytes == 0:
+        t = torch.empty(shape, dtype=dtype)
+        if device is not None and device != "cpu":
+            t = t.to(_receiving_device(device))
+        return t.requires_grad_(True) if requires_grad else t
+    t = _flat_bytes(raw, view.readonly).view(dtype).reshape(shape)
+    if device is not None and device != "cpu":
+        t = t.to(_receiving_device(device))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _receiving_device(device: str) -> torch.device:
+    """CUDA tensors land on the receiving rank's current device."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device)
+
+
+def reduce_tensor(t: torch.Tensor, *, protocol5: bool = True) -> tuple[Any, tuple[Any, ...]]:
+    """``__reduce__`` value of a tensor as its own bytes, never its storage.
+
+    ``protocol5``: the bytes as a bare pickle buffer (only protocol 5 can
+    pickle it); otherwise as a numpy array, which any protocol can.
+    """
+    device = None if t.device.type == "cpu" else str(t.device)
+    return rebuild_tensor, (
+        _tensor_bytes(t) if protocol5 else tensor_array(t),
+        t.dtype,
+        tuple(t.shape),
+        device,
+        bool(t.requires_grad and t.is_leaf),
+    )

@@ -1,0 +1,36 @@
+"""The rank a worker is being built for: a thread-local context ``Worker.__new__`` reads.
+
+:class:`~dispatchcore.executor.WorkerHost` builds each worker inside
+:func:`rank_context`, so ``self.rank`` and ``self.world_size`` are right from
+the first line of a subclass's ``__init__`` (verl sets them only after); a
+worker built any other way falls back to the ``RANK`` / ``WORLD_SIZE``
+environment.  It imports nothing, so the rank runtime needs no worker class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+_context = threading.local()
+
+
+@contextlib.contextmanager
+def rank_context(rank: int, world_size: int) -> Iterator[None]:
+    """Make workers built inside this block see ``rank`` / ``world_size``."""
+    previous = getattr(_context, "current", None)
+    _context.current = (rank, world_size)
+    try:
+        yield
+    finally:
+        _context.current = previous
+
+
+def current_rank_context() -> tuple[int, int]:
+    """(rank, world_size) for a worker being built now."""
+    found: tuple[int, int] | None = getattr(_context, "current", None)
+    if found is not None:
+        return found
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
