@@ -6,8 +6,7 @@ their results come back.  Executors (``local`` threads, ``torchrun``
 processes, ``ray`` actors) are plugins found through pluggy.
 """
 
-from ._base import _moved
-from ._base._errors import (
+from ._base import (
     BackendNotFoundError,
     BatchSizeError,
     DispatchError,
@@ -16,37 +15,56 @@ from ._base._errors import (
     RegistrationError,
     WorkerDiedError,
     WorkerError,
+    _moved,
 )
-from ._data._dataproto import DataProto, DataProtoConfig, DataProtoItem, collate_fn
-from ._data._meta_info import union_numpy_dict, union_tensor_dict, union_two_dict
-from ._data._padding import PADDING_ROWS_KEY, chunk_with_padding, pad_dataproto_to_divisor, unpad_dataproto
-from ._data._reshape import fold_batch_dim, unfold_batch_dim
-from ._data._tensor_batch import TensorBatch
-from ._dispatch._builtin_modes import concat_outputs, trim_padding
-from ._dispatch._call_context import CallContext, current_call
-from ._dispatch._direct_call import DirectCall, direct_call
-from ._dispatch._enum import Execute
-from ._dispatch._futures import CallFuture
-from ._dispatch._modes import Dispatch, register_dispatch_mode, unregister_dispatch_mode, update_dispatch_mode
-from ._dispatch._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
-from ._dispatch._proto_future import DataProtoFuture
-from ._dispatch._register import register
-from ._dispatch._registration import Registration
-from ._dispatch._spec import DispatchSpec
-from ._group._method_proxy import MethodProxy
-from ._group._worker_group import WorkerGroup
-from ._rows._lazy_dataproto import LazyDataProto
-from ._runtime._worker_host import RemoteFailure, WorkerHost
-from ._spi._call import Call, UniqueValues
-from ._spi._executor_base import CallHandle, Executor, GroupSpec
-from ._spi._hookspecs import hookimpl, hookspec
-from ._spi._plugins import available_backends
-from ._trace._driver_traffic import DriverTraffic, driver_traffic
-from ._trace._tracer import Tracer, trace
-from ._worker._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
-from ._worker._fused import create_colocated_worker_raw_cls
-from ._worker._rejoin import MembershipChange
-from ._worker._worker import Worker
+from ._data import (
+    PADDING_ROWS_KEY,
+    DataProto,
+    DataProtoConfig,
+    DataProtoItem,
+    TensorBatch,
+    chunk_with_padding,
+    collate_fn,
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    unfold_batch_dim,
+    union_numpy_dict,
+    union_tensor_dict,
+    union_two_dict,
+    unpad_dataproto,
+)
+from ._dispatch import (
+    CallContext,
+    CallFuture,
+    DataProtoFuture,
+    DirectCall,
+    Dispatch,
+    DispatchSpec,
+    Execute,
+    Registration,
+    concat_outputs,
+    current_call,
+    direct_call,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+    register_dispatch_mode,
+    trim_padding,
+    unregister_dispatch_mode,
+    update_dispatch_mode,
+)
+from ._group import MethodProxy, WorkerGroup
+from ._rows import LazyDataProto
+from ._runtime import RemoteFailure, WorkerHost
+from ._spi import Call, CallHandle, Executor, GroupSpec, UniqueValues, available_backends, hookimpl, hookspec
+from ._trace import DriverTraffic, Tracer, driver_traffic, trace
+from ._worker import (
+    ClassWithInitArgs,
+    MembershipChange,
+    Worker,
+    colocate,
+    create_colocated_worker_cls,
+    create_colocated_worker_raw_cls,
+)
 
 __version__ = "0.1.0"
 

@@ -2,3 +2,29 @@
 
 Imports nothing of dispatchcore.
 """
+
+from ._errors import (
+    BackendNotFoundError,
+    BatchSizeError,
+    DispatchError,
+    DispatchTimeoutError,
+    MemoryBudgetError,
+    RegistrationError,
+    WorkerDiedError,
+    WorkerError,
+)
+from ._latch import Latch
+from ._options import check_options
+
+__all__ = [
+    "BackendNotFoundError",
+    "BatchSizeError",
+    "DispatchError",
+    "DispatchTimeoutError",
+    "Latch",
+    "MemoryBudgetError",
+    "RegistrationError",
+    "WorkerDiedError",
+    "WorkerError",
+    "check_options",
+]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def _backends(_: argparse.Namespace) -> int:
-    from .._spi._plugins import registry
+    from .._spi import registry
 
     rows = [("backend", "package", "status")]
     for info in registry.all():

@@ -11,7 +11,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from .._spi._plugins import available_backends
+from .._spi import available_backends
 
 BENCHMARKS = {"local": "bench_local.py", "ray": "bench_ray.py", "torchrun": "bench_torchrun.py"}
 #: Run first, whatever is selected: the driver-side cost every executor pays (a null executor; seconds).

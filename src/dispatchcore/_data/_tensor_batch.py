@@ -30,7 +30,7 @@ import torch
 from dispatchcore._base._errors import BatchSizeError
 from dispatchcore._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
-from .._wire._buffers import RowBuffers, cat_rows
+from .._wire import RowBuffers, cat_rows
 
 __all__ = ["TensorBatch", "is_tensordict"]
 

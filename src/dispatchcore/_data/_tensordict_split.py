@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._base._errors import BatchSizeError, DispatchError
+from .._base import BatchSizeError, DispatchError
 
 
 def is_tensordict(value: Any) -> bool:

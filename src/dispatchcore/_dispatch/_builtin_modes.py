@@ -6,12 +6,18 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from .._base._errors import BatchSizeError, DispatchError
-from .._data._dataproto import DataProto
-from .._data._padding import PADDING_ROWS_KEY, chunk_with_padding
-from .._data._tensordict_split import chunk_tensordict, concat_tensordicts, is_tensordict, slice_rows
-from .._spi._forward_plan import plan_forward
-from .._wire._buffers import RowBuffers
+from .._base import BatchSizeError, DispatchError
+from .._data import (
+    PADDING_ROWS_KEY,
+    DataProto,
+    chunk_tensordict,
+    chunk_with_padding,
+    concat_tensordicts,
+    is_tensordict,
+    slice_rows,
+)
+from .._spi import plan_forward
+from .._wire import RowBuffers
 from ._call_context import current_call
 from ._modes import Dispatch, set_builtin
 from ._proto_future import DataProtoFuture

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._base._errors import DispatchError
+from .._base import DispatchError
 from ._call_context import CallContext, enter_call, leave_call
 from ._modes import resolve_mode
 

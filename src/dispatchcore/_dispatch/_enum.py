@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._base._errors import RegistrationError
+from .._base import RegistrationError
 
 
 class _DynamicEnumMeta(type):

@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
-from .._base._errors import RegistrationError
+from .._base import RegistrationError
 from ._enum import _DynamicEnum
 from ._spec import CollectFn, DispatchFn, DispatchSpec
 
 if TYPE_CHECKING:
-    from .._data._dataproto import DataProto
+    from .._data import DataProto
     from ._futures import CallFuture
     from ._proto_future import DataProtoFuture
     from ._typed_method import (

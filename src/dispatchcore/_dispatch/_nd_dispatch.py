@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, cast
 
-from .._base._errors import DispatchError
+from .._base import DispatchError
 from ._builtin_modes import PerRank, collect_dp_compute_proto, split_dataprotos
 from ._call_context import current_call
 from ._spec import DispatchSpec
 
 if TYPE_CHECKING:
-    from .._data._dataproto import DataProto
+    from .._data import DataProto
     from ._modes import TypedSpec
     from ._proto_future import DataProtoFuture
     from ._typed_method import CollectsAs

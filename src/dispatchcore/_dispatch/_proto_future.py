@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .._data._dataproto import DataProto
+from .._data import DataProto
 from ._futures import _UNRESOLVED, CallFuture
 
 if TYPE_CHECKING:
-    from .._spi._call import Call
-    from .._spi._executor_base import CallHandle, Executor
+    from .._spi import Call, CallHandle, Executor
 
 
 class DataProtoFuture(CallFuture[DataProto]):

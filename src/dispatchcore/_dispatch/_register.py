@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from .._base._errors import RegistrationError
+from .._base import RegistrationError
 from ._enum import Execute
 from ._modes import Dispatch, validate_mode
 from ._registration import REGISTRATION_ATTR, Registration

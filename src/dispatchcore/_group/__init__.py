@@ -3,3 +3,11 @@
 
 The top of the core: it imports every layer below and none imports it.
 """
+
+from ._method_proxy import MethodProxy
+from ._worker_group import WorkerGroup
+
+__all__ = [
+    "MethodProxy",
+    "WorkerGroup",
+]

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._base._errors import DispatchError
-from .._spi._call import Call
-from .._spi._executor_base import CallHandle, Executor
+from .._base import DispatchError
+from .._spi import Call, CallHandle, Executor
 
 
 def _kind(value: Any) -> str:

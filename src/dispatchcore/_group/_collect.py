@@ -13,11 +13,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from .._dispatch._call_context import enter_call, leave_call
-from .._rows._lazy_dataproto import LazyDataProto
-from .._rows._remote import RemoteRows
-from .._trace._driver_traffic import count_received
-from .._wire._buffers import RowBuffers, adopting
+from .._dispatch import enter_call, leave_call
+from .._rows import LazyDataProto, RemoteRows
+from .._trace import count_received
+from .._wire import RowBuffers, adopting
 from ._planned import PlannedCall
 from ._site import CallSite
 from ._tracing import CallTrace

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import DispatchError, WorkerDiedError, WorkerError
-from .._runtime._isolation import isolated_copy
-from .._spi._call import Call
-from .._worker._rejoin import REJOIN_METHOD, MembershipChange
+from .._base import DispatchError, WorkerDiedError, WorkerError
+from .._runtime import isolated_copy
+from .._spi import Call
+from .._worker import REJOIN_METHOD, MembershipChange
 
 #: What a group may do when a call finds a rank dead.
 ON_RANK_DEATH = ("raise", "replace")

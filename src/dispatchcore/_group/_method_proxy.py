@@ -25,12 +25,9 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base._errors import DispatchError, WorkerDiedError
-from .._dispatch._futures import CallFuture
-from .._dispatch._modes import resolve_mode
-from .._dispatch._proto_future import DataProtoFuture
-from .._dispatch._registration import Registration
-from .._spi._executor_base import CallHandle, remaining
+from .._base import DispatchError, WorkerDiedError
+from .._dispatch import CallFuture, DataProtoFuture, Registration, resolve_mode
+from .._spi import CallHandle, remaining
 from ._call_checks import submit_call
 from ._collect import collect
 from ._plan import plan_call

@@ -17,15 +17,10 @@ import itertools
 import os
 from typing import Any
 
-from .._base._errors import DispatchError
-from .._dispatch._call_context import CallContext, enter_call, leave_call
-from .._dispatch._enum import Execute
-from .._dispatch._futures import CallFuture
-from .._dispatch._registration import Registration
-from .._dispatch._spec import DispatchSpec
-from .._rows._lazy_chunk import send_lazy_arguments
-from .._rows._remote import RemoteRows
-from .._spi._call import PLAIN, Call, Instructions
+from .._base import DispatchError
+from .._dispatch import CallContext, CallFuture, DispatchSpec, Execute, Registration, enter_call, leave_call
+from .._rows import RemoteRows, send_lazy_arguments
+from .._spi import PLAIN, Call, Instructions
 from ._call_checks import per_rank_values
 from ._planned import PlannedCall
 from ._site import CallSite

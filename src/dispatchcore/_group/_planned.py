@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._dispatch._call_context import CallContext
-from .._dispatch._spec import DispatchSpec
-from .._rows._remote import RemoteRows
-from .._spi._call import Call
+from .._dispatch import CallContext, DispatchSpec
+from .._rows import RemoteRows
+from .._spi import Call
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base._errors import WorkerDiedError
-from .._dispatch._registration import Registration
+from .._base import WorkerDiedError
+from .._dispatch import Registration
 from ._site import CallSite
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._base._errors import DispatchError
-from .._rows._ledger import RowLedger
-from .._spi._executor_base import Executor
+from .._base import DispatchError
+from .._rows import RowLedger
+from .._spi import Executor
 from ._membership import Membership
 
 

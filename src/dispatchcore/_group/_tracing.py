@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from .._spi._call import Call
-from .._trace._tracer import TimedResult, Tracer, active_tracer, now_us
+from .._spi import Call
+from .._trace import TimedResult, Tracer, active_tracer, now_us
 
 _call_ids = itertools.count()
 

@@ -15,15 +15,11 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-from .._base._errors import DispatchError, RegistrationError
-from .._dispatch._builtin_modes import collect_list, dispatch_all_to_all
-from .._dispatch._call_context import CallContext, call_context
-from .._dispatch._registration import Registration, registered_methods
-from .._rows._ledger import DEFAULT_BUDGET, RowLedger
-from .._spi._executor_base import Executor, GroupSpec
-from .._spi._plugins import get_executor_class
-from .._worker._method_names import method_names
-from .._worker._rejoin import MembershipChange
+from .._base import DispatchError, RegistrationError
+from .._dispatch import CallContext, Registration, call_context, collect_list, dispatch_all_to_all, registered_methods
+from .._rows import DEFAULT_BUDGET, RowLedger
+from .._spi import Executor, GroupSpec, get_executor_class
+from .._worker import MembershipChange, method_names
 from ._call_checks import submit_call
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks

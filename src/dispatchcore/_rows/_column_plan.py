@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._wire._buffers import NUMPY_ALLOC_BYTES, cat_rows, numpy_tensor
+from .._wire import NUMPY_ALLOC_BYTES, cat_rows, numpy_tensor
 
 #: Rows of a source: a step-1 slice or an int array.
 Index = slice | np.ndarray

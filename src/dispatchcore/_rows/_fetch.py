@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._data._dataproto import DataProto
+from .._data import DataProto
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._records import ColumnSpec
 from ._remote import RemoteRows

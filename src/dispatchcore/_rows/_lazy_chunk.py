@@ -16,11 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import DispatchError
-from .._data._dataproto import DataProto
-from .._data._tensor_batch import TensorBatch
-from .._trace import _driver_traffic
-from .._trace._driver_traffic import count_sent, count_sent_bytes
+from .._base import DispatchError
+from .._data import DataProto, TensorBatch
+from .._trace import _driver_traffic, count_sent, count_sent_bytes
 from ._column_plan import ColumnPlan, Segment, index_key
 from ._fetch import plan_requests
 from ._lazy_dataproto import LazyDataProto

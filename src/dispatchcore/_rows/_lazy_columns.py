@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .._data._tensor_batch import TensorBatch
+from .._data import TensorBatch
 from ._records import ColumnSpec
 
 

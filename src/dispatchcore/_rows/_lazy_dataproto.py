@@ -28,12 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._base._errors import BatchSizeError
-from .._data._coerce import as_index
-from .._data._dataproto import DataProto
-from .._data._meta_info import merge_meta_info, union_two_dict
-from .._data._tensor_batch import TensorBatch
-from .._trace._driver_traffic import count_received
+from .._base import BatchSizeError
+from .._data import DataProto, TensorBatch, as_index, merge_meta_info, union_two_dict
+from .._trace import count_received
 from ._column_plan import ColumnPlan, Segment
 from ._fetch import assemble_column, fetch_on_driver, plan_requests
 from ._lazy_columns import LazyArrayColumns, LazyTensorColumns

@@ -22,15 +22,15 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._base._errors import DispatchError, MemoryBudgetError, WorkerDiedError
-from .._data._dataproto import DataProto
-from .._spi._call import Call
+from .._base import DispatchError, MemoryBudgetError, WorkerDiedError
+from .._data import DataProto
+from .._spi import Call
 from ._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
 from ._remote import RemoteRows
 from ._store import ROW_STORE
 
 if TYPE_CHECKING:
-    from .._spi._executor_base import Executor
+    from .._spi import Executor
 
 #: Default per-rank budget for rows kept by lazy calls (``WorkerGroup(lazy_budget_bytes=...)``).
 DEFAULT_BUDGET = 8 << 30

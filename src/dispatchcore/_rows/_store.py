@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .._base._errors import DispatchError
-from .._data._dataproto import DataProto
+from .._base import DispatchError
+from .._data import DataProto
 from ._records import ColumnSpec, HeldRows, RowRequest
 
 

@@ -1,2 +1,21 @@
 """The rank side every executor shares: ``WorkerHost``, rank threads, isolation copies, the call handle
 that owns every time bound."""
+
+from ._call_handle import RankCallHandle, liveness_poll, timeout_error
+from ._isolation import ATOMS, isolated_copy
+from ._rank_thread import RankThread, run_isolated
+from ._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
+
+__all__ = [
+    "ATOMS",
+    "RankCallHandle",
+    "RankThread",
+    "RemoteFailure",
+    "WorkerHost",
+    "first_failure",
+    "isolated_copy",
+    "liveness_poll",
+    "run_isolated",
+    "timeout_error",
+    "unpicklable_error",
+]

@@ -25,10 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base._errors import DispatchTimeoutError, WorkerDiedError
-from .._base._latch import Latch
-from .._spi._call import Call
-from .._spi._executor_base import CallHandle
+from .._base import DispatchTimeoutError, Latch, WorkerDiedError
+from .._spi import Call, CallHandle
 from ._worker_host import RemoteFailure, first_failure
 
 #: Longest pause between liveness checks while a call runs.

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._data._dataproto import DataProto
-from .._data._tensor_batch import TensorBatch
-from .._wire._serialization import round_trip
+from .._data import DataProto, TensorBatch
+from .._wire import round_trip
 
 #: Immutable values: a round trip gives an equal object, so the same one will do.
 ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis)})

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._spi._call import PLAIN, Instructions
+from .._spi import PLAIN, Instructions
 from ._isolation import ATOMS, isolated_copy
 from ._worker_host import RemoteFailure, WorkerHost
 

@@ -16,14 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import DispatchError, WorkerDiedError, WorkerError
-from .._data._dataproto import DataProto
-from .._rows._lazy_chunk import RowFetcher, resolve_lazy_arguments
-from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD
-from .._rows._store import ROW_STORE
-from .._spi._call import PLAIN, Instructions
-from .._trace._tracer import TimedResult, now_us
-from .._worker._rank_context import rank_context
+from .._base import DispatchError, WorkerDiedError, WorkerError
+from .._data import DataProto
+from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
+from .._spi import PLAIN, Instructions
+from .._trace import TimedResult, now_us
+from .._worker import rank_context
 
 #: What to do about arguments that cannot be pickled.
 _ARGUMENT_FIX = "pass picklable values (plain data, tensors, numpy arrays, DataProto; not locks, open files or sockets)"

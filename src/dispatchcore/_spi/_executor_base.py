@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._base._errors import DispatchError
+from .._base import DispatchError
 
 if TYPE_CHECKING:
-    from .._wire._buffers import RowBuffers
+    from .._wire import RowBuffers
     from ._call import Call
     from ._row_pieces import ChunkPlan, ResultShape
 

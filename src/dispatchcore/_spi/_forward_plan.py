@@ -16,9 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 
-from .._data._dataproto import DataProto
-from .._data._meta_info import merge_meta_info
-from .._data._padding import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProtoConfig
+from .._data import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProto, DataProtoConfig, merge_meta_info
 from ._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
 
 

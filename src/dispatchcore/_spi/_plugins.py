@@ -18,7 +18,7 @@ from typing import Any
 
 import pluggy
 
-from .._base._errors import BackendNotFoundError, RegistrationError
+from .._base import BackendNotFoundError, RegistrationError
 from ._executor_base import Executor
 from ._hookspecs import PROJECT, ExecutorHookSpecs
 

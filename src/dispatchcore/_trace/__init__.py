@@ -4,6 +4,18 @@ The face re-exports the tracer's names, which were ``dispatchcore._trace``'s
 before the core became packages (old pickles and imports keep working).
 """
 
+from ._driver_traffic import DriverTraffic, count_received, count_sent, count_sent_bytes, driver_traffic
 from ._tracer import TimedResult, Tracer, active_tracer, now_us, trace
 
-__all__ = ["TimedResult", "Tracer", "active_tracer", "now_us", "trace"]
+__all__ = [
+    "DriverTraffic",
+    "TimedResult",
+    "Tracer",
+    "active_tracer",
+    "count_received",
+    "count_sent",
+    "count_sent_bytes",
+    "driver_traffic",
+    "now_us",
+    "trace",
+]

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._data._dataproto import DataProto
+from .._data import DataProto
 
 _lock = threading.Lock()
 _sent = 0

@@ -4,7 +4,21 @@ The face re-exports the worker module's names, which were
 ``dispatchcore._worker``'s before the core became packages.
 """
 
+from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
+from ._fused import create_colocated_worker_raw_cls
+from ._method_names import method_names
 from ._rank_context import rank_context
+from ._rejoin import REJOIN_METHOD, MembershipChange
 from ._worker import Worker
 
-__all__ = ["Worker", "rank_context"]
+__all__ = [
+    "REJOIN_METHOD",
+    "ClassWithInitArgs",
+    "MembershipChange",
+    "Worker",
+    "colocate",
+    "create_colocated_worker_cls",
+    "create_colocated_worker_raw_cls",
+    "method_names",
+    "rank_context",
+]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._dispatch._registration import REGISTRATION_ATTR, registered_methods
+from .._dispatch import REGISTRATION_ATTR, registered_methods
 from ._worker import Worker
 
 

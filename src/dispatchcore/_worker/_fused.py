@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._dispatch._registration import registered_methods
+from .._dispatch import registered_methods
 from ._colocate import ClassWithInitArgs, _role_spec
 from ._worker import Worker
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._base._errors import RegistrationError
-from .._dispatch._modes import Dispatch
-from .._dispatch._register import register
+from .._base import RegistrationError
+from .._dispatch import Dispatch, register
 
 
 class DispatchCollectInfo:

@@ -7,8 +7,8 @@ layer reads it without importing the worker classes' machinery.
 
 from __future__ import annotations
 
-from .._dispatch._registration import registered_methods
-from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD
+from .._dispatch import registered_methods
+from .._rows import FREE_ROWS_METHOD, TAKE_ROWS_METHOD
 from ._rejoin import REJOIN_METHOD
 
 #: The core's query of a rank's mesh declarations (``Worker._dispatchcore_mesh_info``).

@@ -63,22 +63,56 @@ directly.
 
 from __future__ import annotations
 
-from .._base._options import check_options
-from .._rows._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
-from .._rows._store import free_kept_rows, holds_kept_rows, kept_results, take_kept_rows
-from .._runtime._call_handle import RankCallHandle, liveness_poll, timeout_error
-from .._runtime._isolation import ATOMS, isolated_copy
-from .._runtime._rank_thread import RankThread, run_isolated
-from .._runtime._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
-from .._spi._call import PLAIN, Call, Instructions, UniqueValues
-from .._spi._executor_base import CallHandle, Executor, GroupSpec, remaining
-from .._spi._forward_plan import assemble_chunk, plan_forward
-from .._spi._plugins import register_executor
-from .._spi._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
-from .._spi._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
-from .._trace._tracer import TimedResult
-from .._wire._allocator import keep_freed_memory
-from .._worker._method_names import method_names
+from .._base import check_options
+from .._rows import (
+    FREE_ROWS_METHOD,
+    TAKE_ROWS_METHOD,
+    HeldRows,
+    RowRequest,
+    free_kept_rows,
+    holds_kept_rows,
+    kept_results,
+    take_kept_rows,
+)
+from .._runtime import (
+    ATOMS,
+    RankCallHandle,
+    RankThread,
+    RemoteFailure,
+    WorkerHost,
+    first_failure,
+    isolated_copy,
+    liveness_poll,
+    run_isolated,
+    timeout_error,
+    unpicklable_error,
+)
+from .._spi import (
+    LOOPBACK,
+    PLAIN,
+    RANK_ENV_KEYS,
+    Call,
+    CallHandle,
+    ChunkPlan,
+    Executor,
+    ForwardPlan,
+    GroupSpec,
+    Instructions,
+    ResultShape,
+    RowPiece,
+    UniqueValues,
+    assemble_chunk,
+    cpu_thread_environment,
+    free_port,
+    local_ranks,
+    plan_forward,
+    rank_environment,
+    register_executor,
+    remaining,
+)
+from .._trace import TimedResult
+from .._wire import keep_freed_memory
+from .._worker import method_names
 
 __all__ = [
     "ATOMS",

@@ -26,16 +26,22 @@ the zero-copy path too.
 
 from __future__ import annotations
 
-from .._wire._buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor, receive_buffer
-from .._wire._serialization import (
+from .._wire import (
     INLINE_LIMIT,
+    NUMPY_ALLOC_BYTES,
     PROTOCOL,
+    RowBuffers,
     Serialized,
+    adopting,
+    cat_rows,
     dumps,
     loads,
+    numpy_tensor,
+    rebuild_tensor,
+    receive_buffer,
+    reduce_tensor,
     round_trip,
 )
-from .._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
 __all__ = [
     "INLINE_LIMIT",
