@@ -125,6 +125,31 @@ def test_no_import_circles() -> None:
     assert _circles(_graph()) == []
 
 
+#: The longest import chain inside ``dispatchcore`` (faces, demo and testing kit included), in modules.
+MAX_DEPTH = 12
+
+
+def _depths(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's longest import chain (itself first), in a graph without circles."""
+    memo: dict[str, list[str]] = {}
+
+    def chain(m: str) -> list[str]:
+        if m not in memo:
+            below = [chain(d) for d in graph[m]]
+            memo[m] = [m, *max(below, key=len, default=[])]
+        return memo[m]
+
+    return {m: chain(m) for m in graph}
+
+
+def test_the_core_is_at_most_twelve_imports_deep() -> None:
+    graph = _graph()
+    assert _circles(graph) == []
+    core = {m: deps for m, deps in graph.items() if m.split(".")[0] == "dispatchcore"}
+    longest = max(_depths(core).values(), key=len)
+    assert len(longest) <= MAX_DEPTH, " -> ".join(longest)
+
+
 def _layer(module: str) -> int | None:
     parts = module.split(".")
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None

@@ -1,4 +1,4 @@
-"""The names DESIGN.md promises are importable from ``dispatchcore``; ``__all__`` is complete."""
+"""The names docs/design.md ("Public names") promises are importable from ``dispatchcore``; ``__all__`` is complete."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dispatchcore import (
     WorkerError,
 )
 
-DESIGN_NAMES = """
+PUBLIC_NAMES = """
 register Dispatch Execute register_dispatch_mode update_dispatch_mode unregister_dispatch_mode
 make_nd_compute_dataproto_dispatch_fn DataProto DataProtoFuture pad_dataproto_to_divisor unpad_dataproto
 fold_batch_dim unfold_batch_dim Worker WorkerGroup create_colocated_worker_cls colocate available_backends
@@ -25,7 +25,7 @@ DispatchTimeoutError hookimpl Executor trace
 
 
 def test_design_names_are_exported() -> None:
-    missing = [n for n in DESIGN_NAMES if n not in dispatchcore.__all__]
+    missing = [n for n in PUBLIC_NAMES if n not in dispatchcore.__all__]
     assert not missing
 
 
@@ -102,7 +102,7 @@ def _private_core_uses(source: str) -> list[tuple[int, str]]:
 
 
 def test_executors_use_only_public_core_names() -> None:
-    """DESIGN §6: the built-in executors and the example plugin need nothing private."""
+    """docs/design.md, "The executor contract": the built-in executors and the example plugin need nothing private."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]

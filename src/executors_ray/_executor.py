@@ -50,6 +50,7 @@ from dispatchcore.executor import (
     check_options,
     local_ranks,
     rank_environment,
+    unpicklable_error,
 )
 
 from . import _payload
@@ -411,10 +412,8 @@ class RayExecutor(Executor):
         try:
             encoded = _payload.encode_all(unique.values, self.ray.put, bundle=self._same_node)
         except _payload.EncodeError as exc:
-            raise DispatchError(
-                f"an argument of {call.method!r} ({type(exc.value).__name__}) cannot be sent to Ray actors: "
-                f"{exc.__cause__}"
-            ) from exc.__cause__
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise unpicklable_error(call.method, exc.value, cause) from cause
         refs = []
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)

@@ -243,7 +243,11 @@ class ExecutorConformance:
         ]
         for name, args in cases:
             proxy = getattr(group, name)
-            eager, lazy = proxy(*args), proxy.options(lazy=True)(*args)
+            eager = proxy(*args)
+            before = driver_traffic()
+            lazy = proxy.options(lazy=True)(*args)
+            # The rows stayed on the ranks: an executor that dropped ``call.instructions`` brings them back.
+            assert (driver_traffic() - before).received_bytes == 0, name
             assert isinstance(lazy, LazyDataProto) and isinstance(lazy, DataProto), name
             assert len(lazy) == len(eager) and lazy.meta_info == eager.meta_info, name
             assert sorted(lazy.batch.keys()) == sorted(eager.batch.keys()), name

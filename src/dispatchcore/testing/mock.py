@@ -1,20 +1,24 @@
-"""``MockExecutor``: backend ``"mock"``, every rank run in the calling thread, one after another.
+"""``MockExecutor``: backend ``"mock"``, every rank of a group run on one thread, one after another.
 
 For tests of the core (dispatch, collect, padding, futures, typed calls) that
 need no backend at all, as httpx's ``MockTransport`` lets tests run without
-a network: ``WorkerGroup(MyWorker, world_size=4, backend="mock")``.  A call
-runs each rank's method to completion inside ``submit``, in rank order, with
-the same isolation as a real backend (a pickle-equivalent copy of arguments
-and results) and the call's ``Instructions`` forwarded whole, so lazy
-results stay "on the ranks" (in this process's row store) and tracing works.
-Nothing runs concurrently: a worker method that waits for another rank (a
-collective) would wait forever; use ``local`` for those.  It is also the
-smallest executor written against ``dispatchcore.executor`` alone, and it
-passes the conformance suite's cases that need no concurrency.
+a network: ``WorkerGroup(MyWorker, world_size=4, backend="mock")``.  Calls
+run in the order they were submitted, each rank's method to completion in
+rank order, with the same isolation as a real backend (a pickle-equivalent
+copy of arguments and results) and the call's ``Instructions`` forwarded
+whole, so lazy results stay "on the ranks" (this process's row store) and
+tracing works.  Ranks never run at the same time: a worker method that waits
+for another rank (a collective) waits until its call times out; use
+``local`` for those.  It is the smallest executor written against
+``dispatchcore.executor`` alone and passes the conformance suite
+(``tests/test_mock_conformance.py``; the cases that kill a rank are skipped,
+as for every backend whose ranks share the test process).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,30 +38,41 @@ class MockExecutor(Executor):
             WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
             for rank in range(spec.world_size)
         ]
+        self._closed = False
+        self._calls: queue.SimpleQueue[tuple[Call, RankCallHandle] | None] = queue.SimpleQueue()
         for host in self._hosts:
             failure = host.start()
             if failure is not None:
                 self.shutdown()
                 raise failure.to_error()
-        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=f"dispatchcore-mock-{spec.name}", daemon=True)
+        self._thread.start()
 
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this mock group is shut down")
-        handle = RankCallHandle(call, death_timeout=self.spec.death_timeout)
-        isolate = self.spec.isolate
-        for position, (rank, args, kwargs) in enumerate(zip(call.ranks, call.args, call.kwargs, strict=True)):
-            ok, value = run_isolated(
-                self._hosts[rank],
-                call.method,
-                args,
-                kwargs,
-                isolate_inputs=isolate,
-                isolate_result=isolate and not call.results_are_copied,
-                instructions=call.instructions,
-            )
-            handle.deliver(position, ok, value)
+        handle = RankCallHandle(call, death_timeout=self.spec.death_timeout, on_broken=self.mark_broken)
+        self._calls.put((call, handle))
         return handle
+
+    def _serve(self) -> None:
+        """The group's one thread: each call's ranks in rank order, calls in the order submitted."""
+        isolate = self.spec.isolate
+        while (item := self._calls.get()) is not None:
+            call, handle = item
+            for position, (rank, args, kwargs) in enumerate(zip(call.ranks, call.args, call.kwargs, strict=True)):
+                ok, value = run_isolated(
+                    self._hosts[rank],
+                    call.method,
+                    args,
+                    kwargs,
+                    isolate_inputs=isolate,
+                    isolate_result=isolate and not call.results_are_copied,
+                    instructions=call.instructions,
+                )
+                handle.deliver(position, ok, value)
+        for host in self._hosts:
+            host.close()  # the private event loops of async methods
 
     def row_address(self, rank: int) -> Any:
         return ("mock", id(self), rank)
@@ -66,9 +81,12 @@ class MockExecutor(Executor):
         return False  # consumers' rows come from the driver (this process's store holds them anyway)
 
     def shutdown(self) -> None:
+        """Stop taking calls; the thread exits after the queued ones (a daemon: never waited for)."""
+        if self._closed:
+            return
         self._closed = True
-        for host in self._hosts:
-            host.close()
+        if hasattr(self, "_thread"):
+            self._calls.put(None)
 
 
 @hookimpl
