@@ -41,9 +41,11 @@ def collect(
     ctx = planned.context
     ctx.row_buffers = row_buffers
     token = enter_call(ctx)
-    # A user-defined collect cannot be handed the buffers (verl's signature): it gets them from the wire layer.
-    scope = contextlib.nullcontext() if planned.spec.builtin else adopting(row_buffers)
     try:
+        if trace is None and planned.spec.builtin:  # the common case: no scope to open
+            return planned.spec.collect_fn(group, results)
+        # A user-defined collect cannot be handed the buffers (verl's signature): it gets them from the wire layer.
+        scope = contextlib.nullcontext() if planned.spec.builtin else adopting(row_buffers)
         with scope, trace.collecting() if trace is not None else contextlib.nullcontext():
             return planned.spec.collect_fn(group, results)
     finally:

@@ -26,6 +26,8 @@ from ._planned import PlannedCall
 from ._site import CallSite
 
 _keep_tokens = itertools.count()
+#: Looked up once: a member read through the enum's metaclass costs a method call.
+_EXECUTE_RANK_ZERO = Execute.RANK_ZERO
 
 
 def plan_call(
@@ -40,7 +42,7 @@ def plan_call(
     lazy: bool | None,
 ) -> PlannedCall:
     """Dispatch ``args``/``kwargs`` over ``site``'s ranks into one :class:`Call`, with its collect plan."""
-    unwrap = registration.execute_mode is Execute.RANK_ZERO
+    unwrap = registration.execute_mode is _EXECUTE_RANK_ZERO
     if lazy is None:
         lazy = registration.lazy if registration.lazy is not None else site.shared.lazy
     lazy = lazy and spec.returns_dataproto

@@ -13,7 +13,7 @@ from .._rows import RemoteRows
 from .._spi import Call
 
 
-@dataclass
+@dataclass(slots=True)
 class PlannedCall:
     """A call ready to submit, and what its collect needs to know."""
 

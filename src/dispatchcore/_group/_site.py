@@ -47,10 +47,11 @@ class CallSite:
     prefix: str
     call_timeout: float | None
     closed: bool = False
+    #: ``len(ranks)``, read on every call.
+    world_size: int = field(init=False)
 
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
+    def __post_init__(self) -> None:
+        self.world_size = len(self.ranks)
 
     @property
     def executor(self) -> Executor:
