@@ -32,6 +32,7 @@ from ._data import (
     union_tensor_dict,
     union_two_dict,
     unpad_dataproto,
+    values_equal,
 )
 from ._dispatch import (
     CallContext,
@@ -134,4 +135,5 @@ __all__ = [
     "unpad_dataproto",
     "unregister_dispatch_mode",
     "update_dispatch_mode",
+    "values_equal",
 ]

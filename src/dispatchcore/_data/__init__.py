@@ -7,7 +7,7 @@ Imports ``_base`` and ``_wire``.  The row helpers program against
 
 from ._coerce import as_index
 from ._dataproto import DataProto, DataProtoItem, collate_fn
-from ._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict
+from ._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict, values_equal
 from ._padding import (
     AUTO_PADDING_KEY,
     PADDING_ROWS_KEY,
@@ -42,4 +42,5 @@ __all__ = [
     "union_tensor_dict",
     "union_two_dict",
     "unpad_dataproto",
+    "values_equal",
 ]

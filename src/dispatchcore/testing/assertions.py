@@ -8,12 +8,12 @@ values (a meta_info entry, an item of an object column) through
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+
+from .. import values_equal
 
 __all__ = ["assert_dataproto_equal", "values_equal"]
 
@@ -65,64 +65,3 @@ def _assert_tensor_equal(key: str, a: torch.Tensor, e: torch.Tensor) -> None:
     assert a.shape == e.shape, f"batch[{key!r}] shape {tuple(a.shape)} != {tuple(e.shape)}"
     assert a.device == e.device, f"batch[{key!r}] device {a.device} != {e.device}"
     assert values_equal(a, e), f"batch[{key!r}] values differ"
-
-
-def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
-    """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
-
-    The rules ``DataProto.union`` and ``concat`` use for equal values: ``==``
-    alone raises on arrays ("truth value is ambiguous") and calls NaN unequal
-    to itself; meta_info and object columns hold both.  Tensors and arrays
-    must match in dtype and shape too.  A pair of containers met again while
-    being compared is taken as equal (an object array holding itself equals
-    another of the same shape), so cycles end.
-    """
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if a.is_floating_point() or a.is_complex():
-            return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
-        return bool(torch.equal(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    nested = (
-        (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == object)
-        or (isinstance(a, Mapping) and isinstance(b, Mapping))
-        or (isinstance(a, list | tuple) and isinstance(b, list | tuple))
-    )
-    if not nested:
-        return _flat_equal(a, b)
-    comparing = set() if _comparing is None else _comparing
-    pair = (id(a), id(b))
-    if pair in comparing:
-        return True
-    comparing.add(pair)
-    try:
-        if isinstance(a, np.ndarray):
-            same_shape = a.shape == b.shape
-            return same_shape and all(values_equal(x, y, comparing) for x, y in zip(a.flat, b.flat, strict=True))
-        if isinstance(a, Mapping):
-            return a.keys() == b.keys() and all(values_equal(a[k], b[k], comparing) for k in a)
-        same_len = type(a) is type(b) and len(a) == len(b)
-        return same_len and all(values_equal(x, y, comparing) for x, y in zip(a, b, strict=True))
-    finally:
-        comparing.discard(pair)
-
-
-def _flat_equal(a: Any, b: Any) -> bool:
-    """Equality of values that hold no other values to recurse into."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-            return False
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    try:
-        result = a == b
-        return bool(result)
-    except Exception:
-        return False
