@@ -19,6 +19,7 @@ import functools
 import os
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from dispatchcore.executor import (
     check_options,
     isolated_copy,
     run_isolated,
+    thread_stacks,
 )
 
 _DEFAULTS = {"start_timeout": 300.0}
@@ -134,6 +136,10 @@ class LocalExecutor(Executor):
 
     def can_fetch_rows(self, address: Any) -> bool:
         return bool(address == ("local", os.getpid()))
+
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Read straight off each rank's thread in this process (a thread's frame is visible to all)."""
+        return {rank: thread_stacks(self.rank_threads[rank].thread.ident, all_threads) for rank in ranks}
 
     def shutdown(self) -> None:
         if self._closed:

@@ -26,7 +26,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dispatchcore.executor import ATOMS, RemoteFailure, ResultShape, WorkerHost, free_port, keep_freed_memory
+from dispatchcore.executor import (
+    ATOMS,
+    RemoteFailure,
+    ResultShape,
+    WorkerHost,
+    free_port,
+    keep_freed_memory,
+    thread_stacks,
+)
 
 from . import _forward, _payload
 from ._rows import RowFetcher, serve_rows
@@ -55,6 +63,8 @@ class RankActor:
         self._world_size = 0
         self._group = ""
         self._cls_name = ""
+        #: The thread worker methods run on (the actor's default group), for :meth:`stacks`.
+        self._method_thread: int | None = None
 
     # -- start-up (driver calls these in order) --------------------------------
     def describe(self, want_port: bool = False) -> dict[str, Any]:
@@ -133,6 +143,7 @@ class RankActor:
         return self._run(method, layout, values, True)
 
     def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool) -> Any:
+        self._method_thread = threading.get_ident()
         host = self._host
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -174,6 +185,10 @@ class RankActor:
     def ping(self) -> int:
         """Liveness probe; answers even while a worker method is running."""
         return threading.get_ident()
+
+    def stacks(self, all_threads: bool) -> str:
+        """Where this rank is: the stack of the thread running its methods (or every thread)."""
+        return thread_stacks(self._method_thread, all_threads)
 
     def identity(self) -> dict[str, Any]:
         """Rank, world size and class of the hosted worker (for attaching by name)."""

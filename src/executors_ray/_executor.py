@@ -526,6 +526,24 @@ class RayExecutor(Executor):
         """Whether :meth:`shutdown` ran (the actors are gone, or let go of if detached)."""
         return self._rank_actors.closed
 
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Each rank's actor answers in its control group, beside a running call."""
+        if self.closed:
+            return {}
+        refs = {
+            rank: self.actor(rank).stacks.options(concurrency_group=CONTROL_GROUP).remote(all_threads) for rank in ranks
+        }
+        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        answered = set(ready)
+        out: dict[int, str] = {}
+        for rank, ref in refs.items():
+            if ref in answered:
+                try:
+                    out[rank] = self.ray.get(ref)
+                except Exception:  # noqa: BLE001, S112 - a dead actor has no stack to show
+                    continue
+        return out
+
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""
         if self._rank_actors.closed:

@@ -26,6 +26,7 @@ driver reads the rows and sends them on (``can_fetch_rows`` says which).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from dispatchcore.executor import (
     free_port,
     rank_environment,
     run_isolated,
+    thread_stacks,
     unpicklable_error,
 )
 from dispatchcore.wire import RowBuffers
@@ -327,6 +329,26 @@ class TorchrunExecutor(Executor):
         if self._local is not None and not self._local.is_alive():
             return "worker 0's thread is no longer running"
         return None
+
+    # -- where each rank is ----------------------------------------------------------------
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Worker 0 read off its thread here; the others asked of each process's data thread, beside any call."""
+        if self._closed:
+            return {}
+        deadline = time.monotonic() + timeout
+        out: dict[int, str] = {}
+        for g in ranks:
+            d = self._data_ranks[g]
+            if d == 0:
+                if self._local is not None:
+                    out[g] = thread_stacks(self._local.thread.ident, all_threads)
+                continue
+            if self._hub.dead_reason(d) is not None:
+                continue
+            text = self._hub.row_plane().stacks(d, all_threads, max(0.0, deadline - time.monotonic()))
+            if text is not None:
+                out[g] = text
+        return out
 
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -40,12 +40,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, WorkerHost, free_kept_rows, liveness_poll, take_kept_rows
+from dispatchcore.executor import RowRequest, WorkerHost, free_kept_rows, liveness_poll, take_kept_rows, thread_stacks
 
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
@@ -96,6 +97,13 @@ class RowPlane:
             if message[0] == "free":
                 free_kept_rows(message[1])
                 continue
+            if message[0] == "stacks":  # where this process's worker methods are (they run on its main thread)
+                _, reply, all_threads = message
+                try:
+                    store.set(reply, encode((thread_stacks(threading.main_thread().ident, all_threads),)))
+                except Exception:  # noqa: BLE001, S112 - the asker (or the store) is gone
+                    pass
+                continue
             _, requester, fetch_id, requests = message
             try:
                 self._answer(store, requester, fetch_id, requests)
@@ -120,6 +128,23 @@ class RowPlane:
     def free(self, process: int, keys: Sequence[str]) -> None:
         """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
         self._store.queue_push(rows_key(process), encode(("free", list(keys))))
+
+    def stacks(self, process: int, all_threads: bool, timeout: float) -> str | None:
+        """Process ``process``'s method-thread stack, asked of its data thread (which answers beside a call)."""
+        reply = f"stacks/{process}/{self.rank}/{next(self._fetch_ids)}"
+        store = self._store.clone()  # type: ignore[attr-defined]  # a wait of its own, never on a shared connection
+        store.queue_push(rows_key(process), encode(("stacks", reply, all_threads)))
+        try:
+            store.wait([reply], timedelta(seconds=max(0.01, timeout)))
+            (text,) = decode(store.get(reply))
+        except Exception:  # noqa: BLE001 - no answer in time: the caller leaves the rank out
+            return None
+        finally:
+            try:
+                store.delete_key(reply)
+            except Exception:  # noqa: BLE001, S110
+                pass
+        return str(text)
 
     # -- fetching -----------------------------------------------------------------------
     @staticmethod

@@ -25,7 +25,7 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base import DispatchError, WorkerDiedError
+from .._base import DispatchError, DispatchTimeoutError, WorkerDiedError
 from .._dispatch import CallFuture, DataProtoFuture, Registration, resolve_mode
 from .._spi import CallHandle, remaining
 from ._call_checks import submit_call
@@ -34,6 +34,7 @@ from ._plan import plan_call
 from ._planned import PlannedCall
 from ._retry import should_retry
 from ._site import CallSite
+from ._stuck import note_stacks
 from ._tracing import CallTrace
 
 P = ParamSpec("P")
@@ -167,6 +168,9 @@ def run_call(
                 raise
             again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, retried=True)
             return again if registration.blocking else again.get()
+        except DispatchTimeoutError as exc:
+            note_stacks(site, exc)
+            raise
         return _finish(group, site, registration, planned, handle, results, trace)
 
     if registration.blocking:

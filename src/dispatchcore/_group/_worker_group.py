@@ -260,6 +260,22 @@ class WorkerGroup(Generic[W]):
         root = self._parent or self
         return site.shared.membership.replace(root, wanted)
 
+    def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
+        """Where each rank is now: the Python stack of the thread running its methods, by rank.
+
+        Answers while a call runs, busy in Python or blocked in C code (a
+        collective, a sleep): the stack then ends in the call that entered C.
+        ``all_threads=True`` gives every thread of the rank's process.  A rank
+        that does not answer within ``timeout`` seconds is left out; a
+        backend that cannot look returns ``{}``.  Ranks are this group's
+        (``rank_ids``); a timed-out call adds the same stacks to its error.
+        """
+        site = self._site
+        if site.shared.closed:
+            raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
+        timeout = _check_timeout("timeout", timeout, allow_none=False)  # type: ignore[assignment]
+        return site.executor.rank_stacks(list(site.ranks), all_threads, timeout)
+
     def ensure_usable(self) -> None:
         """Raise :class:`DispatchError` if the group is shut down or broken."""
         self._site.check_open(self)

@@ -4,6 +4,7 @@ that owns every time bound."""
 from ._call_handle import RankCallHandle, liveness_poll, timeout_error
 from ._isolation import ATOMS, isolated_copy
 from ._rank_thread import RankThread, run_isolated
+from ._stacks import stacks_note, thread_stacks
 from ._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "isolated_copy",
     "liveness_poll",
     "run_isolated",
+    "stacks_note",
+    "thread_stacks",
     "timeout_error",
     "unpicklable_error",
 ]

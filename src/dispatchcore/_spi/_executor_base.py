@@ -167,6 +167,19 @@ class Executor(ABC):
         """
         raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
 
+    # -- optional: where each rank is (WorkerGroup.rank_stacks, notes on timeouts) ----
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """The current Python stack of each of ``ranks``, by rank: the thread running its methods.
+
+        With ``all_threads`` every thread of the rank's process.  It must
+        answer while a method is running (busy in Python or blocked in C),
+        within ``timeout`` seconds: a rank that does not answer in time is
+        left out.  Build the text with
+        :func:`dispatchcore.executor.thread_stacks` where the rank lives.
+        The default knows no rank (``{}``).
+        """
+        return {}
+
     def mark_usable(self) -> None:
         """Take calls again after :meth:`replace_ranks` restored every rank."""
         self._broken = None

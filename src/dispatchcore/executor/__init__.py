@@ -51,6 +51,9 @@ Optional hooks, with defaults that decline:
   :meth:`Executor.can_fetch_rows` and ``WorkerHost.fetch_rows`` (a producing
   rank answers a :class:`RowRequest` with :func:`take_kept_rows`); without
   them lazy results still work, with consumers' rows sent by the driver;
+* where each rank is: :meth:`Executor.rank_stacks` (build each rank's text
+  with :func:`thread_stacks` where the rank lives, answering beside a busy
+  call); the core adds the stacks to timeouts and ``WorkerGroup.rank_stacks``;
 * :meth:`Executor.launch_world_size` (world size implied by the launcher).
 
 Registering: a module with a :data:`dispatchcore.hookimpl` of
@@ -84,6 +87,7 @@ from .._runtime import (
     isolated_copy,
     liveness_poll,
     run_isolated,
+    thread_stacks,
     timeout_error,
     unpicklable_error,
 )
@@ -157,6 +161,7 @@ __all__ = [
     "remaining",
     "run_isolated",
     "take_kept_rows",
+    "thread_stacks",
     "timeout_error",
     "unpicklable_error",
 ]

@@ -319,6 +319,10 @@ class FaultyExecutor(Executor):
         return super().broken or (inner.broken if inner is not None else None)
 
     # -- the executor contract -------------------------------------------------
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """The wrapped backend's answer: the faults run inside its ranks."""
+        return self._inner.rank_stacks(ranks, all_threads, timeout)
+
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this faulty group is shut down")

@@ -19,11 +19,20 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatchcore import DispatchError, hookimpl
-from dispatchcore.executor import Call, Executor, GroupSpec, RankCallHandle, WorkerHost, check_options, run_isolated
+from dispatchcore.executor import (
+    Call,
+    Executor,
+    GroupSpec,
+    RankCallHandle,
+    WorkerHost,
+    check_options,
+    run_isolated,
+    thread_stacks,
+)
 
 
 class MockExecutor(Executor):
@@ -73,6 +82,10 @@ class MockExecutor(Executor):
                 handle.deliver(position, ok, value)
         for host in self._hosts:
             host.close()  # the private event loops of async methods
+
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Every rank runs on the group's one thread: a rank in its call shows it, the others show it too."""
+        return {rank: thread_stacks(self._thread.ident, all_threads) for rank in ranks}
 
     def row_address(self, rank: int) -> Any:
         return ("mock", id(self), rank)
