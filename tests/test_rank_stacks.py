@@ -17,7 +17,7 @@ import pytest
 from dispatchcore import Dispatch, DispatchTimeoutError, Worker, WorkerGroup, register
 from executors_ray.testing import ray_session  # noqa: F401
 
-BACKENDS = ["local", "mock", "torchrun", "ray"]
+BACKENDS = ["local", "mock", "torchrun", "ray", "multiprocess"]
 pytestmark = pytest.mark.timeout(120)
 
 # The worker class travels by value: Ray's worker processes cannot import this test module.
@@ -84,7 +84,7 @@ def test_all_threads_lists_more_than_the_method_thread(group: WorkerGroup[Any]) 
     assert all(text.count("thread '") >= 2 for text in stacks.values())
 
 
-@pytest.mark.parametrize("backend", ["local", "torchrun", "ray"])
+@pytest.mark.parametrize("backend", ["local", "torchrun", "ray", "multiprocess"])
 def test_a_timed_out_call_says_where_its_ranks_are(backend: str, request: pytest.FixtureRequest) -> None:
     if backend == "ray":
         request.getfixturevalue("ray_session")

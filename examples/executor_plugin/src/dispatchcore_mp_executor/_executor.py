@@ -42,7 +42,7 @@ from dispatchcore.executor import (
 )
 
 from . import _pipe
-from ._rank import RUN, START, rank_main
+from ._rank import RUN, STACKS, START, rank_main
 
 _DEFAULTS: dict[str, Any] = {"start_timeout": 300.0, "env": None}
 #: Seconds a rank gets to leave after each of: the stop message, SIGTERM, SIGKILL.
@@ -222,6 +222,24 @@ class MultiprocessExecutor(Executor):
             state.reader.join(1.0)  # deliver what the rank sent before it went
         with self._lock:
             return state.gone or ("the group was shut down" if self._closed else _exited(state.proc))
+
+    # -- where each rank is ----------------------------------------------------
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Each rank's reader thread answers at once with its main thread's stack, beside a running call."""
+        if self._closed:
+            return {}
+        flag = wire.dumps(all_threads)
+        handles = {
+            rank: self._send(Call("_stacks", (rank,), [()], [{}]), STACKS, lambda p: ([flag], (), {})) for rank in ranks
+        }
+        deadline = time.monotonic() + timeout
+        out: dict[int, str] = {}
+        for rank, handle in handles.items():
+            try:
+                out[rank] = handle.result(max(0.0, deadline - time.monotonic()))[0]
+            except Exception:  # noqa: BLE001, S112 - no answer in time (or the rank is gone): left out
+                continue
+        return out
 
     # -- shutdown ------------------------------------------------------------
     def shutdown(self) -> None:

@@ -22,12 +22,16 @@ from typing import Any
 import torch
 
 from dispatchcore import wire
-from dispatchcore.executor import RemoteFailure, WorkerHost
+from dispatchcore.executor import RemoteFailure, WorkerHost, thread_stacks
 
 from . import _pipe
 
 #: Message kinds, driver to rank.  A ``None`` header asks the rank to leave.
 START, RUN = "start", "run"
+#: Answered by the reader thread at once, beside a running call: where the main thread is.
+STACKS = "stacks"
+#: The reader thread and the main thread both answer on the pipe: one send at a time.
+_SEND_LOCK = threading.Lock()
 PARENT_POLL_S = 1.0
 
 
@@ -76,7 +80,8 @@ def _reply(conn: Connection, rank: int, method: str, call_id: int, ok: bool, val
         failure.message = f"its result could not be pickled: {failure.message}"
         ok, part = False, wire.dumps(failure)
     try:
-        _pipe.send(conn, (call_id, ok), [part])
+        with _SEND_LOCK:
+            _pipe.send(conn, (call_id, ok), [part])
     except OSError:
         return False
     return True
@@ -86,6 +91,11 @@ def _read_driver(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
     """Queue the driver's messages; leave at once when the pipe closes (the driver is gone)."""
     try:
         while (message := _pipe.recv(conn))[0] is not None:
+            header, parts = message
+            if header[1] == STACKS:  # never queued behind a running call
+                all_threads = bool(_pipe.decode(parts[0]))
+                _reply(conn, -1, header[2], header[0], True, thread_stacks(threading.main_thread().ident, all_threads))
+                continue
             inbox.put(message)
     except (EOFError, OSError):
         os._exit(0)
