@@ -1,0 +1,317 @@
+#!/usr/bin/env python
+"""Run verl 0.9.1's own ``RayPPOTrainer`` on dispatchcore's Ray backend, with stand-in CPU workers.
+
+Started by ``scripts/verl_parity.py --trainer``.  verl pins
+``tensordict<=0.10`` and our test extras need ``>=0.15.3``, so the trainer
+runs in its own venv (``--venv``; built on first use with
+``python -m venv --system-site-packages`` and ``pip install verl==0.9.1``
+pinned to this machine's torch and Ray).  In that venv this script (the
+``--child`` half):
+
+* copies ``verl/trainer/ppo/ray_trainer.py`` with its single-controller and
+  protocol imports rewritten to ``executors_ray`` / ``dispatchcore`` (the
+  rest of verl stays verl's);
+* builds stand-in workers from verl's own ``verl/workers/engine_workers.py``:
+  for ``ActorRolloutRefWorker`` and ``TrainingWorker``, a dispatchcore
+  ``Worker`` registering every ``@register`` method under the same name,
+  parameters and dispatch mode, bodies returning placeholders (no model);
+* starts a local Ray with logical GPUs (``num_gpus=2``: the pools ask for
+  GPUs as verl's do; nothing touches CUDA), composes verl's
+  ``ppo_trainer.yaml`` for two ranks, and runs ``RayPPOTrainer(...)``,
+  ``init_workers()`` and ``fit()``, printing each stage and, where it stops,
+  the exception and the frame of verl's code that raised it.
+
+Exit status 0 when it ran to the end, 1 when a stage stopped (the report
+says which and why), 2 when the harness failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VERL_VERSION = "0.9.1"
+SC_BASE = r"\1from dispatchcore import"
+#: verl import (module pattern) -> ours, applied to ray_trainer.py's import lines only.
+REWRITES = (
+    (re.compile(r"^(\s*)from verl\.single_controller\.ray(?:\.base)? import", re.M), r"\1from executors_ray import"),
+    (
+        re.compile(r"^(\s*)from verl\.single_controller(?:\.base)?(?:\.\w+)? import", re.M),
+        r"\1from dispatchcore import",
+    ),
+    (re.compile(r"^(\s*)from verl\.protocol import", re.M), r"\1from dispatchcore import"),
+    (re.compile(r"^(\s*)from verl import DataProto\b", re.M), r"\1from dispatchcore import DataProto"),
+)
+
+
+def ensure_venv(venv: Path) -> Path:
+    """The venv's python, with verl installed (built here on first use)."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", f"import verl, sys; sys.exit(verl.__version__ != {VERL_VERSION!r})"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    import ray
+    import torch
+
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    pins = venv / "pins.txt"
+    pins.write_text(f"torch=={torch.__version__.split('+')[0]}\nray=={ray.__version__}\n")
+    pip = [str(python), "-m", "pip", "install", "-q", f"verl=={VERL_VERSION}", "-c", str(pins)]
+    subprocess.run(pip, check=True)
+    return python
+
+
+def rewritten_trainer(verl_root: Path, work: Path) -> Path:
+    """``ray_trainer.py`` with its single-controller imports ported, written as ``ported_ray_trainer.py``."""
+    text = (verl_root / "verl" / "trainer" / "ppo" / "ray_trainer.py").read_text()
+    for pattern, replacement in REWRITES:
+        text = pattern.sub(replacement, text)
+    leftover = [line for line in text.splitlines() if re.match(r"\s*from verl\.(single_controller|protocol)", line)]
+    if leftover:
+        raise RuntimeError(f"imports left unported: {leftover}")
+    out = work / "ported_ray_trainer.py"
+    out.write_text(text)
+    return out
+
+
+def registered_methods(verl_root: Path, cls_name: str) -> list[tuple[str, list[str], str, bool]]:
+    """``(name, parameters, register decorator source, is async)`` of each ``@register`` method of verl's class."""
+    tree = ast.parse((verl_root / "verl" / "workers" / "engine_workers.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            found = []
+            for item in node.body:
+                if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                decorators = [ast.unparse(d) for d in item.decorator_list if "register" in ast.unparse(d)]
+                if decorators:
+                    params = [a.arg for a in item.args.args][1:]
+                    found.append((item.name, params, decorators[0], isinstance(item, ast.AsyncFunctionDef)))
+            return found
+    raise RuntimeError(f"verl/workers/engine_workers.py has no class {cls_name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verl-src", type=Path, required=True, help="directory holding verl's 'verl/' package")
+    parser.add_argument("--venv", type=Path, default=Path("/tmp/verl-trainer-venv"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args.verl_src, args.work)
+    python = ensure_venv(args.venv)
+    work = Path(tempfile.mkdtemp(prefix="verl-trainer-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(work)])}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [str(python), str(Path(__file__).resolve()), "--child", "--verl-src", str(args.verl_src), "--work", str(work)]
+    return subprocess.run(cmd, env=env, timeout=1800).returncode
+
+
+# -- the child: runs in the venv ------------------------------------------------------
+def stand_in_class(verl_root: Path, cls_name: str) -> type:
+    """A dispatchcore Worker with verl's registered methods of ``cls_name``, bodies returning placeholders."""
+    from dispatchcore import Dispatch, Worker, make_nd_compute_dataproto_dispatch_fn, register
+
+    scope = {"Dispatch": Dispatch, "make_nd_compute_dataproto_dispatch_fn": make_nd_compute_dataproto_dispatch_fn}
+    namespace: dict[str, Any] = {"__module__": "__main__", "__init__": _stand_in_init, "calls": []}
+    for name, params, decorator, is_async in registered_methods(verl_root, cls_name):
+        body = _make_body(name, params, is_async)
+        namespace[name] = register(**_register_kwargs(decorator, scope))(body)
+    return type(f"StandIn{cls_name}", (Worker,), namespace)
+
+
+def _register_kwargs(decorator: str, scope: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of verl's ``@register(...)`` decorator source, evaluated."""
+    call = ast.parse(decorator, mode="eval").body
+    if not isinstance(call, ast.Call):
+        return {}
+    kwargs = {k.arg: eval(ast.unparse(k.value), scope) for k in call.keywords if k.arg}  # noqa: S307
+    if call.args:
+        kwargs["dispatch_mode"] = eval(ast.unparse(call.args[0]), scope)  # noqa: S307
+    return kwargs
+
+
+def _stand_in_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Declare the meshes verl's workers declare (dp rank = rank); keep the config for inspection."""
+    self.init_kwargs = sorted(kwargs)
+    for mesh in ("actor", "ref", "train", "critic", "rollout"):
+        self._register_dispatch_collect_info(mesh, dp_rank=self.rank, is_collect=True)
+
+
+def _make_body(name: str, params: list[str], is_async: bool) -> Any:
+    """A method called ``name`` with verl's parameters, answering like verl's (no model behind it)."""
+
+    def answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        data = args[0] if args else kwargs.get("data")
+        return stand_in_answer(name, data)
+
+    if is_async:
+
+        async def async_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return answer(self, *args, **kwargs)
+
+        async_answer.__name__ = async_answer.__qualname__ = name
+        return async_answer
+    answer.__name__ = answer.__qualname__ = name
+    return answer
+
+
+def stand_in_answer(name: str, data: Any) -> Any:
+    """What a stand-in returns: the DataProto methods give back their input with the fields verl adds."""
+    import torch
+
+    from dispatchcore import DataProto
+
+    if not isinstance(data, DataProto):
+        return None
+    out = DataProto.from_dict(meta_info={"metrics": {f"{name}/stand_in": 1.0}})
+    if data.batch is not None and "responses" in data.batch.keys():
+        shape = data.batch["responses"].shape
+        key = {"compute_log_prob": "old_log_probs", "compute_ref_log_prob": "ref_log_prob"}.get(name)
+        if key:
+            out = DataProto.from_dict({key: torch.zeros(shape)}, meta_info=out.meta_info)
+    return out
+
+
+def child(verl_root: Path, work: Path) -> int:
+    """Stages of the run, each reported; stops at the first that raises."""
+    import ray
+
+    sys.path.insert(0, str(work))
+    rewritten_trainer(verl_root, work)
+    stages = Stages()
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        trainer = stages.run("RayPPOTrainer(...)", lambda: build_trainer(verl_root))
+        if trainer is None:
+            return 1
+        if stages.run("init_workers()", trainer.init_workers) is stages.FAILED:
+            return 1
+        if stages.run("fit()", trainer.fit) is stages.FAILED:
+            return 1
+        return 0
+    finally:
+        ray.shutdown()
+
+
+class Stages:
+    """Runs and reports the stages of the trainer run."""
+
+    FAILED = object()
+
+    def run(self, label: str, step: Any) -> Any:
+        print(f"== {label}", flush=True)
+        try:
+            value = step()
+        except Exception as exc:  # noqa: BLE001 - the report is the point
+            frames = traceback.extract_tb(exc.__traceback__)
+            verl_frames = [f for f in frames if "/verl/" in f.filename or "ported_ray_trainer" in f.filename]
+            where = verl_frames[-1] if verl_frames else frames[-1]
+            print(f"   stopped: {type(exc).__name__}: {str(exc)[:600]}")
+            print(f"   at {where.filename}:{where.lineno} in {where.name}: {where.line}")
+            print("".join(traceback.format_exception(exc)[-12:]))
+            return None if label.startswith("RayPPOTrainer") else self.FAILED
+        print(f"   ok: {label}", flush=True)
+        return value
+
+
+def build_trainer(verl_root: Path) -> Any:
+    """verl's RayPPOTrainer (ported module) over stand-in workers, verl's config for two ranks."""
+    import ported_ray_trainer as trainer_module
+    import ray
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import Role
+
+    from executors_ray import RayWorkerGroup, ResourcePoolManager
+
+    with initialize_config_dir(config_dir=str(verl_root / "verl" / "trainer" / "config"), version_base=None):
+        config = compose("ppo_trainer", overrides=CONFIG_OVERRIDES)
+    actor = stand_in_class(verl_root, "ActorRolloutRefWorker")
+    mapping = {Role.ActorRollout: ray.remote(actor)}
+    manager = ResourcePoolManager({"global_pool": [2]}, {Role.ActorRollout: "global_pool"})
+    dataset = TinyPrompts(8)
+    return trainer_module.RayPPOTrainer(
+        config=config,
+        tokenizer=None,
+        role_worker_mapping=mapping,
+        resource_pool_manager=manager,
+        ray_worker_group_cls=RayWorkerGroup,
+        train_dataset=dataset,
+        val_dataset=dataset,
+        collate_fn=collate,
+    )
+
+
+CONFIG_OVERRIDES = [
+    "trainer.n_gpus_per_node=2",
+    "trainer.nnodes=1",
+    "trainer.device=cpu",
+    "trainer.logger=[console]",
+    "trainer.val_before_train=False",
+    "trainer.total_training_steps=1",
+    "trainer.save_freq=-1",
+    "trainer.test_freq=-1",
+    "data.train_batch_size=4",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.use_kl_loss=False",
+    "algorithm.use_kl_in_reward=False",
+    "actor_rollout_ref.model.path=stand-in",
+    "actor_rollout_ref.rollout.name=vllm",
+]
+
+
+class TinyPrompts:
+    """A map-style dataset of a few fixed prompts (verl's RL dataset rows, tokenised already)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        ids = torch.arange(8) + i
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones(8, dtype=torch.long),
+            "position_ids": torch.arange(8),
+            "raw_prompt_ids": ids.tolist(),
+            "data_source": "stand-in",
+            "reward_model": {"ground_truth": "0"},
+            "index": i,
+        }
+
+
+def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """verl's collate rule: tensors stacked, everything else an object array."""
+    import numpy as np
+    import torch
+
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        if isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+            out[key] = array
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
