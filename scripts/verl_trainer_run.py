@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(work)])}
     env.pop("RAY_ADDRESS", None)
     cmd = [str(python), str(Path(__file__).resolve()), "--child", "--verl-src", str(args.verl_src), "--work", str(work)]
-    return subprocess.run(cmd, env=env, timeout=1800).returncode
+    return subprocess.run(cmd, env=env, cwd=work, timeout=1800).returncode  # anything verl writes lands in work
 
 
 # -- the child: runs in the venv ------------------------------------------------------
@@ -169,9 +169,12 @@ def _make_body(name: str, params: list[str], is_async: bool) -> Any:
 def stand_in_answer(name: str, data: Any) -> Any:
     """What a stand-in returns: the DataProto methods give back their input with the fields verl adds."""
     import torch
+    from tensordict import TensorDict
 
     from dispatchcore import DataProto
 
+    if isinstance(data, TensorDict):
+        return stand_in_tensordict(name, data)
     if not isinstance(data, DataProto):
         return None
     out = DataProto.from_dict(meta_info={"metrics": {f"{name}/stand_in": 1.0}})
@@ -183,22 +186,103 @@ def stand_in_answer(name: str, data: Any) -> Any:
     return out
 
 
+def stand_in_tensordict(name: str, data: Any) -> Any:
+    """verl's TensorDict answers: log-probs and entropy shaped like the (nested) ``input_ids``, and metrics."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    metrics = {"mfu": 0.0, f"{name}/stand_in": 1.0}
+    if name in ("compute_log_prob", "compute_ref_log_prob", "infer_batch"):
+        ids = data["input_ids"]
+        zeros = torch.nested.nested_tensor_from_jagged(torch.zeros(ids.values().shape), ids.offsets())
+        return tu.get_tensordict({"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": metrics})
+    return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
+
+
+class StandInLLMServerManager:
+    """Stands in for verl's rollout servers (vLLM / SGLang replicas): none are started."""
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> StandInLLMServerManager:
+        return cls()
+
+    @classmethod
+    def create_empty(cls, *args: Any, **kwargs: Any) -> StandInLLMServerManager:
+        return cls()
+
+    def get_client(self) -> None:
+        return None
+
+    def get_replicas(self) -> list[Any]:
+        return []
+
+    def start_profile(self) -> None:
+        pass
+
+    def stop_profile(self) -> None:
+        pass
+
+
+class StandInAgentLoopManager:
+    """Stands in for verl's agent loop: "generates" fixed responses and their rewards (no model, no server)."""
+
+    RESPONSE = 4
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> StandInAgentLoopManager:
+        return cls()
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        import numpy as np
+        import torch
+
+        from dispatchcore import DataProto
+
+        n, r = len(prompts), self.RESPONSE
+        ids = torch.arange(8).repeat(n, 1) + 10
+        responses = torch.arange(r).repeat(n, 1) + 1
+        scores = torch.zeros(n, r)
+        scores[:, -1] = 1.0
+        extra = np.empty(n, dtype=object)
+        extra[:] = [{} for _ in range(n)]
+        return DataProto.from_dict(
+            {
+                "prompts": ids,
+                "responses": responses,
+                "input_ids": torch.cat([ids, responses], dim=1),
+                "attention_mask": torch.ones(n, ids.shape[1] + r, dtype=torch.long),
+                "position_ids": torch.arange(ids.shape[1] + r).repeat(n, 1),
+                "rm_scores": scores,
+            },
+            {"multi_modal_inputs": extra},
+            meta_info={"timing": {}},
+        )
+
+
 def child(verl_root: Path, work: Path) -> int:
     """Stages of the run, each reported; stops at the first that raises."""
-    import ray
-
     sys.path.insert(0, str(work))
     rewritten_trainer(verl_root, work)
+    print("## pass 1: verl's trainer as shipped (its rollout servers included)")
+    first = one_pass(verl_root, stand_in_rollout=False)
+    print("## pass 2: rollout servers and agent loop stood in (not single-controller code), the rest verl's")
+    second = one_pass(verl_root, stand_in_rollout=True)
+    return 0 if first == second == 0 else 1
+
+
+def one_pass(verl_root: Path, stand_in_rollout: bool) -> int:
+    """Build the trainer, ``init_workers()``, ``fit()``, on a fresh local Ray; 0 when all ran."""
+    import ray
+
     stages = Stages()
     ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = stages.run("RayPPOTrainer(...)", lambda: build_trainer(verl_root))
+        trainer = stages.run("RayPPOTrainer(...)", lambda: build_trainer(verl_root, stand_in_rollout))
         if trainer is None:
             return 1
-        if stages.run("init_workers()", trainer.init_workers) is stages.FAILED:
-            return 1
-        if stages.run("fit()", trainer.fit) is stages.FAILED:
-            return 1
+        for label in ("init_workers()", "fit()"):
+            if stages.run(label, getattr(trainer, label[:-2])) is stages.FAILED:
+                return 1
         return 0
     finally:
         ray.shutdown()
@@ -225,7 +309,7 @@ class Stages:
         return value
 
 
-def build_trainer(verl_root: Path) -> Any:
+def build_trainer(verl_root: Path, stand_in_rollout: bool) -> Any:
     """verl's RayPPOTrainer (ported module) over stand-in workers, verl's config for two ranks."""
     import ported_ray_trainer as trainer_module
     import ray
@@ -234,8 +318,13 @@ def build_trainer(verl_root: Path) -> Any:
 
     from executors_ray import RayWorkerGroup, ResourcePoolManager
 
+    if stand_in_rollout:
+        import verl.experimental.agent_loop as agent_loop
+
+        trainer_module.LLMServerManager = StandInLLMServerManager  # type: ignore[attr-defined]
+        agent_loop.AgentLoopManager = StandInAgentLoopManager  # type: ignore[attr-defined]
     with initialize_config_dir(config_dir=str(verl_root / "verl" / "trainer" / "config"), version_base=None):
-        config = compose("ppo_trainer", overrides=CONFIG_OVERRIDES)
+        config = compose("ppo_trainer", overrides=[*CONFIG_OVERRIDES, f"trainer.default_local_dir={Path.cwd()}/ckpt"])
     actor = stand_in_class(verl_root, "ActorRolloutRefWorker")
     mapping = {Role.ActorRollout: ray.remote(actor)}
     manager = ResourcePoolManager({"global_pool": [2]}, {Role.ActorRollout: "global_pool"})
@@ -269,11 +358,12 @@ CONFIG_OVERRIDES = [
     "algorithm.use_kl_in_reward=False",
     "actor_rollout_ref.model.path=stand-in",
     "actor_rollout_ref.rollout.name=vllm",
+    "trainer.resume_mode=disable",
 ]
 
 
 class TinyPrompts:
-    """A map-style dataset of a few fixed prompts (verl's RL dataset rows, tokenised already)."""
+    """A map-style dataset of a few fixed prompts, rows shaped as verl's RL dataset gives them."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -284,15 +374,12 @@ class TinyPrompts:
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
 
-        ids = torch.arange(8) + i
-        return {
-            "input_ids": ids,
-            "attention_mask": torch.ones(8, dtype=torch.long),
-            "position_ids": torch.arange(8),
-            "raw_prompt_ids": ids.tolist(),
+        return {  # as verl 0.9.1's RLHFDataset: one dummy tensor, the agent loop tokenises the prompt
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+            "raw_prompt": [{"role": "user", "content": f"prompt {i}"}],
             "data_source": "stand-in",
             "reward_model": {"ground_truth": "0"},
-            "index": i,
+            "extra_info": {"index": i},
         }
 
 
