@@ -486,7 +486,7 @@ def scan_or_trainer(args: argparse.Namespace) -> int:
         if args.trainer:
             import verl_trainer_run
 
-            status |= verl_trainer_run.main(["--verl-src", str(src), "--venv", str(args.venv)])
+            status |= verl_trainer_run.main(["--verl-src", str(src), "--venv", str(args.trainer_venv)])
         return status
     finally:
         if args.workdir is None and os.environ.get("VERL_PARITY_KEEP") != "1":
@@ -506,6 +506,9 @@ def main() -> int:
     parser.add_argument("--scan", action="store_true", help="static scan of verl's trainer code (no venv needed)")
     parser.add_argument("--trainer", action="store_true", help="run verl's RayPPOTrainer on stand-in workers")
     parser.add_argument("--verl-src", type=Path, default=None, help="unpacked verl wheel (default: download it)")
+    parser.add_argument(
+        "--trainer-venv", type=Path, default=Path("/tmp/verl-trainer-venv"), help="venv of the --trainer run"
+    )
     args = parser.parse_args()
     if args.scan or args.trainer:
         return scan_or_trainer(args)

@@ -21,8 +21,25 @@ pinned to this machine's torch and Ray).  In that venv this script (the
   ``init_workers()`` and ``fit()``, printing each stage and, where it stops,
   the exception and the frame of verl's code that raised it.
 
-Exit status 0 when it ran to the end, 1 when a stage stopped (the report
-says which and why), 2 when the harness failed.
+It runs twice.  Pass 1 is verl's trainer as shipped: ``RayPPOTrainer(...)``
+builds, and ``init_workers()`` creates the pools (``ResourcePoolManager``),
+the colocated class, ``RayWorkerGroup(..., **wg_kwargs)``, ``spawn``,
+``init_model`` and the reward loop, then stops at
+``LLMServerManager.create`` (``ray_trainer.py``, ``init_workers``): the
+rollout server, vLLM >= 0.18 or SGLang, which is not installed here and
+needs a GPU (``ValueError: vllm version None not supported``).  That is the
+first non-single-controller dependency.  Pass 2 stands in for the rollout
+side only (``LLMServerManager``, ``AgentLoopManager``: fixed responses and
+rewards, no model, no server) and keeps everything else verl's, including
+its ``CheckpointEngineManager``: ``init_workers()`` completes and ``fit()``
+runs its step through every single-controller call (``ray.get`` of
+``actor_wg.update_weights(...)``, ``_balance_batch`` reading
+``_dispatch_info``, ``compute_log_prob`` and ``update_actor`` through the nd
+dispatch with TensorDicts) to the end of training.
+
+Exit status 0 when pass 2 ran to the end (pass 1 stops at the rollout
+server wherever vLLM/SGLang are missing; its report says where), 1 when pass
+2 stopped, 2 when the harness failed.
 """
 
 from __future__ import annotations
@@ -53,6 +70,10 @@ REWRITES = (
 )
 
 
+#: Modules verl's trainer imports that verl 0.9.1 does not declare (its rollout stack brings them).
+UNDECLARED = ("cachetools", "uvicorn", "fastapi")
+
+
 def ensure_venv(venv: Path) -> Path:
     """The venv's python, with verl installed (built here on first use)."""
     python = venv / "bin" / "python"
@@ -65,7 +86,7 @@ def ensure_venv(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     pins = venv / "pins.txt"
     pins.write_text(f"torch=={torch.__version__.split('+')[0]}\nray=={ray.__version__}\n")
-    pip = [str(python), "-m", "pip", "install", "-q", f"verl=={VERL_VERSION}", "-c", str(pins)]
+    pip = [str(python), "-m", "pip", "install", "-q", f"verl=={VERL_VERSION}", *UNDECLARED, "-c", str(pins)]
     subprocess.run(pip, check=True)
     return python
 
@@ -267,7 +288,11 @@ def child(verl_root: Path, work: Path) -> int:
     first = one_pass(verl_root, stand_in_rollout=False)
     print("## pass 2: rollout servers and agent loop stood in (not single-controller code), the rest verl's")
     second = one_pass(verl_root, stand_in_rollout=True)
-    return 0 if first == second == 0 else 1
+    print(
+        f"## pass 1 {'ran to the end' if first == 0 else 'stopped (above)'}; pass 2 "
+        f"{'ran to the end' if second == 0 else 'stopped (above)'}"
+    )
+    return second
 
 
 def one_pass(verl_root: Path, stand_in_rollout: bool) -> int:
@@ -303,6 +328,10 @@ class Stages:
             where = verl_frames[-1] if verl_frames else frames[-1]
             print(f"   stopped: {type(exc).__name__}: {str(exc)[:600]}")
             print(f"   at {where.filename}:{where.lineno} in {where.name}: {where.line}")
+            trainer_frames = [f for f in frames if "ported_ray_trainer" in f.filename]
+            if trainer_frames and trainer_frames[-1] is not where:
+                t = trainer_frames[-1]
+                print(f"   from RayPPOTrainer: ray_trainer.py:{t.lineno} in {t.name}: {t.line}")
             print("".join(traceback.format_exception(exc)[-12:]))
             return None if label.startswith("RayPPOTrainer") else self.FAILED
         print(f"   ok: {label}", flush=True)

@@ -140,6 +140,16 @@ def test_a_raising_worker_surfaces_at_ray_get_as_worker_error(wg: RayWorkerGroup
         ray.get(wg.fail(), timeout=60)
 
 
+def test_ray_get_on_a_dead_actor_is_rays_actor_died_error() -> None:
+    group = RayWorkerGroup(cpu_pool(1), RayClassWithInitArgs(Trainee), name_prefix="verl_dead")
+    try:
+        ray.kill(group.workers[0], no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(group.update_weights(1), timeout=60)
+    finally:
+        group.shutdown()
+
+
 def test_options_goes_back_to_the_cores_bounded_future(wg: RayWorkerGroup) -> None:
     future = wg.update_weights.options(timeout=60)(2)
     assert future.get() == [2, 102, 202, 302]

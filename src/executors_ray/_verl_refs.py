@@ -5,16 +5,14 @@ straight to ``ray.get`` (``ray.get(actor_wg.update_weights(...))``) and add
 two such results with ``+``.  So through ``RayWorkerGroup``, as verl 0.9.1
 gives them:
 
-========================================================  ===============================
-mode of a ``blocking=False`` method                       what the call returns
-========================================================  ===============================
-``ONE_TO_ALL``, ``ALL_TO_ALL``, ``DP_COMPUTE``,           :class:`RefList`: one Ray
-``DP_COMPUTE_METRIC`` (the per-rank modes)                ``ObjectRef`` per rank (a
-                                                          ``list``; ``.get()`` waits too)
-``Dispatch.RANK_ZERO`` or ``Execute.RANK_ZERO``           one ``ObjectRef`` (rank 0's)
-``DP_COMPUTE_PROTO*``, nd modes (DataProto modes)         the core's ``DataProtoFuture``
-any other (user-registered) mode                          the core's ``CallFuture``
-========================================================  ===============================
+* ``ONE_TO_ALL``, ``ALL_TO_ALL``, ``DP_COMPUTE``, ``DP_COMPUTE_METRIC`` (the
+  per-rank modes): a :class:`RefList`, one Ray ``ObjectRef`` per rank (a
+  ``list``; its ``.get()`` waits too);
+* ``Dispatch.RANK_ZERO``, or ``Execute.RANK_ZERO`` with a per-rank mode or
+  ``DP_COMPUTE_PROTO*``: one ``ObjectRef`` (rank 0's);
+* the other DataProto modes (``DP_COMPUTE_PROTO*``, nd modes): the core's
+  ``DataProtoFuture``;
+* any other (user-registered) mode: the core's ``CallFuture``.
 
 ``ray.get`` on those refs is Ray's own wait: a dead actor raises Ray's
 ``ActorDiedError``, a raising worker Ray's ``RayTaskError`` (which is also
@@ -38,6 +36,8 @@ from dispatchcore import CallFuture, DataProtoFuture, Dispatch, Execute, Registr
 
 #: Modes whose non-blocking result is one ref per rank.
 PER_RANK_MODES = frozenset({Dispatch.ONE_TO_ALL, Dispatch.ALL_TO_ALL, Dispatch.DP_COMPUTE, Dispatch.DP_COMPUTE_METRIC})
+#: DataProto modes whose ``Execute.RANK_ZERO`` call gives one ref (rank 0's chunk).
+RANK_ZERO_SPLITS = frozenset({Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC})
 
 
 class RefList(list):  # type: ignore[type-arg]
@@ -55,7 +55,10 @@ def gives_refs(registration: Registration) -> bool:
     if registration.blocking:
         return False
     mode = registration.dispatch_mode
-    return mode in PER_RANK_MODES or mode is Dispatch.RANK_ZERO or registration.execute_mode is Execute.RANK_ZERO
+    if mode in PER_RANK_MODES or mode is Dispatch.RANK_ZERO:
+        return True
+    # Rank 0 alone of a DP split: one ref, as verl (an nd or user mode keeps the core's future).
+    return registration.execute_mode is Execute.RANK_ZERO and mode in RANK_ZERO_SPLITS
 
 
 class RefProxy:
