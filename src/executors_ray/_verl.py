@@ -14,6 +14,18 @@ which would cost every actor a fresh Ray worker process); the variables the
 executor sets per rank (``RANK``, ``WORLD_SIZE``, ``MASTER_*``,
 ``LOCAL_*``, ``RAY_LOCAL_RANK``, ``RAY_LOCAL_WORLD_SIZE``) are refused with
 a ``ValueError`` naming them, as verl does.
+
+verl's trainer-level keywords (issue 23; the README's porting guide lists
+them): ``worker_handles`` builds a group over running rank actors (rank i
+the i-th handle, one identity round trip, never killed by ``shutdown()``);
+``ray_wait_register_center_timeout`` is the start timeout; ``use_gpu`` and
+``bin_pack`` act as in verl; ``device_name`` and ``profile_steps`` are
+recorded; ``worker_nsight_options`` and ``master_addr`` / ``master_port`` /
+``master_port_range`` are accepted, do not apply, and say so once in the
+log (logger ``executors_ray.verl``).  Groups, ``spawn`` roles and views carry
+the attributes verl's trainer reads (``_dispatch_info``, ``sub_cls_name``,
+...), and ``blocking=False`` methods return verl's shapes
+(:mod:`executors_ray._verl_refs`).
 """
 
 from __future__ import annotations
