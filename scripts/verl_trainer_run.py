@@ -21,7 +21,7 @@ pinned to this machine's torch and Ray).  In that venv this script (the
   ``init_workers()`` and ``fit()``, printing each stage and, where it stops,
   the exception and the frame of verl's code that raised it.
 
-It runs twice.  Pass 1 is verl's trainer as shipped: ``RayPPOTrainer(...)``
+It runs three times.  Pass 1 is verl's trainer as shipped: ``RayPPOTrainer(...)``
 builds, and ``init_workers()`` creates the pools (``ResourcePoolManager``),
 the colocated class, ``RayWorkerGroup(..., **wg_kwargs)``, ``spawn``,
 ``init_model`` and the reward loop, then stops at
@@ -35,9 +35,13 @@ its ``CheckpointEngineManager``: ``init_workers()`` completes and ``fit()``
 runs its step through every single-controller call (``ray.get`` of
 ``actor_wg.update_weights(...)``, ``_balance_batch`` reading
 ``_dispatch_info``, ``compute_log_prob`` and ``update_actor`` through the nd
-dispatch with TensorDicts) to the end of training.
+dispatch with TensorDicts) to the end of training.  Pass 3 adds a critic
+(GAE, verl's ``TrainingWorker`` stood in; its config reads a local one-layer
+Hugging Face config, no weights): ``reset``, ``set_loss_fn``, the
+non-blocking ``infer_batch`` / ``train_mini_batch`` (``DataProtoFuture``
+``.get()``) run too, and the step runs to the end.
 
-Exit status 0 when pass 2 ran to the end (pass 1 stops at the rollout
+Exit status 0 when passes 2 and 3 ran to the end (pass 1 stops at the rollout
 server wherever vLLM/SGLang are missing; its report says where), 1 when pass
 2 stopped, 2 when the harness failed.
 """
@@ -216,7 +220,8 @@ def stand_in_tensordict(name: str, data: Any) -> Any:
     if name in ("compute_log_prob", "compute_ref_log_prob", "infer_batch"):
         ids = data["input_ids"]
         zeros = torch.nested.nested_tensor_from_jagged(torch.zeros(ids.values().shape), ids.offsets())
-        return tu.get_tensordict({"log_probs": zeros, "entropy": zeros.clone()}, {"metrics": metrics})
+        fields = {"values": zeros} if name == "infer_batch" else {"log_probs": zeros, "entropy": zeros.clone()}
+        return tu.get_tensordict(fields, {"metrics": metrics})
     return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
 
@@ -284,25 +289,33 @@ def child(verl_root: Path, work: Path) -> int:
     """Stages of the run, each reported; stops at the first that raises."""
     sys.path.insert(0, str(work))
     rewritten_trainer(verl_root, work)
-    print("## pass 1: verl's trainer as shipped (its rollout servers included)")
-    first = one_pass(verl_root, stand_in_rollout=False)
-    print("## pass 2: rollout servers and agent loop stood in (not single-controller code), the rest verl's")
-    second = one_pass(verl_root, stand_in_rollout=True)
-    print(
-        f"## pass 1 {'ran to the end' if first == 0 else 'stopped (above)'}; pass 2 "
-        f"{'ran to the end' if second == 0 else 'stopped (above)'}"
-    )
-    return second
+    passes = {
+        "1 (verl's trainer as shipped, its rollout servers included)": {"stand_in_rollout": False},
+        "2 (rollout servers and agent loop stood in: not single-controller code; the rest verl's)": {
+            "stand_in_rollout": True
+        },
+        "3 (as 2, with a critic (GAE): verl's TrainingWorker stood in beside the actor)": {
+            "stand_in_rollout": True,
+            "critic": True,
+        },
+    }
+    results = {}
+    for label, options in passes.items():
+        print(f"## pass {label}")
+        results[label] = one_pass(verl_root, **options)
+    for label, status in results.items():
+        print(f"## pass {label.split(' ', 1)[0]}: {'ran to the end' if status == 0 else 'stopped (see above)'}")
+    return max(list(results.values())[1:])
 
 
-def one_pass(verl_root: Path, stand_in_rollout: bool) -> int:
+def one_pass(verl_root: Path, stand_in_rollout: bool, critic: bool = False) -> int:
     """Build the trainer, ``init_workers()``, ``fit()``, on a fresh local Ray; 0 when all ran."""
     import ray
 
     stages = Stages()
     ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = stages.run("RayPPOTrainer(...)", lambda: build_trainer(verl_root, stand_in_rollout))
+        trainer = stages.run("RayPPOTrainer(...)", lambda: build_trainer(verl_root, stand_in_rollout, critic))
         if trainer is None:
             return 1
         for label in ("init_workers()", "fit()"):
@@ -338,7 +351,7 @@ class Stages:
         return value
 
 
-def build_trainer(verl_root: Path, stand_in_rollout: bool) -> Any:
+def build_trainer(verl_root: Path, stand_in_rollout: bool, critic: bool = False) -> Any:
     """verl's RayPPOTrainer (ported module) over stand-in workers, verl's config for two ranks."""
     import ported_ray_trainer as trainer_module
     import ray
@@ -353,10 +366,15 @@ def build_trainer(verl_root: Path, stand_in_rollout: bool) -> Any:
         trainer_module.LLMServerManager = StandInLLMServerManager  # type: ignore[attr-defined]
         agent_loop.AgentLoopManager = StandInAgentLoopManager  # type: ignore[attr-defined]
     with initialize_config_dir(config_dir=str(verl_root / "verl" / "trainer" / "config"), version_base=None):
-        config = compose("ppo_trainer", overrides=[*CONFIG_OVERRIDES, f"trainer.default_local_dir={Path.cwd()}/ckpt"])
+        overrides = [*CONFIG_OVERRIDES, f"trainer.default_local_dir={Path.cwd()}/ckpt"]
+        if critic:
+            overrides += [*CRITIC_OVERRIDES, f"critic.model.path={tiny_model_dir()}"]
+        config = compose("ppo_trainer", overrides=overrides)
     actor = stand_in_class(verl_root, "ActorRolloutRefWorker")
-    mapping = {Role.ActorRollout: ray.remote(actor)}
-    manager = ResourcePoolManager({"global_pool": [2]}, {Role.ActorRollout: "global_pool"})
+    mapping: dict[Any, Any] = {Role.ActorRollout: ray.remote(actor)}
+    if critic:
+        mapping[Role.Critic] = ray.remote(stand_in_class(verl_root, "TrainingWorker"))
+    manager = ResourcePoolManager({"global_pool": [2]}, dict.fromkeys(mapping, "global_pool"))
     dataset = TinyPrompts(8)
     return trainer_module.RayPPOTrainer(
         config=config,
@@ -389,6 +407,24 @@ CONFIG_OVERRIDES = [
     "actor_rollout_ref.rollout.name=vllm",
     "trainer.resume_mode=disable",
 ]
+
+
+CRITIC_OVERRIDES = [
+    "algorithm.adv_estimator=gae",
+    "critic.ppo_mini_batch_size=4",
+    "critic.ppo_micro_batch_size_per_gpu=2",
+    "+critic.model.load_tokenizer=False",
+]
+
+
+def tiny_model_dir() -> Path:
+    """A local Hugging Face config (a 1-layer Llama shape, no weights): what verl's critic config reads."""
+    from transformers import LlamaConfig
+
+    path = Path.cwd() / "stand-in-model"
+    shape = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 1}
+    LlamaConfig(architectures=["LlamaForCausalLM"], **shape).save_pretrained(path)
+    return path
 
 
 class TinyPrompts:
