@@ -51,6 +51,15 @@ Usage (needs the network for the registry; not part of CI)::
 
     python scripts/verl_parity.py --make-venv         # first time: builds /tmp/verl-venv
     python scripts/verl_parity.py -k decorator         # a subset of the files
+    python scripts/verl_parity.py --scan              # static scan of verl's trainer code
+    python scripts/verl_parity.py --trainer           # verl's RayPPOTrainer on stand-in workers
+
+``--scan`` (``scripts/verl_scan.py``) downloads verl's wheel (no
+dependencies, nothing installed) and lists every single-controller and
+protocol name and attribute verl's trainer, workers and experimental code
+use, with whether ours binds; its last line is ``covered K/N names``.
+``--trainer`` (``scripts/verl_trainer_run.py``) runs verl's own
+``verl/trainer/ppo/ray_trainer.py``, imports rewritten, in the venv.
 
 The venv: ``python -m venv``; ``pip install torch==2.13.0 ray==2.60.0 pytest
 pytest-asyncio pytest-timeout``; ``pip install verl==0.9.1 -c <torch==2.13.0,
@@ -449,6 +458,41 @@ def print_report(reports: list[FileReport]) -> int:
     return 0
 
 
+def fetch_wheel(work: Path) -> Path:
+    """verl's wheel, downloaded now (no dependencies) and unpacked under ``work``; returns the unpacked root."""
+    import zipfile
+
+    download = work / "wheel"
+    run([sys.executable, "-m", "pip", "download", f"verl=={VERL_VERSION}", "--no-deps", "-d", str(download), "-q"])
+    (wheel,) = download.glob(f"verl-{VERL_VERSION}-*.whl")
+    root = work / "verl-src"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(root)
+    return root
+
+
+def scan_or_trainer(args: argparse.Namespace) -> int:
+    """``--scan``: ``scripts/verl_scan.py`` over verl's code; ``--trainer``: ``scripts/verl_trainer_run.py``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="verl-scan-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        src = args.verl_src or fetch_wheel(work)
+        status = 0
+        if args.scan:
+            import verl_scan
+
+            status |= verl_scan.main(["--verl-src", str(src), "--src", str(REPO / "src")])
+        if args.trainer:
+            import verl_trainer_run
+
+            status |= verl_trainer_run.main(["--verl-src", str(src), "--venv", str(args.trainer_venv)])
+        return status
+    finally:
+        if args.workdir is None and os.environ.get("VERL_PARITY_KEEP") != "1":
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, default=Path("/tmp/verl-venv"), help="venv with verl installed")
@@ -459,7 +503,15 @@ def main() -> int:
     parser.add_argument("--file-timeout", type=int, default=1200, help="seconds per test file and side")
     parser.add_argument("-k", dest="only", default="", help="run only test files whose name contains this")
     parser.add_argument("--side", choices=("both", "verl", "dispatchcore"), default="both")
+    parser.add_argument("--scan", action="store_true", help="static scan of verl's trainer code (no venv needed)")
+    parser.add_argument("--trainer", action="store_true", help="run verl's RayPPOTrainer on stand-in workers")
+    parser.add_argument("--verl-src", type=Path, default=None, help="unpacked verl wheel (default: download it)")
+    parser.add_argument(
+        "--trainer-venv", type=Path, default=Path("/tmp/verl-trainer-venv"), help="venv of the --trainer run"
+    )
     args = parser.parse_args()
+    if args.scan or args.trainer:
+        return scan_or_trainer(args)
 
     python = ensure_venv(args.venv, args.make_venv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="verl-parity-"))

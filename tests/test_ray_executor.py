@@ -190,7 +190,11 @@ def test_unplaceable_group_raises_after_start_timeout():
         WorkerGroup(DataWorker, 2, backend="ray", num_gpus=1, start_timeout=2)
     with pytest.raises(PlacementError, match="could not be placed"):
         WorkerGroup(
-            DataWorker, 2, backend="ray", start_timeout=2, resource_pool=RayResourcePool([2], cpus_per_process=64)
+            DataWorker,
+            2,
+            backend="ray",
+            start_timeout=2,
+            resource_pool=RayResourcePool([2], use_gpu=False, cpus_per_process=64),
         )
 
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def test_pool_shared_by_two_groups_with_fractional_shares():
-    pool = RayResourcePool([2], max_colocate_count=2, cpus_per_process=1)
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=2, cpus_per_process=1)
     first = WorkerGroup(DataWorker, 2, backend="ray", resource_pool=pool)
     second = WorkerGroup(DataWorker, 2, backend="ray", resource_pool=pool)
     try:
@@ -40,13 +40,13 @@ def test_pool_shared_by_two_groups_with_fractional_shares():
 
 
 def test_split_pool_and_verl_helper():
-    pool = RayResourcePool([2, 1], cpus_per_process=0.5)
+    pool = RayResourcePool([2, 1], use_gpu=False, cpus_per_process=0.5)
     assert pool.world_size == 3 and pool.bundle() == {"CPU": 0.5}
     with pytest.raises(ValueError):
         pool.split([2, 2])
     left, right = pool.split([2, 1])
     assert (left.world_size, right.world_size) == (2, 1)
-    assert [p.world_size for p in split_resource_pool(RayResourcePool([4]), 2)] == [2, 2]
+    assert [p.world_size for p in split_resource_pool(RayResourcePool([4], use_gpu=False), 2)] == [2, 2]
     g1 = WorkerGroup(DataWorker, 2, backend="ray", resource_pool=left)
     g2 = WorkerGroup(DataWorker, 1, backend="ray", resource_pool=right)
     try:
@@ -68,7 +68,7 @@ def test_gpu_resources_are_fractional_by_construction():
     assert gpus == pytest.approx(1 / 3) and cpus == pytest.approx(1 / 3)
     assert pool.actor_resources(0.25)[1] == 0.25
     with pytest.raises(ValueError, match="use_gpu=True"):
-        RayResourcePool([1]).actor_resources(1)
+        RayResourcePool([1], use_gpu=False).actor_resources(1)
 
 
 def test_colocated_roles_share_one_actor():

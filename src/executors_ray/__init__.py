@@ -10,8 +10,17 @@ from dispatchcore import create_colocated_worker_cls, create_colocated_worker_ra
 
 from ._detached import attach_detached, detached_world_size, kill_detached
 from ._executor import RayExecutor
-from ._pool import NODE_ORDER_LABEL, PlacementError, RayResourcePool, split_resource_pool
+from ._pool import (
+    NODE_ORDER_LABEL,
+    PlacementError,
+    RayResourcePool,
+    ResourcePoolManager,
+    ResourcePoolShortageError,
+    SubRayResourcePool,
+    split_resource_pool,
+)
 from ._verl import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls_fused
+from ._verl_refs import RefList
 
 __all__ = [
     "NODE_ORDER_LABEL",
@@ -20,6 +29,10 @@ __all__ = [
     "RayExecutor",
     "RayResourcePool",
     "RayWorkerGroup",
+    "RefList",
+    "ResourcePoolManager",
+    "ResourcePoolShortageError",
+    "SubRayResourcePool",
     "attach_detached",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",

@@ -77,6 +77,7 @@ OPTIONS: dict[str, Any] = {
     "detached": False,  # actors outlive this driver; attach with attach_detached(name, ...)
     "namespace": None,  # Ray namespace of the actors (detached groups: "dispatchcore")
     "attach": False,  # attach to the running detached group called `name`
+    "actors": None,  # attach to these running rank actors (verl's worker_handles): rank i is the i-th; never killed
     "start_timeout": 300.0,  # bound on placing the actors and on building the workers
     "poll_interval": None,  # cap on the seconds between liveness checks (default: the core's)
     "spare_ranks": 0,  # actors started ahead, to replace dead ranks without waiting for a process
@@ -102,7 +103,7 @@ class RayExecutor(Executor):
             raise TypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
         self.poll_interval = None if opts["poll_interval"] is None else float(opts["poll_interval"])
         self._start_timeout = float(opts["start_timeout"])
-        self._detached = bool(opts["detached"]) or bool(opts["attach"])
+        self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
         self._remotes: list[dict[str, Any]] = [{} for _ in range(spec.world_size)]
         #: Every rank on the driver's node: several ranks' chunks may share one object.
@@ -140,7 +141,9 @@ class RayExecutor(Executor):
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
         try:
-            if opts["attach"]:
+            if opts["actors"] is not None:
+                self._attach_handles(list(opts["actors"]))
+            elif opts["attach"]:
                 self._attach()
             else:
                 self._launch()
@@ -369,6 +372,21 @@ class RayExecutor(Executor):
                     f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, "
                     f"not {self.spec.world_size}"
                 )
+
+    def _attach_handles(self, handles: list[Any]) -> None:
+        """Use running rank actors of other groups (one identity round trip); shutdown only lets go of them."""
+        group = self._rank_actors
+        if len(handles) != self.spec.world_size:
+            raise ValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
+        group.actors.extend(handles)
+        deadline = time.monotonic() + self._start_timeout
+        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in handles]
+        idents = self._wait(refs, deadline, "reach the given actors")
+        for rank, ident in enumerate(idents):
+            if not ident["started"]:
+                raise DispatchError(f"actors[{rank}] hosts no started worker; pass the actors of a running group")
+            group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
+        self._attached_ids = [str(ident.get("actor_id") or "") for ident in idents]
 
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> CallHandle:

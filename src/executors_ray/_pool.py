@@ -11,6 +11,22 @@ then by the node's ``dispatchcore-node-order`` label (where several nodes
 share an IP, as simulated nodes on one machine do), then by the pool's own
 order, so rank order is stable across restarts.  Placement groups are made on first use, and removed when the last
 group using the pool shuts down (or by :meth:`RayResourcePool.remove`).
+
+verl's names and defaults (a verl driver ports by changing imports): the
+constructor's positional order is verl's, ``use_gpu=True`` and
+``max_colocate_count=10`` are verl's defaults, ``pgs`` /
+``get_placement_groups`` / ``local_world_size_list`` / ``local_rank_list``
+are verl's, and :class:`SubRayResourcePool` and :class:`ResourcePoolManager`
+are verl 0.9.1's (see the porting guide in the README).  One deliberate
+difference: verl reserves ``max_colocate_count`` CPUs per bundle (each actor
+then takes one); here a bundle holds ``cpus_per_process`` CPUs (default 1)
+and each actor takes ``1/max_colocate_count`` of it, so a 2-core machine
+places a 2-rank pool whatever ``max_colocate_count`` is (verl's would need
+20 logical CPUs there).  GPUs are Ray's logical ``GPU`` resource: a local
+Ray started with ``ray.init(num_gpus=N)`` places GPU-asking pools on a
+machine without GPUs (what the tests do; their workers never touch CUDA);
+on a cluster with no GPU at all a GPU-asking pool fails at once with a
+:class:`PlacementError` saying to pass ``use_gpu=False``.
 """
 
 from __future__ import annotations
@@ -18,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dispatchcore import DispatchError
@@ -43,17 +59,21 @@ class Slot:
 
 
 class RayResourcePool:
-    """Placement groups for ``sum(process_on_nodes)`` ranks (verl's name and arguments)."""
+    """Placement groups for ``sum(process_on_nodes)`` ranks (verl's name, arguments and defaults)."""
+
+    #: verl's ``ResourcePool`` attribute (GPUs per node it assumes; informational here).
+    n_gpus_per_node: int = 8
 
     def __init__(
         self,
         process_on_nodes: Sequence[int] | None = None,
-        use_gpu: bool = False,
-        max_colocate_count: int = 1,
+        use_gpu: bool = True,
         name_prefix: str | None = None,
+        max_colocate_count: int = 10,
         detached: bool = False,
-        cpus_per_process: float = 1.0,
         accelerator_type: str | None = None,
+        *,
+        cpus_per_process: float = 1.0,
     ) -> None:
         nodes = [int(n) for n in (process_on_nodes if process_on_nodes is not None else [1])]
         if not nodes or any(n < 1 for n in nodes):
@@ -69,11 +89,15 @@ class RayResourcePool:
         self.detached = bool(detached)
         self.cpus_per_process = float(cpus_per_process)
         self.accelerator_type = accelerator_type
+        #: Placement strategy of each node's placement group (``RayWorkerGroup(bin_pack=False)``: ``"PACK"``).
+        self.strategy = "STRICT_PACK"
         self._root: RayResourcePool = self
         self._offset = 0
         self._size = sum(nodes)
         self._slots: list[Slot] | None = None
         self._created: list[Any] = []
+        #: Placement groups given from outside (``SubRayResourcePool``, ``pool.pgs = [...]``): used, never removed.
+        self._adopted: list[Any] | None = None
         self._users = 0
         self._lock = threading.RLock()
 
@@ -86,6 +110,70 @@ class RayResourcePool:
     @property
     def process_on_nodes(self) -> list[int]:
         return list(self.store)
+
+    def __call__(self) -> list[int]:
+        """Processes per node (verl's ``pool()``)."""
+        return list(self.store)
+
+    def add_node(self, process_count: int) -> None:
+        """One more node of ``process_count`` ranks (verl's method; before the pool is placed)."""
+        if self._root is not self or self._slots is not None:
+            raise ValueError("add_node works on an unplaced, unsplit pool; make a new RayResourcePool instead")
+        if int(process_count) < 1:
+            raise ValueError(f"process_count must be >= 1, got {process_count!r}")
+        self.store.append(int(process_count))
+        self._size += int(process_count)
+
+    def local_world_size_list(self) -> list[int]:
+        """Each rank's node size, in rank order (verl's method)."""
+        return [n for n in self.store for _ in range(n)]
+
+    def local_rank_list(self) -> list[int]:
+        """Each rank's index on its node, in rank order (verl's method)."""
+        return [i for n in self.store for i in range(n)]
+
+    @property
+    def pgs(self) -> list[Any] | None:
+        """The placement groups, in rank order (node IP), or ``None`` before placement (verl's attribute)."""
+        root = self._root
+        if root._slots is None:
+            return None if root._adopted is None else list(root._adopted)
+        seen: dict[Any, None] = {}
+        for slot in root._slots:
+            seen.setdefault(slot.placement_group, None)
+        return list(seen)
+
+    @pgs.setter
+    def pgs(self, groups: Sequence[Any] | None) -> None:
+        """Place on placement groups made elsewhere (verl's ``merge_resource_pool`` sets this); never removed here."""
+        root = self._root
+        with root._lock:
+            if root._slots is not None or root._created:
+                raise ValueError("this pool is placed already; set pgs on a new RayResourcePool")
+            root._adopted = None if groups is None else list(groups)
+
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str = "cuda", timeout: float = 300.0
+    ) -> list[Any]:
+        """Reserve the bundles now (if not yet) and return the placement groups in rank order (verl's method).
+
+        ``strategy`` applies when this call is the one that places the pool;
+        ``name`` and ``device_name`` are accepted as verl's and not used (the
+        groups are named after ``name_prefix``; GPUs are Ray's ``GPU`` resource).
+        """
+        if self._root._slots is None:
+            self.prefer_strategy(strategy)
+        self.slots(timeout)
+        return self.pgs or []
+
+    def prefer_strategy(self, strategy: str) -> None:
+        """Use ``strategy`` (``STRICT_PACK``, ``PACK``, ...) if the pool is not placed yet."""
+        if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
+            raise ValueError(f"unknown placement strategy {strategy!r}; use STRICT_PACK, PACK, SPREAD or STRICT_SPREAD")
+        root = self._root
+        with root._lock:
+            if root._slots is None:
+                root.strategy = strategy
 
     def bundle(self) -> dict[str, float]:
         """Resources of one bundle."""
@@ -108,15 +196,15 @@ class RayResourcePool:
             raise ValueError(f"num_gpus={num_gpus} exceeds the one GPU of a bundle")
         return self.cpus_per_process * share, gpus
 
-    def split(self, sizes: Sequence[int]) -> list[RayResourcePool]:
+    def split(self, sizes: Sequence[int]) -> list[SubRayResourcePool]:
         """Consecutive sub-pools of ``sizes`` ranks each, sharing these placement groups."""
         sizes = [int(s) for s in sizes]
         if any(s < 1 for s in sizes) or sum(sizes) != self._size:
             raise ValueError(f"split sizes {sizes} must be >= 1 and add up to the pool's {self._size} ranks")
-        parts: list[RayResourcePool] = []
+        parts: list[SubRayResourcePool] = []
         offset = self._offset
         for size in sizes:
-            part = object.__new__(RayResourcePool)
+            part = object.__new__(SubRayResourcePool)
             part.__dict__.update(self.__dict__)
             part.__dict__.update(store=[size], _offset=offset, _size=size, _root=self._root)
             parts.append(part)
@@ -133,16 +221,19 @@ class RayResourcePool:
             return root._slots[self._offset : self._offset + self._size]
 
     def _place(self, timeout: float) -> list[Slot]:
+        if self._adopted is not None:
+            return _slots_of(self._adopted, sort=False)
         import ray
-        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.placement_group import placement_group
 
+        self._check_gpus(ray)
         deadline = time.monotonic() + timeout
         lifetime = "detached" if self.detached else None
         groups = []
         for i, count in enumerate(self.store):
             name = f"{self.name_prefix}_{i}" if self.name_prefix else ""
             pg = placement_group(
-                [self.bundle() for _ in range(count)], strategy="STRICT_PACK", name=name, lifetime=lifetime
+                [self.bundle() for _ in range(count)], strategy=self.strategy, name=name, lifetime=lifetime
             )
             self._created.append(pg)
             groups.append(pg)
@@ -156,18 +247,20 @@ class RayResourcePool:
                 f"{timeout:g} s; the cluster has {ray.available_resources()} available of "
                 f"{ray.cluster_resources()}. Ask for fewer resources or raise start_timeout"
             )
-        known = ray.nodes()
-        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in known}
-        labels = {n["NodeID"]: str((n.get("Labels") or {}).get(NODE_ORDER_LABEL, "")) for n in known}
-        placed: list[tuple[tuple[int, int, str], str, int, list[Slot]]] = []
-        for position, pg in enumerate(groups):
-            table = placement_group_table(pg)
-            nodes = table.get("bundles_to_node_id", {})
-            slots = [Slot(pg, b, ips.get(nodes.get(b, ""), "")) for b in range(len(table["bundles"]))]
-            node = nodes.get(0, "")
-            placed.append((ip_sort_key(slots[0].node_ip), labels.get(node, ""), position, slots))
-        placed.sort(key=lambda item: item[:3])
-        return [slot for *_, slots in placed for slot in slots]
+        return _slots_of(groups, sort=True)
+
+    def _check_gpus(self, ray: Any) -> None:
+        """Fail at once, naming the fix, when GPUs are asked of a cluster that has none."""
+        if not self.use_gpu:
+            return
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if have < 1:
+            raise PlacementError(
+                f"resource pool {self.store} asks for one GPU per rank (use_gpu=True, verl's default) but the "
+                f"Ray cluster has no GPU. For CPU workers pass RayResourcePool(..., use_gpu=False); to place "
+                "GPU-asking pools on a machine without GPUs (tests), start Ray with ray.init(num_gpus=N) "
+                "(logical GPUs) and keep the workers off CUDA"
+            )
 
     def acquire(self) -> None:
         """Note one more group using the pool."""
@@ -207,7 +300,124 @@ class RayResourcePool:
         )
 
 
-def split_resource_pool(pool: RayResourcePool, split_size: int | Sequence[int]) -> list[RayResourcePool]:
+def _slots_of(groups: Sequence[Any], sort: bool) -> list[Slot]:
+    """Every bundle of ``groups`` as a slot; sorted by node (IP, order label, position) when ``sort``."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    known = ray.nodes()
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in known}
+    labels = {n["NodeID"]: str((n.get("Labels") or {}).get(NODE_ORDER_LABEL, "")) for n in known}
+    placed: list[tuple[tuple[int, int, str], str, int, list[Slot]]] = []
+    for position, pg in enumerate(groups):
+        table = placement_group_table(pg)
+        nodes = table.get("bundles_to_node_id", {})
+        slots = [Slot(pg, b, ips.get(nodes.get(b, ""), "")) for b in range(len(table["bundles"]))]
+        node = nodes.get(0, "")
+        key = ip_sort_key(slots[0].node_ip) if slots and sort else (0, 0, "")
+        placed.append((key, labels.get(node, "") if sort else "", position, slots))
+    if sort:
+        placed.sort(key=lambda item: item[:3])
+    return [slot for *_, slots in placed for slot in slots]
+
+
+class SubRayResourcePool(RayResourcePool):
+    """Ranks ``start_bundle_index .. +subgroup_world_size`` of placement groups made elsewhere (verl's class).
+
+    ``pool.split(...)`` / :func:`split_resource_pool` return these over the
+    parent's placement groups (removed with the parent); built directly, as
+    verl does, it places on ``placement_groups`` and never removes them.
+    """
+
+    def __init__(
+        self, placement_groups: Sequence[Any], start_bundle_index: int, subgroup_world_size: int, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        start, size = int(start_bundle_index), int(subgroup_world_size)
+        if start < 0 or size < 1:
+            raise ValueError(f"need start_bundle_index >= 0 and subgroup_world_size >= 1, got {start}, {size}")
+        self.pgs = placement_groups
+        self._offset, self._size = start, size
+
+    @property
+    def start_bundle_index(self) -> int:
+        """This part's first bundle, counted over the parent's bundles in rank order."""
+        return self._offset
+
+    @property
+    def subgroup_world_size(self) -> int:
+        return self._size
+
+    def slots(self, timeout: float) -> list[Slot]:
+        found = super().slots(timeout)
+        if len(found) < self._size:
+            raise ValueError(
+                f"SubRayResourcePool(start_bundle_index={self._offset}, subgroup_world_size={self._size}) "
+                f"runs past the {len(self._root._slots or [])} bundles of its placement groups"
+            )
+        return found
+
+
+class ResourcePoolShortageError(PlacementError, ValueError):
+    """The cluster has fewer GPUs than a :class:`ResourcePoolManager`'s pools ask for."""
+
+
+@dataclass
+class ResourcePoolManager:
+    """Named resource pools and which role uses which (verl 0.9.1's class, same fields and methods).
+
+    ``resource_pool_spec`` maps a pool name to its processes per node,
+    ``mapping`` a role to a pool name.  :meth:`create_resource_pool` makes one
+    :class:`RayResourcePool` per name with verl's settings (``use_gpu=True``,
+    this manager's ``max_colocate_count``) and checks the cluster has the GPUs.
+    """
+
+    resource_pool_spec: dict[str, list[int]]
+    mapping: dict[Any, str]
+    max_colocate_count: int = 3
+    resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
+
+    def create_resource_pool(self) -> None:
+        """Make the pools (placed lazily, when the first group uses one) and check the GPUs exist."""
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            self.resource_pool_dict[name] = RayResourcePool(
+                process_on_nodes=process_on_nodes,
+                use_gpu=True,
+                max_colocate_count=self.max_colocate_count,
+                name_prefix=name,
+            )
+        self._check_resource_available()
+
+    def get_resource_pool(self, role: Any) -> RayResourcePool:
+        """The pool ``role`` is mapped to."""
+        try:
+            return self.resource_pool_dict[self.mapping[role]]
+        except KeyError:
+            if role not in self.mapping:
+                raise KeyError(f"role {role!r} is not in mapping (roles: {list(self.mapping)})") from None
+            raise KeyError(
+                f"pool {self.mapping[role]!r} of role {role!r} does not exist; call create_resource_pool() first"
+            ) from None
+
+    def get_n_gpus(self) -> int:
+        """GPUs all pools ask for together (one per process)."""
+        return sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
+
+    def _check_resource_available(self) -> None:
+        """Refuse, naming the numbers, a spec that needs more GPUs than the cluster has."""
+        from ._runtime import ensure_ray
+
+        ray = ensure_ray({})
+        have = float(ray.cluster_resources().get("GPU", 0)) or float(ray.cluster_resources().get("NPU", 0))
+        need = self.get_n_gpus()
+        if have < need:
+            raise ResourcePoolShortageError(
+                f"resource_pool_spec {self.resource_pool_spec} needs {need} GPU(s); the Ray cluster has {have:g}. "
+                "Add GPUs, shrink the spec, or (CPU tests) start Ray with ray.init(num_gpus=N) for logical GPUs"
+            )
+
+
+def split_resource_pool(pool: RayResourcePool, split_size: int | Sequence[int]) -> list[SubRayResourcePool]:
     """verl's helper: equal parts of ``split_size`` ranks, or parts of the listed sizes."""
     if isinstance(split_size, int):
         if split_size < 1 or pool.world_size % split_size:

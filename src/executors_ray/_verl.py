@@ -14,18 +14,56 @@ which would cost every actor a fresh Ray worker process); the variables the
 executor sets per rank (``RANK``, ``WORLD_SIZE``, ``MASTER_*``,
 ``LOCAL_*``, ``RAY_LOCAL_RANK``, ``RAY_LOCAL_WORLD_SIZE``) are refused with
 a ``ValueError`` naming them, as verl does.
+
+verl's trainer-level keywords (issue 23; the README's porting guide lists
+them): ``worker_handles`` builds a group over running rank actors (rank i
+the i-th handle, one identity round trip, never killed by ``shutdown()``);
+``ray_wait_register_center_timeout`` is the start timeout; ``use_gpu`` and
+``bin_pack`` act as in verl; ``device_name`` and ``profile_steps`` are
+recorded; ``worker_nsight_options`` and ``master_addr`` / ``master_port`` /
+``master_port_range`` are accepted, do not apply, and say so once in the
+log (logger ``executors_ray.verl``).  Groups, ``spawn`` roles and views carry
+the attributes verl's trainer reads (``_dispatch_info``, ``sub_cls_name``,
+...), and ``blocking=False`` methods return verl's shapes
+(:mod:`executors_ray._verl_refs`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dispatchcore import ClassWithInitArgs, WorkerGroup, create_colocated_worker_raw_cls
+from dispatchcore import ClassWithInitArgs, Registration, WorkerGroup, create_colocated_worker_raw_cls
 
 from ._detached import detached_world_size
-from ._executor import RayExecutor
+from ._executor import OPTIONS, RayExecutor
 from ._pool import RayResourcePool
+from ._verl_refs import RefProxy, gives_refs
+
+_log = logging.getLogger("executors_ray.verl")
+_logged: set[str] = set()
+
+#: Attributes a view (``spawn`` role, ``wg[0:2]``) shares with its group.
+VERL_ATTRIBUTES = (
+    "resource_pool", "device_name", "use_gpu", "profile_steps", "worker_nsight_options", "name_prefix",
+    "_ray_wait_register_center_timeout", "fused_worker_used", "ray_cls_with_init",
+)  # fmt: skip
+#: verl's keywords taken from ``**options`` (see ``_take_verl_keywords``).
+VERL_KEYWORDS = ("use_gpu", "profile_steps", "worker_nsight_options", "master_addr", "master_port", "master_port_range")
+#: Why a verl keyword does nothing here (said once in the log when given).
+NOT_APPLICABLE = {
+    "master": "the executor picks the rendezvous itself (rank 0's node, a free port; wg.master_address/master_port)",
+    "nsight": "dispatchcore does not start workers under Nsight Systems; profile inside the worker "
+    "(torch.cuda.profiler / nsys attached to the Ray worker process)",
+}
+
+
+def log_once(key: str, message: str) -> None:
+    """Say ``message`` at WARNING level the first time ``key`` comes up in this process."""
+    if key not in _logged:
+        _logged.add(key)
+        _log.warning(message)
 
 
 def plain_class(cls: Any) -> type:
@@ -89,11 +127,22 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 
 class RayWorkerGroup(WorkerGroup[Any]):
-    """verl's constructor and helpers on top of :class:`~dispatchcore.WorkerGroup` (backend ``ray``)."""
+    """verl's constructor, attributes and helpers on top of :class:`~dispatchcore.WorkerGroup` (backend ``ray``).
+
+    Every keyword verl 0.9.1's trainer, workers and checkpoint engine pass is
+    taken (see the module docstring for what each one does here).
+    """
 
     #: verl's attributes: whether the class came from ``create_colocated_worker_cls_fused``, and the class spec.
     fused_worker_used: bool = False
     ray_cls_with_init: Any = None
+    #: verl's: the role a ``spawn`` view is bound to ("" for the group itself).
+    sub_cls_name: str = ""
+    #: Every keyword the constructor takes through ``**options`` (verl's, the core's, the ray backend's).
+    ACCEPTED_KEYWORDS: frozenset[str] = frozenset(
+        {*VERL_KEYWORDS, *OPTIONS, "call_timeout", "death_timeout", "isolate", "on_rank_death", "lazy"}
+        | {"lazy_budget_bytes", "env", "name"}
+    )
 
     def __init__(
         self,
@@ -103,6 +152,9 @@ class RayWorkerGroup(WorkerGroup[Any]):
         name_prefix: str | None = None,
         detached: bool = False,
         worker_names: Sequence[str] | None = None,
+        worker_handles: Sequence[Any] | None = None,
+        ray_wait_register_center_timeout: float = 300,
+        *,
         world_size: int | None = None,
         device_name: str = "cuda",
         worker_env: Mapping[str, Any] | None = None,
@@ -115,24 +167,22 @@ class RayWorkerGroup(WorkerGroup[Any]):
             if isinstance(ray_cls_with_init, ClassWithInitArgs)
             else (RayClassWithInitArgs(ray_cls_with_init))
         )
-        from_class = spec.backend_options() if isinstance(spec, RayClassWithInitArgs) else {}
-        if "ray_actor_options" in from_class:
-            options["ray_actor_options"] = {**from_class["ray_actor_options"], **options.get("ray_actor_options", {})}
-        if "runtime_env" in from_class and options.get("runtime_env") is None:
-            options["runtime_env"] = from_class["runtime_env"]
-        if worker_env is not None and not isinstance(worker_env, Mapping):
-            raise TypeError(f"worker_env must be a dict of variable names to values, got {type(worker_env).__name__}")
-        env = {**from_class.get("env", {}), **(options.get("env") or {}), **(worker_env or {})}
-        if env:
-            options["env"] = env
+        self._take_verl_keywords(resource_pool, bin_pack, device_name, ray_wait_register_center_timeout, options)
+        self._merge_actor_options(spec, worker_env, options)
         self.fused_worker_used = bool(getattr(spec, "fused_worker_used", False))
         self.ray_cls_with_init = spec
+        self.name_prefix = name_prefix
         if resource_pool is not None:
             if world_size is not None and world_size != resource_pool.world_size:
                 raise ValueError(f"world_size={world_size} but the pool has {resource_pool.world_size} ranks")
             world_size = resource_pool.world_size
             options["resource_pool"] = resource_pool
-        if worker_names is not None:
+        if worker_handles is not None:
+            handles = list(worker_handles)
+            if world_size is not None and world_size != len(handles):
+                raise ValueError(f"world_size={world_size} but {len(handles)} worker_handles were given")
+            world_size, options["actors"] = len(handles), handles
+        elif worker_names is not None:
             options["attach"] = True
             world_size = len(worker_names) if world_size is None else world_size
         if name_prefix:
@@ -146,6 +196,107 @@ class RayWorkerGroup(WorkerGroup[Any]):
             detached=detached,
             **options,
         )
+
+    def _take_verl_keywords(
+        self, pool: RayResourcePool | None, bin_pack: bool, device_name: str, wait: float, options: dict[str, Any]
+    ) -> None:
+        """Take verl's keywords out of ``options``: applied (see the module docstring), or recorded and logged once."""
+        self.resource_pool = pool
+        self.device_name = device_name
+        self.use_gpu = bool(options.pop("use_gpu", pool.use_gpu if pool is not None else False))
+        self.profile_steps = options.pop("profile_steps", None)
+        self.worker_nsight_options = options.pop("worker_nsight_options", None)
+        self._ray_wait_register_center_timeout = wait
+        options.setdefault("start_timeout", float(wait))
+        if pool is not None:
+            if self.use_gpu and not pool.use_gpu:
+                raise ValueError(
+                    "use_gpu=True but the resource pool was made with use_gpu=False; make the pool with "
+                    "use_gpu=True, or pass use_gpu=False"
+                )
+            if not self.use_gpu and pool.use_gpu:
+                options.setdefault("num_gpus", 0)  # verl: a GPU pool's actors ask no GPU when use_gpu=False
+            if not bin_pack:
+                pool.prefer_strategy("PACK")
+        elif not bin_pack:
+            log_once("bin_pack", "RayWorkerGroup(bin_pack=False) without a resource_pool: nothing to pack; ignored")
+        if device_name not in ("cuda", "cpu"):
+            log_once(
+                f"device:{device_name}",
+                f"RayWorkerGroup(device_name={device_name!r}): dispatchcore asks Ray for its 'GPU' resource and "
+                "sets LOCAL_RANK; the device itself is the worker's to select (recorded as wg.device_name)",
+            )
+        for key in ("master_addr", "master_port", "master_port_range"):
+            if options.pop(key, None) is not None:
+                log_once(key, f"RayWorkerGroup({key}=...) is not applicable: {NOT_APPLICABLE['master']}")
+        if self.worker_nsight_options is not None:
+            log_once(
+                "nsight", f"RayWorkerGroup(worker_nsight_options=...) is not applicable: {NOT_APPLICABLE['nsight']}"
+            )
+
+    @staticmethod
+    def _merge_actor_options(spec: Any, worker_env: Mapping[str, Any] | None, options: dict[str, Any]) -> None:
+        """Fold the class's Ray actor options and ``worker_env`` into the backend options."""
+        from_class = spec.backend_options() if isinstance(spec, RayClassWithInitArgs) else {}
+        if "ray_actor_options" in from_class:
+            options["ray_actor_options"] = {**from_class["ray_actor_options"], **options.get("ray_actor_options", {})}
+        if "runtime_env" in from_class and options.get("runtime_env") is None:
+            options["runtime_env"] = from_class["runtime_env"]
+        if worker_env is not None and not isinstance(worker_env, Mapping):
+            raise TypeError(f"worker_env must be a dict of variable names to values, got {type(worker_env).__name__}")
+        env = {**from_class.get("env", {}), **(options.get("env") or {}), **(worker_env or {})}
+        if env:
+            options["env"] = env
+
+    # -- what verl's trainer reads on groups (groups, spawn roles and views alike) ----------
+    def _attach(self, site: Any, worker_cls: type, methods: dict[str, Registration], parent: Any) -> None:
+        """The core's set-up of a group or view, then verl's ref-returning proxies for non-blocking methods."""
+        super()._attach(site, worker_cls, methods, parent)
+        self.__dict__["_verl_dispatch_info"] = {}
+        if parent is not None:  # a view: verl's attributes are the root group's
+            for key in VERL_ATTRIBUTES:
+                if key in parent.__dict__:
+                    self.__dict__[key] = parent.__dict__[key]
+            self.__dict__["sub_cls_name"] = self.role_prefix[:-1]
+        for name, registration in methods.items():
+            if gives_refs(registration):
+                setattr(self, name, RefProxy(self, name, registration, getattr(self, name)))
+
+    @property
+    def _dispatch_info(self) -> dict[str, list[int]]:
+        """verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch)."""
+        return self.__dict__.setdefault("_verl_dispatch_info", {})  # type: ignore[no-any-return]
+
+    @_dispatch_info.setter
+    def _dispatch_info(self, value: dict[str, list[int]]) -> None:
+        self.__dict__["_verl_dispatch_info"] = value
+
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
+        """Each rank's dp rank on ``mesh_name`` (verl's name; asked once, cached by the core)."""
+        return [dp for dp, _ in self._mesh_info(mesh_name)]
+
+    @property
+    def master_address(self) -> str | None:
+        """Rank 0's node address, the torch.distributed rendezvous (verl's attribute)."""
+        return self._rank_zero_info("ip")
+
+    @property
+    def master_port(self) -> str | None:
+        """The rendezvous port the executor picked on rank 0's node (verl's attribute)."""
+        return self._rank_zero_info("port")
+
+    def _rank_zero_info(self, key: str) -> str | None:
+        infos = self._ray()._rank_actors.infos
+        return str(infos[0][key]) if infos else None
+
+    @property
+    def _workers(self) -> list[Any]:
+        """verl's private list of actor handles (read by some of verl's workers)."""
+        return self.workers
+
+    @property
+    def _world_size(self) -> int:
+        return self.world_size
 
     @classmethod
     def from_detached(

@@ -68,7 +68,7 @@ def main() -> None:
     labels = {n["NodeID"]: (n.get("Labels") or {}).get(NODE_ORDER_LABEL, "") for n in ray.nodes()}
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     found: dict[str, object] = {}
-    pool = RayResourcePool([2, 2], cpus_per_process=1)
+    pool = RayResourcePool([2, 2], use_gpu=False, cpus_per_process=1)
     death_timeout = 5.0
     wg = WorkerGroup(Spread, 4, backend="ray", resource_pool=pool, death_timeout=death_timeout)
     where = wg.where()
