@@ -75,8 +75,19 @@ def _private_core_uses(source: str) -> list[tuple[int, str]]:
     """Imports of private core modules, and private attributes of core objects."""
     import ast
 
-    core_private = {"_executor", "_prefix", "_check_open", "_broken"}
-    core_bases = {"WorkerGroup", "Executor", "RayWorkerGroup"}
+    from dispatchcore import Executor, WorkerGroup
+
+    def private(cls: type, fields: set[str]) -> set[str]:
+        return {n for n in vars(cls) if n.startswith("_") and not n.startswith("__")} | fields
+
+    # The private names each core class defines (methods, and the fields its set-up assigns), read off the
+    # classes so that a redesign of the core keeps the check current.  An executor's own private fields
+    # are its own; verl's private names, which the verl adapter defines for verl's code, are not the core's.
+    group_private = private(WorkerGroup, {"_site", "_worker_cls", "_methods", "_parent", "_mesh_cache", "_lock"})
+    group_private |= {"_executor", "_prefix", "_check_open"}  # the names of the core before its redesign
+    executor_private = private(Executor, {"_broken"})
+    core_private = group_private | executor_private
+    group_bases = {"WorkerGroup", "RayWorkerGroup"}
     tree = ast.parse(source)
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -88,15 +99,22 @@ def _private_core_uses(source: str) -> list[tuple[int, str]]:
             found.append((node.lineno, "reads _dispatchcore_roles"))
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         bases = {getattr(b, "id", getattr(b, "attr", "")) for b in cls.bases}
+        for item in cls.body:  # overriding a private core method is reaching into the core too
+            if isinstance(item, ast.FunctionDef) and bases & group_bases and item.name in group_private:
+                found.append((item.lineno, f"overrides WorkerGroup.{item.name}"))
         for node in ast.walk(cls):
             if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
                 continue
             owner, attr = node.value.id, node.attr
             if owner in {"wg", "group", "worker_group"} and attr in core_private:
                 found.append((node.lineno, f"uses {owner}.{attr}"))
-            elif owner == "self" and attr == "_executor" and bases & {"WorkerGroup", "RayWorkerGroup"}:
+            elif owner == "self" and attr == "_executor" and bases & group_bases:
                 found.append((node.lineno, "uses WorkerGroup._executor"))
-            elif owner == "self" and attr in core_private - {"_executor"} and bases & core_bases:
+            elif (
+                owner == "self" and attr in group_private - {"_executor"} and bases & {"WorkerGroup", "RayWorkerGroup"}
+            ):
+                found.append((node.lineno, f"uses self.{attr}"))
+            elif owner == "self" and attr in executor_private and "Executor" in bases:
                 found.append((node.lineno, f"uses self.{attr}"))
     return found
 
@@ -124,7 +142,10 @@ from ._executor import Fine
 
 class Group(RayWorkerGroup):
     def f(self):
-        return self._executor, self._prefix, self._check_open()
+        return self._executor, self._prefix, self._check_open(), self._site
+
+    def _attach(self, *args):
+        pass
 
 class Mine(Executor):
     def f(self, wg):
@@ -138,6 +159,8 @@ class Mine(Executor):
             "uses WorkerGroup._executor",
             "uses self._prefix",
             "uses self._check_open",
+            "uses self._site",
+            "overrides WorkerGroup._attach",
             "uses self._broken",
             "uses wg._executor",
             "reads _dispatchcore_roles",

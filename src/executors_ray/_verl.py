@@ -34,7 +34,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dispatchcore import ClassWithInitArgs, Registration, WorkerGroup, create_colocated_worker_raw_cls
+from dispatchcore import ClassWithInitArgs, WorkerGroup, create_colocated_worker_raw_cls
 
 from ._detached import detached_world_size
 from ._executor import OPTIONS, RayExecutor
@@ -249,18 +249,19 @@ class RayWorkerGroup(WorkerGroup[Any]):
             options["env"] = env
 
     # -- what verl's trainer reads on groups (groups, spawn roles and views alike) ----------
-    def _attach(self, site: Any, worker_cls: type, methods: dict[str, Registration], parent: Any) -> None:
-        """The core's set-up of a group or view, then verl's ref-returning proxies for non-blocking methods."""
-        super()._attach(site, worker_cls, methods, parent)
+    def on_bound(self, parent: Any) -> None:
+        """Once the core bound a group or view: verl's attributes, ref-returning proxies for non-blocking methods."""
+        super().on_bound(parent)
         self.__dict__["_verl_dispatch_info"] = {}
         if parent is not None:  # a view: verl's attributes are the root group's
             for key in VERL_ATTRIBUTES:
                 if key in parent.__dict__:
                     self.__dict__[key] = parent.__dict__[key]
             self.__dict__["sub_cls_name"] = self.role_prefix[:-1]
-        for name, registration in methods.items():
-            if gives_refs(registration):
-                setattr(self, name, RefProxy(self, name, registration, getattr(self, name)))
+        for name in self.method_names:
+            proxy = getattr(self, name)
+            if gives_refs(proxy.registration):
+                setattr(self, name, RefProxy(self, name, proxy.registration, proxy))
 
     @property
     def _dispatch_info(self) -> dict[str, list[int]]:
@@ -273,7 +274,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     def _query_dispatch_info(self, mesh_name: str) -> list[int]:
         """Each rank's dp rank on ``mesh_name`` (verl's name; asked once, cached by the core)."""
-        return [dp for dp, _ in self._mesh_info(mesh_name)]
+        return [dp for dp, _ in self.mesh_ranks(mesh_name)]
 
     @property
     def master_address(self) -> str | None:

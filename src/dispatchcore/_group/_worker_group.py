@@ -142,6 +142,15 @@ class WorkerGroup(Generic[W]):
         self._closed = False
         for name, registration in methods.items():
             setattr(self, name, proxy_class(name)(self, site, name, registration))
+        self.on_bound(parent)
+
+    def on_bound(self, parent: WorkerGroup[Any] | None) -> None:
+        """Runs once a group or a view is set up, its method proxies bound; the default does nothing.
+
+        For subclasses such as executors' adapters (verl's ``RayWorkerGroup``):
+        ``parent`` is the group a view was taken from (``None`` for a group),
+        and a proxy may be wrapped or replaced here (``getattr(self, name)``).
+        """
 
     @classmethod
     def _view_of(cls, parent: WorkerGroup[Any], site: CallSite, worker_cls: type) -> WorkerGroup[Any]:
@@ -298,6 +307,14 @@ class WorkerGroup(Generic[W]):
     def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Run any worker method on rank 0 only and return its value."""
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
+
+    def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
+        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked of the ranks once and cached.
+
+        What the nd dispatch mode splits by; a view over some dp ranks numbers
+        them ``0..k-1``.
+        """
+        return self._mesh_info(mesh_name)
 
     def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
         """Every rank's (dp_rank, is_collect) on ``mesh_name``, asked once."""
