@@ -63,6 +63,7 @@ def _wait_for(wg: WorkerGroup[Any], function: str) -> dict[int, str]:
     """Read the stacks until every rank of the call (``mock``: the one running) shows ``function``."""
     while True:
         stacks = wg.rank_stacks()
+        assert stacks, f"backend {wg.backend!r} answered no rank's stack"
         running = [text for text in stacks.values() if function in text]
         if running and (wg.backend == "mock" or len(running) == len(stacks) == wg.world_size):
             return stacks
