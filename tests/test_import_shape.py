@@ -36,34 +36,37 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _raw_imports(name: str, path: Path) -> Iterator[str]:
-    """Every module ``name`` imports (absolute dotted names), wherever the import statement is."""
+def _statements(name: str, path: Path) -> Iterator[tuple[str, str | None]]:
+    """``(module, imported name)`` for every import in module ``name``, relative ones made absolute.
+
+    ``import a.b`` gives ``("a.b", None)``; ``from .x import y`` gives ``("<package>.x", "y")``.
+    """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
+            yield from ((alias.name, None) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                yield sub if sub in MODULES else _through_face(base, alias.name)
+            yield from ((base, alias.name) for alias in node.names)
+
+
+def _raw_imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports (absolute dotted names), wherever the import statement is."""
+    for module, imported in _statements(name, path):
+        if imported is None:
+            yield module
+        else:
+            sub = f"{module}.{imported}"
+            yield sub if sub in MODULES else _through_face(module, imported)
 
 
 def _written_imports(name: str, path: Path) -> Iterator[str]:
     """The paths ``name``'s import statements spell out (a public face is public whoever defines the name)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base] if base else parts)
-            yield from (f"{base}.{alias.name}" if alias.name.startswith("_") else base for alias in node.names)
+    for module, imported in _statements(name, path):
+        yield f"{module}.{imported}" if imported is not None and imported.startswith("_") else module
 
 
 def _through_face(module: str, name: str) -> str:
