@@ -35,6 +35,7 @@ from dispatchcore.executor import (
     RankThread,
     RemoteFailure,
     WorkerHost,
+    cancel_in_process,
     check_options,
     isolated_copy,
     run_isolated,
@@ -140,6 +141,11 @@ class LocalExecutor(Executor):
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """Read straight off each rank's thread in this process (a thread's frame is visible to all)."""
         return {rank: thread_stacks(self.rank_threads[rank].thread.ident, all_threads) for rank in ranks}
+
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Every rank lives in this process: stop the call on each of them here."""
+        cancel_in_process(call.instructions.call_id)
+        return True
 
     def shutdown(self) -> None:
         if self._closed:

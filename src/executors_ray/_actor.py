@@ -31,6 +31,7 @@ from dispatchcore.executor import (
     RemoteFailure,
     ResultShape,
     WorkerHost,
+    cancel_in_process,
     free_port,
     keep_freed_memory,
     thread_stacks,
@@ -185,6 +186,10 @@ class RankActor:
     def ping(self) -> int:
         """Liveness probe; answers even while a worker method is running."""
         return threading.get_ident()
+
+    def cancel(self, call_id: int) -> int:
+        """Stop call ``call_id`` if this rank runs it (or skip it when it comes); how many ran it."""
+        return cancel_in_process(call_id)
 
     def stacks(self, all_threads: bool) -> str:
         """Where this rank is: the stack of the thread running its methods (or every thread)."""

@@ -544,6 +544,18 @@ class RayExecutor(Executor):
         """Whether :meth:`shutdown` ran (the actors are gone, or let go of if detached)."""
         return self._rank_actors.closed
 
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Each rank's actor stops the call from its control group, beside the running call (not waited for)."""
+        if self.closed:
+            return False
+        for rank in ranks:
+            self.actor(rank).cancel.options(concurrency_group=CONTROL_GROUP).remote(call.instructions.call_id)
+        return True
+
+    def can_replace_ranks(self) -> bool:
+        """Not the ranks of a detached group (another driver may own them)."""
+        return not self.closed and not self._detached
+
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """Each rank's actor answers in its control group, beside a running call."""
         if self.closed:

@@ -57,6 +57,8 @@ class RayCallHandle(RankCallHandle):
         #: When each rank last answered one (the silence ``death_timeout`` bounds).
         self._answered: dict[int, float] = {}
         self._ping_every = max(self.poll, self.death_timeout / 4)
+        #: Set by :meth:`wait_settled`: wait for every rank, not only until the call ended.
+        self._draining = False
 
     # -- results -----------------------------------------------------------------
     def wait_for_progress(self, seconds: float) -> None:
@@ -72,8 +74,10 @@ class RayCallHandle(RankCallHandle):
                 for position, value in enumerate(values):
                     self._accept(position, value)
                 return
-        while not RankCallHandle.done(self):
+        while self._draining or not RankCallHandle.done(self):
             waiting = self.waiting_positions()
+            if not waiting:
+                return
             refs = [self.refs[p] for p in waiting]
             left = max(0.0, deadline - time.monotonic())
             ready, rest = ray.wait(refs, num_returns=1, timeout=left, fetch_local=self._fetch)
@@ -84,6 +88,14 @@ class RayCallHandle(RankCallHandle):
                 ready += more
             landed = set(ready)
             self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait for ranks still running after the call ended (fail fast, cancel) to answer."""
+        self._draining = True
+        try:
+            return super().wait_settled(timeout)
+        finally:
+            self._draining = False
 
     def _take(self, positions: list[int]) -> None:
         """Deliver ready results (one ``ray.get``; per reference only if one failed)."""

@@ -44,6 +44,7 @@ from dispatchcore.executor import (
     RankThread,
     RemoteFailure,
     WorkerHost,
+    cancel_in_process,
     check_options,
     free_port,
     rank_environment,
@@ -329,6 +330,23 @@ class TorchrunExecutor(Executor):
         if self._local is not None and not self._local.is_alive():
             return "worker 0's thread is no longer running"
         return None
+
+    # -- stopping a call -------------------------------------------------------------------
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Worker 0's call stopped here; each other process's data thread told to stop it there."""
+        if self._closed:
+            return False
+        call_id = call.instructions.call_id
+        for d in sorted({self._data_ranks[g] for g in ranks}):
+            if d == 0:
+                cancel_in_process(call_id)
+            elif self._hub.dead_reason(d) is None:
+                RowPlane.send_cancel(self._hub.store, d, call_id)
+        return True
+
+    def can_replace_ranks(self) -> bool:
+        """Self-started worlds with a spare left (the launcher's agent owns its processes)."""
+        return not self._closed and self._world is not None and bool(self._world.spares)
 
     # -- where each rank is ----------------------------------------------------------------
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:

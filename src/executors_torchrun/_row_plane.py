@@ -46,7 +46,15 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, WorkerHost, free_kept_rows, liveness_poll, take_kept_rows, thread_stacks
+from dispatchcore.executor import (
+    RowRequest,
+    WorkerHost,
+    cancel_in_process,
+    free_kept_rows,
+    liveness_poll,
+    take_kept_rows,
+    thread_stacks,
+)
 
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
@@ -97,6 +105,9 @@ class RowPlane:
             if message[0] == "free":
                 free_kept_rows(message[1])
                 continue
+            if message[0] == "cancel":  # the driver cancelled a call this process's workers may be running
+                cancel_in_process(message[1])
+                continue
             if message[0] == "stacks":  # where this process's worker methods are (they run on its main thread)
                 _, reply, all_threads = message
                 try:
@@ -128,6 +139,14 @@ class RowPlane:
     def free(self, process: int, keys: Sequence[str]) -> None:
         """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
         self._store.queue_push(rows_key(process), encode(("free", list(keys))))
+
+    @staticmethod
+    def send_cancel(store: dist.Store, process: int, call_id: int) -> None:
+        """Have process ``process``'s data thread stop call ``call_id`` there, beside the running call.
+
+        Static: a driver that keeps no rows (a self-started world's) starts no row plane to cancel.
+        """
+        store.queue_push(rows_key(process), encode(("cancel", call_id)))
 
     def stacks(self, process: int, all_threads: bool, timeout: float) -> str | None:
         """Process ``process``'s method-thread stack, asked of its data thread (which answers beside a call)."""

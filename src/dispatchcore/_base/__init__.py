@@ -6,6 +6,8 @@ Imports nothing of dispatchcore.
 from ._errors import (
     BackendNotFoundError,
     BatchSizeError,
+    CallCancelledError,
+    CallInterrupted,
     DispatchError,
     DispatchTimeoutError,
     MemoryBudgetError,
@@ -19,6 +21,8 @@ from ._options import check_options
 __all__ = [
     "BackendNotFoundError",
     "BatchSizeError",
+    "CallCancelledError",
+    "CallInterrupted",
     "DispatchError",
     "DispatchTimeoutError",
     "Latch",

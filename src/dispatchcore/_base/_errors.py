@@ -10,7 +10,10 @@ caller can catch either::
     ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
-    └── DispatchTimeoutError (TimeoutError) a call outlived its timeout
+    ├── DispatchTimeoutError (TimeoutError) a call outlived its timeout
+    └── CallCancelledError (CancelledError) a call was cancelled
+
+    CallInterrupted (BaseException)          raised inside a cancelled worker method
 
 Backend exceptions are translated into these at each executor's boundary
 (``raise ... from exc``).
@@ -18,6 +21,7 @@ Backend exceptions are translated into these at each executor's boundary
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 
@@ -111,6 +115,37 @@ class DispatchTimeoutError(DispatchError, TimeoutError):
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (_timeout_error, (str(self), self.method, self.ranks))
+
+
+class CallCancelledError(DispatchError, concurrent.futures.CancelledError):
+    """A call was cancelled (``future.cancel()``, a stream left early, a timeout with ``on_timeout="cancel"``).
+
+    ``method`` and ``ranks`` (the ranks that had not finished when it was
+    cancelled) are set when known.  It is also a
+    ``concurrent.futures.CancelledError``, what ``Future.result()`` raises
+    after a cancel.
+    """
+
+    def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.method = method
+        self.ranks = tuple(ranks)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_cancelled_error, (str(self), self.method, self.ranks))
+
+
+class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thread, like KeyboardInterrupt
+    """Raised inside a worker method whose call was cancelled (at its next Python instruction).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` and ``asyncio.CancelledError``
+    are, so that a worker's ``except Exception`` does not swallow it.  Catch it
+    only to clean up, then re-raise.
+    """
+
+
+def _cancelled_error(message: str, method: str | None, ranks: tuple[int, ...]) -> CallCancelledError:
+    return CallCancelledError(message, method=method, ranks=ranks)
 
 
 def _timeout_error(message: str, method: str | None, ranks: tuple[int, ...]) -> DispatchTimeoutError:

@@ -24,9 +24,12 @@ class CallFuture(Generic[T]):
         self,
         resolve: Callable[[float | None], T],
         is_done: Callable[[], bool] = lambda: True,
+        cancel: Callable[[], bool] | None = None,
     ) -> None:
         self._resolve = resolve
         self._is_done = is_done
+        self._cancel = cancel
+        self._cancelled = False
         self._value: Any = _UNRESOLVED
         self._lock = threading.Lock()
 
@@ -44,6 +47,24 @@ class CallFuture(Generic[T]):
     def done(self) -> bool:
         """Whether :meth:`get` would return without waiting."""
         return self._value is not _UNRESOLVED or self._is_done()
+
+    def cancel(self) -> bool:
+        """Stop the call on every rank of it; ``False`` (nothing changes) if it had already finished.
+
+        As ``concurrent.futures.Future.cancel``, but the call was running:
+        each rank is asked to stop (see ``docs/design.md``, "Cancel"), and
+        :meth:`get` then raises :class:`~dispatchcore.CallCancelledError`.
+        """
+        if self._cancelled:
+            return True
+        if self._value is not _UNRESOLVED or self._cancel is None:
+            return False
+        self._cancelled = self._cancel()
+        return self._cancelled
+
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` stopped this call."""
+        return self._cancelled
 
     def __await__(self) -> Generator[Any, None, T]:
         """``await future`` in an asyncio driver: waits without blocking the event loop.

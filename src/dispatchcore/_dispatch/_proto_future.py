@@ -32,8 +32,9 @@ class DataProtoFuture(CallFuture[DataProto]):
         collect_positions: list[int] | None = None,
         pad_size: int = 0,
         padded_len: int = 0,
+        cancel: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__(resolve, is_done)
+        super().__init__(resolve, is_done, cancel)
         #: What an executor needs to forward the rows without the driver.
         self.handle = handle
         self.executor = executor

@@ -23,6 +23,7 @@ from .._base import DispatchError, WorkerDiedError, WorkerError
 from .._runtime import isolated_copy
 from .._spi import Call
 from .._worker import REJOIN_METHOD, MembershipChange
+from ._stragglers import Stragglers
 
 #: What a group may do when a call finds a rank dead.
 ON_RANK_DEATH = ("raise", "replace")
@@ -64,7 +65,9 @@ class SetupLog:
             return [s.method for s in self._steps]
 
 
-def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> MembershipChange:
+def run_replacement(
+    group: Any, ranks: tuple[int, ...], generation: int, stragglers: Stragglers | None = None
+) -> MembershipChange:
     """Replace ``ranks`` of ``group`` (a root WorkerGroup): new ranks, setup replay, hook on every rank.
 
     Raises :class:`~dispatchcore.WorkerDiedError` when another rank dies on
@@ -75,6 +78,8 @@ def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> Memb
     executor = group.executor
     n = group.world_size
     env = dict(executor.replace_ranks(ranks))
+    if stragglers is not None:
+        stragglers.forget(ranks)
     survivors = [r for r in range(n) if r not in ranks]
     change = MembershipChange(
         replaced=ranks,
@@ -104,19 +109,38 @@ def run_replacement(group: Any, ranks: tuple[int, ...], generation: int) -> Memb
     return change
 
 
+#: Default of ``WorkerGroup(cancel_grace=...)``: how long ranks asked to stop may take to leave a call.
+CANCEL_GRACE_S = 5.0
+
+
 class Membership:
-    """One group's replacement state: its setup log, how many replacements it went through, one at a time."""
+    """One group's replacement state: its setup log, its stragglers, how many replacements it went through."""
 
     def __init__(self) -> None:
         self.setup_log = SetupLog()
         self.generation = 0
+        #: Ranks still running a call that ended (``_stragglers``); a replacement restarts the stuck ones too.
+        self.stragglers = Stragglers()
+        self.cancel_grace = CANCEL_GRACE_S
         self._lock = threading.Lock()
 
     def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
-        """Replace ``ranks`` of ``group`` now (``WorkerGroup.replace_rank``)."""
+        """Replace ``ranks`` of ``group`` now (``WorkerGroup.replace_rank``), and any rank stuck in an ended call.
+
+        The survivors of a call interrupted by a death were asked to leave it;
+        those still in it after ``cancel_grace`` are restarted with the dead,
+        so that the rejoin never queues behind them.
+        """
         with self._lock:
             self.generation += 1
-            return run_replacement(group, ranks, self.generation)
+            return run_replacement(group, self._with_stuck(group, ranks), self.generation, self.stragglers)
+
+    def _with_stuck(self, group: Any, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        if not self.stragglers:
+            return ranks
+        others = [r for r in range(group.world_size) if r not in ranks]
+        stuck = self.stragglers.settle(others, self.cancel_grace)
+        return tuple(sorted({*ranks, *stuck}))
 
     def recover(self, group: Any, dead: int, seen: int) -> None:
         """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
@@ -131,7 +155,7 @@ class Membership:
             for _ in range(group.world_size):
                 self.generation += 1
                 try:
-                    run_replacement(group, pending, self.generation)
+                    run_replacement(group, self._with_stuck(group, pending), self.generation, self.stragglers)
                     return
                 except WorkerDiedError as again:
                     pending = (again.rank,)

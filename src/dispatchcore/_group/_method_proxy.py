@@ -25,7 +25,7 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base import DispatchError, DispatchTimeoutError, WorkerDiedError
+from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
 from .._dispatch import CallFuture, DataProtoFuture, Registration, resolve_mode
 from .._spi import CallHandle, remaining
 from ._call_checks import submit_call
@@ -34,7 +34,7 @@ from ._plan import plan_call
 from ._planned import PlannedCall
 from ._retry import should_retry
 from ._site import CallSite
-from ._stuck import note_stacks
+from ._stuck import clear_stragglers, left_running, note_stacks
 from ._tracing import CallTrace
 
 P = ParamSpec("P")
@@ -42,6 +42,9 @@ D_co = TypeVar("D_co", covariant=True)
 
 #: Sentinel: "use the group's call_timeout" (typed Any so it can default any parameter).
 DEFAULT: Any = object()
+#: What a call past its timeout does: raise and leave the ranks running (the group is then
+#: broken), or cancel it on the ranks (the group takes calls again once they left it).
+ON_TIMEOUT = ("raise", "cancel")
 
 
 class MethodProxy(Generic[P, D_co]):
@@ -51,7 +54,7 @@ class MethodProxy(Generic[P, D_co]):
     the call returns (the mode's collected result, or a future of it).
     """
 
-    __slots__ = ("_group", "_lazy", "_name", "_registration", "_site", "_timeout")
+    __slots__ = ("_group", "_lazy", "_name", "_on_timeout", "_registration", "_site", "_timeout")
 
     def __init__(
         self,
@@ -61,7 +64,9 @@ class MethodProxy(Generic[P, D_co]):
         registration: Registration,
         timeout: Any = DEFAULT,
         lazy: bool | None = None,
+        on_timeout: str = "raise",
     ):
+        self._on_timeout = on_timeout
         self._group = group  # what the mode's dispatch and collect functions are handed (verl's ``wg``)
         self._site = site
         self._name = name
@@ -72,20 +77,35 @@ class MethodProxy(Generic[P, D_co]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
         site = self._site
         timeout = site.call_timeout if self._timeout is DEFAULT else self._timeout
-        result: D_co = run_call(self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy)
+        result: D_co = run_call(
+            self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy, self._on_timeout
+        )
         return result
 
-    def options(self, *, timeout: float | None = DEFAULT, lazy: bool | None = None) -> MethodProxy[P, D_co]:
+    def options(
+        self, *, timeout: float | None = DEFAULT, lazy: bool | None = None, on_timeout: str | None = None
+    ) -> MethodProxy[P, D_co]:
         """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``.
 
         ``lazy=True`` keeps this call's DataProto result on the ranks (a ``LazyDataProto``).
+        ``on_timeout="cancel"`` stops the call on its ranks when it outlives
+        ``timeout`` (the group takes calls again); the default ``"raise"``
+        leaves them running and the group broken, because interrupting a
+        method at an arbitrary instruction can leave its state half-written.
         """
+        if on_timeout is not None and on_timeout not in ON_TIMEOUT:
+            raise DispatchError(f"on_timeout must be one of {list(ON_TIMEOUT)}, got {on_timeout!r}")
         if timeout is not DEFAULT and timeout is not None:
             if not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         if lazy is not None and not isinstance(lazy, bool):
             raise ValueError(f"lazy must be True, False or None, got {lazy!r}")
-        return type(self)(self._group, self._site, self._name, self._registration, timeout, lazy)
+        if timeout is DEFAULT:
+            timeout = self._timeout
+        return type(self)(
+            self._group, self._site, self._name, self._registration, timeout,
+            self._lazy if lazy is None else lazy, on_timeout or self._on_timeout,
+        )  # fmt: skip
 
     @property
     def registration(self) -> Registration:
@@ -142,6 +162,7 @@ def run_call(
     kwargs: dict[str, Any],
     timeout: float | None,
     lazy: bool | None,
+    on_timeout: str = "raise",
     retried: bool = False,
 ) -> Any:
     """Run registered method ``name`` on ``site``'s ranks; the collected result, or a future of it."""
@@ -152,29 +173,49 @@ def run_call(
             "directly, not through the WorkerGroup"
         )
     site.check_open(group)
+    clear_stragglers(group, site)
     site.shared.ledger.flush()
     trace = CallTrace.begin(site.shared.label, site.prefix, name)
-    planned = plan_call(group, site, name, registration, spec, args, kwargs, timeout, lazy)
+    cancels = on_timeout == "cancel" and timeout is not None
+    # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
+    planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
+    call = planned.call
     if trace is not None:
-        trace.dispatched(planned.call)
-    handle = submit_call(site.executor, planned.call, site.shared.backend)
+        trace.dispatched(call)
+    handle = submit_call(site.executor, call, site.shared.backend)
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def resolve(wait: float | None) -> Any:
         try:
             results = handle.result(remaining(deadline) if wait is None else wait)
+        except CallCancelledError:
+            raise
         except WorkerDiedError as exc:
-            if not should_retry(group, site, exc, registration, planned.call.method, planned.generation, retried):
+            left_running(site, handle, call, f"rank {exc.rank} died", exc)
+            if not should_retry(group, site, exc, registration, call.method, planned.generation, retried):
                 raise
-            again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, retried=True)
+            again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, on_timeout, True)
             return again if registration.blocking else again.get()
+        except WorkerError as exc:
+            left_running(site, handle, call, f"rank {exc.rank} raised {exc.exc_type}", exc)
+            raise
         except DispatchTimeoutError as exc:
+            if cancels and deadline is not None and time.monotonic() >= deadline:
+                _cancel_on_ranks(site, handle, call, f"it outlived its {timeout:g} s timeout")
+                exc.add_note("on_timeout='cancel': the call was cancelled on its ranks; the group takes calls again")
             note_stacks(site, exc)
+            raise
+        except KeyboardInterrupt:
+            _cancel_on_ranks(site, handle, call, "the driver was interrupted")
             raise
         return _finish(group, site, registration, planned, handle, results, trace)
 
     if registration.blocking:
         return resolve(None)
+
+    def cancel() -> bool:
+        return _cancel_on_ranks(site, handle, call, "it was cancelled")
+
     if spec.returns_dataproto:
         ctx = planned.context
         return DataProtoFuture(
@@ -182,12 +223,22 @@ def run_call(
             handle.done,
             handle=handle,
             executor=site.executor,
-            call=planned.call,
+            call=call,
             collect_positions=ctx.collect_positions,
             pad_size=ctx.pad_size,
             padded_len=ctx.padded_len,
+            cancel=cancel,
         )
-    return CallFuture(resolve, handle.done)
+    return CallFuture(resolve, handle.done, cancel)
+
+
+def _cancel_on_ranks(site: CallSite, handle: CallHandle, call: Any, why: str) -> bool:
+    """End ``handle``'s call as cancelled and ask its ranks still running to stop; ``False`` if it had ended."""
+    end = getattr(handle, "cancel", None)
+    if end is None or not end():
+        return False
+    site.shared.membership.stragglers.track(site.executor, handle, call, why)
+    return True
 
 
 def _finish(

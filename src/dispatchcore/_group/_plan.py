@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 from typing import Any
 
 from .._base import DispatchError
@@ -26,6 +27,8 @@ from ._planned import PlannedCall
 from ._site import CallSite
 
 _keep_tokens = itertools.count()
+#: Call ids (what a cancel names on the ranks): random high bits keep two drivers of one detached group apart.
+_call_ids = itertools.count(random.getrandbits(30) << 32 | 1)
 #: Looked up once: a member read through the enum's metaclass costs a method call.
 _EXECUTE_RANK_ZERO = Execute.RANK_ZERO
 
@@ -55,7 +58,8 @@ def plan_call(
     finally:
         leave_call(token)
     per_rank_args, per_rank_kwargs, read_sources = _send_data(site, per_rank_args, per_rank_kwargs)
-    instructions = Instructions(keep_rows=f"{os.getpid()}-{next(_keep_tokens)}") if lazy else PLAIN
+    keep = f"{os.getpid()}-{next(_keep_tokens)}" if lazy else None
+    instructions = Instructions(keep_rows=keep, call_id=next(_call_ids))
     call = build_call(
         site,
         name,

@@ -1,28 +1,103 @@
-"""The stacks hook of the call pipeline: a call that timed out says where its unfinished ranks are.
+"""The stuck-ranks hooks of the call pipeline: where unfinished ranks are, and what becomes of them.
 
-Asking costs a round trip to each rank beside its running call, so it is
-bounded (:data:`STACKS_TIMEOUT_S`) and best effort: a rank that does not
-answer, or a backend that cannot ask, leaves the error as it was.
+* :func:`note_stacks`: a call that timed out or failed fast says where its
+  unfinished ranks are (their stacks).  Asking costs a round trip to each
+  rank beside its running call, so it is bounded (:data:`STACKS_TIMEOUT_S`)
+  and best effort: a rank that does not answer, or a backend that cannot
+  ask, leaves the error as it was.
+* :func:`left_running`: a call ended while ranks were still in it; they are
+  asked to stop and recorded (``_stragglers``).
+* :func:`clear_stragglers`: before the next call on those ranks, wait for
+  them within the group's ``cancel_grace``; ranks still stuck are restarted
+  (``on_rank_death="replace"``), or the call is refused naming them, with
+  their stacks and the way back (``wg.replace_rank``); a backend that cannot
+  restart ranks (``local``, the torchrun launcher) declares the group broken.
 """
 
 from __future__ import annotations
 
-from .._base import DispatchTimeoutError
-from .._runtime import stacks_note
-from ._site import CallSite
+import time
+from typing import Any
 
-#: How long a timed-out call waits for its ranks' stacks before raising without them.
+from .._base import DispatchError
+from .._runtime import stacks_note
+from .._spi import Call, CallHandle
+from ._site import CallSite
+from ._stragglers import unfinished_ranks
+
+#: How long a failed or timed-out call waits for its ranks' stacks before raising without them.
 STACKS_TIMEOUT_S = 2.0
 
 
-def note_stacks(site: CallSite, error: DispatchTimeoutError) -> None:
-    """Add the stacks of the ranks ``error`` names to it, as a note."""
-    ranks = list(getattr(error, "ranks", ()) or ())
+def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = None) -> None:
+    """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note."""
+    ranks = list(getattr(error, "ranks", ()) or ()) if ranks is None else ranks
+    text = _stacks_text(site, ranks)
+    if text:
+        error.add_note(text)
+
+
+def _stacks_text(site: CallSite, ranks: list[int]) -> str:
     if not ranks:
-        return
+        return ""
     try:
         stacks = site.executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
+        return ""
+    return stacks_note(stacks) if stacks else ""
+
+
+def left_running(site: CallSite, handle: CallHandle, call: Call, why: str, error: BaseException | None) -> list[int]:
+    """``call`` ended (``why``) with ranks still in it: note where they are on ``error``, ask them to stop."""
+    shared = site.shared
+    stragglers = shared.membership.stragglers
+    running = unfinished_ranks(handle, call)
+    if not running:
+        return []
+    if error is not None:
+        error.add_note(
+            f"rank(s) {running} had not finished {call.method!r} when {why}; they were asked to stop "
+            f"(the next call waits up to cancel_grace={shared.membership.cancel_grace:g} s for them to leave it)"
+        )
+        note_stacks(site, error, running)
+    stragglers.track(site.executor, handle, call, why)
+    return running
+
+
+def clear_stragglers(group: Any, site: CallSite) -> None:
+    """Before a call on ``site``'s ranks: no rank of it may still be in an earlier, ended call."""
+    shared = site.shared
+    membership = shared.membership
+    if not membership.stragglers:
         return
-    if stacks:
-        error.add_note(stacks_note(stacks))
+    stuck = membership.stragglers.settle(site.ranks, membership.cancel_grace)
+    if not stuck:
+        return
+    ranks = sorted(stuck)
+    first = stuck[ranks[0]]
+    executor = site.executor
+    what = (
+        f"rank(s) {ranks} are still running {first.method!r}, "
+        f"{time.monotonic() - first.since:.1f} s after they were asked to stop (the call ended because {first.why}); "
+        "a rank that does not leave a call is blocked in C code (a collective, a sleep) or ignores the interrupt"
+    )
+    if executor.can_replace_ranks():
+        if shared.on_rank_death == "replace":
+            root = shared.root() if shared.root is not None else None
+            membership.replace(root if root is not None else group, tuple(ranks))
+            return
+        error = DispatchError(
+            f"{what}. Restart them with wg.replace_rank({', '.join(map(str, ranks))}) (setup is replayed and "
+            "on_membership_change runs on every rank), or create the group with on_rank_death='replace' to "
+            "have that done before the next call"
+        )
+    else:
+        reason = f"{what}, and the {shared.backend!r} backend cannot restart ranks"
+        executor.mark_broken(reason)
+        error = DispatchError(
+            f"{group!r} can take no more calls: {reason}. Shut it down (shutdown() returns at once) and "
+            "create a new group"
+        )
+    error.ranks = tuple(ranks)  # type: ignore[attr-defined]
+    note_stacks(site, error, ranks)
+    raise error

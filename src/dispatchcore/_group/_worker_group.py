@@ -23,7 +23,7 @@ from .._worker import MembershipChange, method_names
 from ._call_checks import submit_call
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
-from ._membership import ON_RANK_DEATH, SetupLog
+from ._membership import CANCEL_GRACE_S, ON_RANK_DEATH, SetupLog
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
 from ._site import CallSite, SharedRanks
@@ -95,6 +95,7 @@ class WorkerGroup(Generic[W]):
         on_rank_death: str = "raise",
         lazy: bool = False,
         lazy_budget_bytes: int | None = DEFAULT_BUDGET,
+        cancel_grace: float = CANCEL_GRACE_S,
         **backend_options: Any,
     ) -> None:
         if not isinstance(worker_cls, type):
@@ -126,6 +127,7 @@ class WorkerGroup(Generic[W]):
             RowLedger(executor, lazy_budget_bytes),
         )  # fmt: skip
         shared.root = weakref.ref(self)
+        shared.membership.cancel_grace = _check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)
 

@@ -2,6 +2,7 @@
 that owns every time bound."""
 
 from ._call_handle import RankCallHandle, liveness_poll, timeout_error
+from ._cancel import INTERRUPT_AFTER_S, cancel_in_process
 from ._isolation import ATOMS, isolated_copy
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import stacks_note, thread_stacks
@@ -9,10 +10,12 @@ from ._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_
 
 __all__ = [
     "ATOMS",
+    "INTERRUPT_AFTER_S",
     "RankCallHandle",
     "RankThread",
     "RemoteFailure",
     "WorkerHost",
+    "cancel_in_process",
     "first_failure",
     "isolated_copy",
     "liveness_poll",

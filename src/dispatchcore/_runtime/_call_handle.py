@@ -14,8 +14,12 @@ call's own bound gives :class:`~dispatchcore.DispatchTimeoutError` and marks
 the group broken; a shorter wait (``future.get(timeout=...)``) gives the same
 error but leaves the group usable; a dead rank gives
 :class:`~dispatchcore.WorkerDiedError` as soon as it is seen, whatever the
-other ranks are doing; raising ranks give the lowest position's
-:class:`~dispatchcore.WorkerError` with the others noted.
+other ranks are doing; a raising rank ends the call too, after a short
+gather (:data:`FAIL_FAST_GATHER_S`) so that ranks raising together are all
+reported: the lowest position's :class:`~dispatchcore.WorkerError`, with the
+others noted.  Ranks still running then are the caller's to cancel
+(:meth:`RankCallHandle.waiting_ranks`); :meth:`RankCallHandle.wait_settled`
+waits for them to finish.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base import DispatchTimeoutError, Latch, WorkerDiedError
+from .._base import CallCancelledError, DispatchTimeoutError, Latch, WorkerDiedError
 from .._spi import Call, CallHandle
 from ._worker_host import RemoteFailure, first_failure
 
 #: Longest pause between liveness checks while a call runs.
 MAX_LIVENESS_POLL_S = 0.5
+#: After a rank raised, how long the call waits for other ranks' outcomes before it ends without them.
+FAIL_FAST_GATHER_S = 0.05
 
 
 def liveness_poll(death_timeout: float) -> float:
@@ -90,9 +96,15 @@ class RankCallHandle(CallHandle):
         self._finished = [False] * n
         self._pending = n
         self._lock = threading.Lock()
+        #: Set when the call ends: every rank answered, one died or raised, or it was cancelled.
         self._event = Latch()
+        #: Set when every rank answered (or is gone): nothing of the call runs any more.
+        self._settled = Latch()
+        self._gathering = False
+        self._cancelled = False
         if not n:
             self._event.set()
+            self._settled.set()
 
     # -- what backends call -------------------------------------------------
     def deliver(self, position: int, ok: bool, value: Any) -> None:
@@ -106,6 +118,9 @@ class RankCallHandle(CallHandle):
                 if isinstance(value, RemoteFailure) and value.rank < 0:
                     value.rank = self.call.ranks[position]
                 self._failures[position] = value
+                if not self._gathering and self._pending > 1:
+                    self._gathering = True
+                    _fail_fast_timer(self._event)
             self._finish(position)
 
     def rank_died(self, position: int, detail: str) -> None:
@@ -123,6 +138,20 @@ class RankCallHandle(CallHandle):
         self._pending -= 1
         if self._pending == 0:
             self._event.set()
+            self._settled.set()
+
+    def cancel(self) -> bool:
+        """End the call now as cancelled (the core then stops its ranks); ``False`` if it had ended."""
+        with self._lock:
+            if self._event.is_set() or self._failures or self._deaths:
+                return False
+            self._cancelled = True
+        self._event.set()
+        return True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     # -- what backends may override ------------------------------------------
     def wait_for_progress(self, seconds: float) -> None:
@@ -142,6 +171,26 @@ class RankCallHandle(CallHandle):
 
     def done(self) -> bool:
         return self._event.is_set()
+
+    def settled(self) -> bool:
+        """Whether every rank of the call has answered or is gone (done can be earlier: fail fast, cancel)."""
+        return self._settled.is_set()
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every rank to answer or be seen gone; whether they did."""
+        deadline = time.monotonic() + timeout
+        while not self._settled.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
+                self._settled.wait(min(left, self.poll))
+            else:
+                self.wait_for_progress(min(left, self.poll))
+            waiting = self.waiting_positions()
+            if waiting:
+                self.check_alive(waiting)
+        return True
 
     def result(self, timeout: float | None = None) -> list[Any]:
         bound = self.call.timeout
@@ -174,6 +223,14 @@ class RankCallHandle(CallHandle):
 
     def outcome(self) -> list[Any]:
         """The results once finished, or the error the call ends with."""
+        if self._cancelled:
+            ranks = tuple(self.waiting_ranks())
+            raise CallCancelledError(
+                f"call {self.call.method!r} was cancelled"
+                + (f"; rank(s) {list(ranks)} had not finished it" if ranks else ""),
+                method=self.call.method,
+                ranks=ranks,
+            )
         if self._deaths:
             position = min(self._deaths)
             rank = self.call.ranks[position]
@@ -186,3 +243,10 @@ class RankCallHandle(CallHandle):
         if self._failures:
             raise first_failure(self._failures, self.call.ranks)
         return self._results
+
+
+def _fail_fast_timer(event: Latch) -> None:
+    """End the call :data:`FAIL_FAST_GATHER_S` after a rank raised, whatever the others do."""
+    timer = threading.Timer(FAIL_FAST_GATHER_S, event.set)
+    timer.daemon = True
+    timer.start()

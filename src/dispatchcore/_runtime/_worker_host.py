@@ -16,12 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import DispatchError, WorkerDiedError, WorkerError
+from .._base import CallInterrupted, DispatchError, WorkerDiedError, WorkerError
 from .._data import DataProto
 from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
 from .._spi import PLAIN, Instructions
 from .._trace import TimedResult, now_us
-from .._worker import rank_context
+from .._worker import rank_context, running_call
+from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 
 #: What to do about arguments that cannot be pickled.
 _ARGUMENT_FIX = "pass picklable values (plain data, tensors, numpy arrays, DataProto; not locks, open files or sockets)"
@@ -144,13 +145,27 @@ class WorkerHost:
         process and returns its description.  ``timed=True`` is the older
         spelling of ``Instructions(timed=True)``.
         """
-        if timed or instructions.timed:
-            start = now_us()
-            ok, value = self._run(method, args, kwargs, instructions.keep_rows)
-            return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
-        return self._run(method, args, kwargs, instructions.keep_rows)
+        running = GATE.enter(instructions.call_id)
+        if running is None:
+            return False, _cancelled(self.rank, method, "before it began on this rank")
+        try:
+            if timed or instructions.timed:
+                start = now_us()
+                ok, value = self._run(method, args, kwargs, instructions.keep_rows, running)
+                return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
+            return self._run(method, args, kwargs, instructions.keep_rows, running)
+        except CallInterrupted:  # an interrupt that landed just as the method returned
+            return False, _cancelled(self.rank, method, "as it returned")
+        finally:
+            GATE.leave(running)
 
-    def _run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], keep: str | None) -> tuple[bool, Any]:
+    def cancel(self, call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) -> bool:
+        """Stop call ``call_id`` wherever it runs in this process (see :func:`cancel_in_process`)."""
+        return GATE.cancel(call_id, interrupt_after) > 0
+
+    def _run(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], keep: str | None, running: RunningCall
+    ) -> tuple[bool, Any]:
         fn = self._bound.get(method)
         if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
             return self._rows_method(method, args)
@@ -166,9 +181,10 @@ class WorkerHost:
             args, kwargs = resolve_lazy_arguments(
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
-            value = fn(*args, **kwargs)
-            if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
-                value = self._event_loop().run_until_complete(_await(value))
+            with running_call(running.flag):
+                value = fn(*args, **kwargs)
+                if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
+                    value = self._await(value, running)
             if keep is not None and isinstance(value, DataProto):
                 value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
@@ -185,6 +201,15 @@ class WorkerHost:
             return False, RemoteFailure.capture(self.rank, method, exc)
         return True, None
 
+    def _await(self, awaitable: Any, running: RunningCall) -> Any:
+        """Run a coroutine method to its end on the private loop, as a task :meth:`cancel` can cancel."""
+        loop = self._event_loop()
+        task = loop.create_task(_await(awaitable))
+        running.loop, running.task = loop, task
+        if running.flag.requested:  # cancelled between the call and here
+            task.cancel()
+        return loop.run_until_complete(task)
+
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
@@ -195,6 +220,11 @@ class WorkerHost:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.close()
         self._loop = None
+
+
+def _cancelled(rank: int, method: str, when: str) -> RemoteFailure:
+    """The failure a rank reports for a call cancelled ``when``."""
+    return RemoteFailure(rank, method, "CallInterrupted", f"the call was cancelled {when}", "")
 
 
 async def _await(awaitable: Any) -> Any:

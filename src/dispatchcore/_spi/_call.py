@@ -28,6 +28,8 @@ class Instructions:
     #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``)
     #: and send back its description instead of its rows.
     keep_rows: str | None = None
+    #: This call's id among the driver's calls (0: none), which a cancel names (``WorkerHost.cancel``).
+    call_id: int = 0
 
 
 #: A call with no orders beyond running the method.

@@ -180,6 +180,29 @@ class Executor(ABC):
         """
         return {}
 
+    # -- optional: stopping a running call (future.cancel(), fail fast, a stream left early) ----
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Ask ``ranks`` to stop running ``call``: on each, ``host.cancel(call.instructions.call_id)``.
+
+        Send the request on the path that answers while a method runs (the
+        one :meth:`rank_stacks` uses) and return at once, without waiting
+        for the ranks; return whether it was sent.  The call's handle ends
+        on its own; the core waits for the ranks to leave the call within the
+        group's ``cancel_grace``, and restarts (:meth:`replace_ranks`) those
+        that do not, where the backend can.  The default cannot ask
+        (``False``): a rank then finishes the call in its own time.
+        """
+        return False
+
+    def can_replace_ranks(self) -> bool:
+        """Whether :meth:`replace_ranks` can start ranks now (the core asks before it restarts stuck ones).
+
+        The default: whether this class overrides :meth:`replace_ranks`.  An
+        executor that sometimes cannot (no spare, ranks it did not start)
+        says so here.
+        """
+        return type(self).replace_ranks is not Executor.replace_ranks
+
     def mark_usable(self) -> None:
         """Take calls again after :meth:`replace_ranks` restored every rank."""
         self._broken = None

@@ -7,18 +7,21 @@ The face re-exports the worker module's names, which were
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
 from ._method_names import method_names
-from ._rank_context import rank_context
+from ._rank_context import CancelFlag, call_cancelled, rank_context, running_call
 from ._rejoin import REJOIN_METHOD, MembershipChange
 from ._worker import Worker
 
 __all__ = [
     "REJOIN_METHOD",
+    "CancelFlag",
     "ClassWithInitArgs",
     "MembershipChange",
     "Worker",
+    "call_cancelled",
     "colocate",
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "method_names",
     "rank_context",
+    "running_call",
 ]

@@ -34,3 +34,29 @@ def current_rank_context() -> tuple[int, int]:
     if found is not None:
         return found
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class CancelFlag:
+    """Whether the call a rank is running was asked to stop (set from another thread)."""
+
+    __slots__ = ("requested",)
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
+@contextlib.contextmanager
+def running_call(flag: CancelFlag) -> Iterator[None]:
+    """Make :func:`call_cancelled` on this thread read ``flag`` while a method runs."""
+    previous = getattr(_context, "cancel", None)
+    _context.cancel = flag
+    try:
+        yield
+    finally:
+        _context.cancel = previous
+
+
+def call_cancelled() -> bool:
+    """Whether the call this thread runs was cancelled; ``False`` outside a call."""
+    flag: CancelFlag | None = getattr(_context, "cancel", None)
+    return flag is not None and flag.requested

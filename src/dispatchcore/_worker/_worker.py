@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._mesh import DispatchCollectInfo
-from ._rank_context import current_rank_context
+from ._rank_context import call_cancelled, current_rank_context
 
 if TYPE_CHECKING:
     from ._rejoin import MembershipChange
@@ -45,6 +45,16 @@ class Worker(DispatchCollectInfo):
     def world_size(self) -> int:
         """Number of ranks in this worker's group."""
         return self._world_size
+
+    def cancelled(self) -> bool:
+        """Whether the call running now was cancelled: check it in a long loop and return early.
+
+        The driver's ``future.cancel()`` (or a stream left early, or a timeout
+        with ``on_timeout="cancel"``) sets it on every rank of the call, before
+        it interrupts the method with :class:`~dispatchcore.CallInterrupted`;
+        a method that checks it can stop at a point of its choosing.
+        """
+        return call_cancelled()
 
     def on_membership_change(self, change: MembershipChange) -> None:
         """Runs on every rank after ranks were replaced (``WorkerGroup.replace_rank``).

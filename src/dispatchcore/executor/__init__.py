@@ -54,6 +54,10 @@ Optional hooks, with defaults that decline:
 * where each rank is: :meth:`Executor.rank_stacks` (build each rank's text
   with :func:`thread_stacks` where the rank lives, answering beside a busy
   call); the core adds the stacks to timeouts and ``WorkerGroup.rank_stacks``;
+* stopping a running call: :meth:`Executor.cancel_call` (on the same path,
+  run :func:`cancel_in_process` with ``call.instructions.call_id`` in the
+  rank's process, without waiting), and :meth:`Executor.can_replace_ranks`
+  so the core knows whether it may restart ranks stuck in C code;
 * :meth:`Executor.launch_world_size` (world size implied by the launcher).
 
 Registering: a module with a :data:`dispatchcore.hookimpl` of
@@ -83,6 +87,7 @@ from .._runtime import (
     RankThread,
     RemoteFailure,
     WorkerHost,
+    cancel_in_process,
     first_failure,
     isolated_copy,
     liveness_poll,
@@ -143,6 +148,7 @@ __all__ = [
     "UniqueValues",
     "WorkerHost",
     "assemble_chunk",
+    "cancel_in_process",
     "check_options",
     "cpu_thread_environment",
     "first_failure",
