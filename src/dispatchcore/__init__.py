@@ -45,6 +45,7 @@ from ._dispatch import (
     DispatchSpec,
     Execute,
     Registration,
+    as_completed,
     concat_outputs,
     current_call,
     direct_call,
@@ -55,7 +56,7 @@ from ._dispatch import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
-from ._group import MethodProxy, WorkerGroup
+from ._group import CallStream, MethodProxy, StreamPart, WorkerGroup
 from ._rows import LazyDataProto
 from ._runtime import RemoteFailure, WorkerHost
 from ._spi import Call, CallHandle, Executor, GroupSpec, UniqueValues, available_backends, hookimpl, hookspec
@@ -83,6 +84,7 @@ __all__ = [
     "CallFuture",
     "CallHandle",
     "CallInterrupted",
+    "CallStream",
     "ClassWithInitArgs",
     "DataProto",
     "DataProtoConfig",
@@ -104,6 +106,7 @@ __all__ = [
     "Registration",
     "RegistrationError",
     "RemoteFailure",
+    "StreamPart",
     "TensorBatch",
     "Tracer",
     "UniqueValues",
@@ -113,6 +116,7 @@ __all__ = [
     "WorkerGroup",
     "WorkerHost",
     "__version__",
+    "as_completed",
     "available_backends",
     "chunk_with_padding",
     "collate_fn",

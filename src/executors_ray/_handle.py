@@ -64,7 +64,7 @@ class RayCallHandle(RankCallHandle):
     def wait_for_progress(self, seconds: float) -> None:
         ray = self.rank_actors.ray
         deadline = time.monotonic() + seconds
-        if not self._fast_tried:
+        if not self._fast_tried and not self.streaming:  # a stream wants the first result, not all
             self._fast_tried = True
             try:
                 values = ray.get(self.refs, timeout=seconds)
@@ -88,7 +88,8 @@ class RayCallHandle(RankCallHandle):
                 ready += more
             landed = set(ready)
             self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
-
+            if self.streaming and not self._draining:
+                return
     def wait_settled(self, timeout: float) -> bool:
         """Wait for ranks still running after the call ended (fail fast, cancel) to answer."""
         self._draining = True

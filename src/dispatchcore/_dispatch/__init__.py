@@ -9,7 +9,7 @@ from ._builtin_modes import collect_list, concat_outputs, dispatch_all_to_all, t
 from ._call_context import CallContext, call_context, current_call, enter_call, leave_call
 from ._direct_call import DirectCall, direct_call
 from ._enum import Execute
-from ._futures import CallFuture
+from ._futures import CallFuture, as_completed
 from ._modes import Dispatch, register_dispatch_mode, resolve_mode, unregister_dispatch_mode, update_dispatch_mode
 from ._nd_dispatch import make_nd_compute_dataproto_dispatch_fn
 from ._proto_future import DataProtoFuture
@@ -27,6 +27,7 @@ __all__ = [
     "DispatchSpec",
     "Execute",
     "Registration",
+    "as_completed",
     "call_context",
     "collect_list",
     "concat_outputs",

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Generator
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, TypeVar
+
+from .._base import DispatchTimeoutError
 
 T = TypeVar("T")
 
@@ -102,3 +105,36 @@ class CallFuture(Generic[T]):
 
         threading.Thread(target=wait, name="dispatchcore-await", daemon=True).start()
         return waiter
+
+
+#: Longest pause between two looks at unfinished futures in :func:`as_completed`.
+_MAX_PAUSE_S = 0.02
+
+
+def as_completed(futures: Iterable[CallFuture[T]], timeout: float | None = None) -> Iterator[CallFuture[T]]:
+    """Yield each future as its call finishes, as ``concurrent.futures.as_completed`` (any groups, any backends).
+
+    The futures' ``done()`` is asked in turn, with pauses that grow from
+    0.5 ms to 20 ms while none finishes, so a finished call is seen within
+    20 ms.  Past ``timeout`` seconds, :class:`~dispatchcore.DispatchTimeoutError`
+    says how many did not finish (their calls go on: cancel them or get them).
+    """
+    pending = list(dict.fromkeys(futures))
+    total = len(pending)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.0005
+    while pending:
+        ready = [f for f in pending if f.done()]
+        for future in ready:
+            pending.remove(future)
+            yield future
+        if ready:
+            pause = 0.0005
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DispatchTimeoutError(
+                f"{len(pending)} of {total} futures did not finish within {timeout:g} s; "
+                "their calls go on running (cancel() them, or get() them later)"
+            )
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(pause * 2, _MAX_PAUSE_S)

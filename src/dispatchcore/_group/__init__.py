@@ -5,9 +5,12 @@ The top of the core: it imports every layer below and none imports it.
 """
 
 from ._method_proxy import MethodProxy
+from ._stream import CallStream, StreamPart
 from ._worker_group import WorkerGroup
 
 __all__ = [
+    "CallStream",
     "MethodProxy",
+    "StreamPart",
     "WorkerGroup",
 ]

@@ -25,8 +25,8 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
-from .._dispatch import CallFuture, DataProtoFuture, Registration, resolve_mode
+from .._base import DispatchError, WorkerDiedError
+from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
 from .._spi import CallHandle, remaining
 from ._call_checks import submit_call
 from ._collect import collect
@@ -34,7 +34,8 @@ from ._plan import plan_call
 from ._planned import PlannedCall
 from ._retry import should_retry
 from ._site import CallSite
-from ._stuck import clear_stragglers, left_running, note_stacks
+from ._stream import CallStream
+from ._stuck import cancel_on_ranks, clear_stragglers, ended_early
 from ._tracing import CallTrace
 
 P = ParamSpec("P")
@@ -107,6 +108,22 @@ class MethodProxy(Generic[P, D_co]):
             self._lazy if lazy is None else lazy, on_timeout or self._on_timeout,
         )  # fmt: skip
 
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> CallStream:
+        """Run the call and take its results as ranks finish: ``for part in wg.generate.stream(batch)``.
+
+        Each :class:`~dispatchcore.StreamPart` says which rank it came from
+        and, for DataProto modes, which rows of the input it covers (padding
+        dropped).  The keyword ``ordered=True`` (the stream's own, not passed
+        to the method) gives rank order.  Leaving the loop early cancels the
+        call on the ranks still running it; a rank's error ends the stream.
+        """
+        ordered = bool(kwargs.pop("ordered", False))
+        site = self._site
+        timeout = site.call_timeout if self._timeout is DEFAULT else self._timeout
+        return start_stream(
+            self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy, ordered
+        )
+
     @property
     def registration(self) -> Registration:
         return self._registration
@@ -166,15 +183,7 @@ def run_call(
     retried: bool = False,
 ) -> Any:
     """Run registered method ``name`` on ``site``'s ranks; the collected result, or a future of it."""
-    spec = resolve_mode(registration.dispatch_mode)
-    if spec.direct:
-        raise DispatchError(
-            f"{name!r} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on the workers "
-            "directly, not through the WorkerGroup"
-        )
-    site.check_open(group)
-    clear_stragglers(group, site)
-    site.shared.ledger.flush()
+    spec = _begin(group, site, name, registration)
     trace = CallTrace.begin(site.shared.label, site.prefix, name)
     cancels = on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
@@ -188,25 +197,15 @@ def run_call(
     def resolve(wait: float | None) -> Any:
         try:
             results = handle.result(remaining(deadline) if wait is None else wait)
-        except CallCancelledError:
-            raise
         except WorkerDiedError as exc:
-            left_running(site, handle, call, f"rank {exc.rank} died", exc)
+            ended_early(site, handle, call, exc, trace)
             if not should_retry(group, site, exc, registration, call.method, planned.generation, retried):
                 raise
             again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, on_timeout, True)
             return again if registration.blocking else again.get()
-        except WorkerError as exc:
-            left_running(site, handle, call, f"rank {exc.rank} raised {exc.exc_type}", exc)
-            raise
-        except DispatchTimeoutError as exc:
-            if cancels and deadline is not None and time.monotonic() >= deadline:
-                _cancel_on_ranks(site, handle, call, f"it outlived its {timeout:g} s timeout")
-                exc.add_note("on_timeout='cancel': the call was cancelled on its ranks; the group takes calls again")
-            note_stacks(site, exc)
-            raise
-        except KeyboardInterrupt:
-            _cancel_on_ranks(site, handle, call, "the driver was interrupted")
+        except BaseException as exc:
+            past = cancels and deadline is not None and time.monotonic() >= deadline
+            ended_early(site, handle, call, exc, trace, cancel_timeout=past)
             raise
         return _finish(group, site, registration, planned, handle, results, trace)
 
@@ -214,7 +213,7 @@ def run_call(
         return resolve(None)
 
     def cancel() -> bool:
-        return _cancel_on_ranks(site, handle, call, "it was cancelled")
+        return cancel_on_ranks(site, handle, call, "it was cancelled")
 
     if spec.returns_dataproto:
         ctx = planned.context
@@ -232,13 +231,52 @@ def run_call(
     return CallFuture(resolve, handle.done, cancel)
 
 
-def _cancel_on_ranks(site: CallSite, handle: CallHandle, call: Any, why: str) -> bool:
-    """End ``handle``'s call as cancelled and ask its ranks still running to stop; ``False`` if it had ended."""
-    end = getattr(handle, "cancel", None)
-    if end is None or not end():
-        return False
-    site.shared.membership.stragglers.track(site.executor, handle, call, why)
-    return True
+def _begin(group: Any, site: CallSite, name: str, registration: Registration) -> DispatchSpec:
+    """What every call checks first: the mode can be called, the group is open, no rank is stuck in an old call."""
+    spec = resolve_mode(registration.dispatch_mode)
+    if spec.direct:
+        raise DispatchError(
+            f"{name!r} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on the workers "
+            "directly, not through the WorkerGroup"
+        )
+    site.check_open(group)
+    clear_stragglers(group, site)
+    site.shared.ledger.flush()
+    return spec
+
+
+def start_stream(
+    group: Any,
+    site: CallSite,
+    name: str,
+    registration: Registration,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float | None,
+    lazy: bool | None,
+    ordered: bool,
+) -> CallStream:
+    """Plan and submit ``name`` as :func:`run_call` does; its parts as ranks finish (see ``_stream``)."""
+    spec = _begin(group, site, name, registration)
+    planned = plan_call(group, site, name, registration, spec, args, kwargs, None, lazy)
+    if planned.unwrap:
+        raise DispatchError(f"{name!r} runs on rank 0 only (Execute.RANK_ZERO): there is nothing to stream")
+    call = planned.call
+    handle = submit_call(site.executor, call, site.shared.backend)
+    if not hasattr(handle, "position_outcome"):
+        handle.result(timeout)
+        raise DispatchError(
+            f"the {site.shared.backend!r} backend's call handle does not report ranks one by one (it is not a "
+            f"RankCallHandle), so {name!r} cannot be streamed; call it without .stream()"
+        )
+
+    def on_error(exc: BaseException) -> None:
+        ended_early(site, handle, call, exc, None, cancel_timeout=True)
+
+    def on_close() -> bool:
+        return cancel_on_ranks(site, handle, call, "its stream was left early")
+
+    return CallStream(site.shared.ledger, planned, handle, ordered, timeout, on_error, on_close)
 
 
 def _finish(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._base import DispatchError
+from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
 from .._runtime import stacks_note
 from .._spi import Call, CallHandle
 from ._site import CallSite
@@ -101,3 +101,46 @@ def clear_stragglers(group: Any, site: CallSite) -> None:
     error.ranks = tuple(ranks)  # type: ignore[attr-defined]
     note_stacks(site, error, ranks)
     raise error
+
+
+def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) -> bool:
+    """End ``handle``'s call as cancelled and ask its ranks still running to stop; ``False`` if it had ended."""
+    end = getattr(handle, "cancel", None)
+    if end is None or not end():
+        return False
+    site.shared.membership.stragglers.track(site.executor, handle, call, why)
+    return True
+
+
+def ended_early(
+    site: CallSite, handle: CallHandle, call: Call, exc: BaseException, trace: Any, *, cancel_timeout: bool = False
+) -> None:
+    """``call`` ended in ``exc``: say where its unfinished ranks are, mark them on ``trace``, ask them to stop.
+
+    A timeout stops them only with ``cancel_timeout`` (``on_timeout="cancel"``,
+    or a stream); Ctrl-C always does.  A cancelled call was stopped already.
+    """
+    if isinstance(exc, CallCancelledError):
+        return
+    if isinstance(exc, DispatchTimeoutError):
+        if cancel_timeout and cancel_on_ranks(site, handle, call, "it outlived its timeout"):
+            exc.add_note("the call was cancelled on its ranks (on_timeout='cancel'); the group takes calls again")
+        note_stacks(site, exc)
+        _mark(trace, list(exc.ranks), "timed out")
+        return
+    if isinstance(exc, KeyboardInterrupt):
+        cancel_on_ranks(site, handle, call, "the driver was interrupted")
+        return
+    if isinstance(exc, WorkerDiedError):
+        why = f"rank {exc.rank} died"
+    elif isinstance(exc, WorkerError):
+        why = f"rank {exc.rank} raised {exc.exc_type}"
+    else:
+        return
+    _mark(trace, left_running(site, handle, call, why, exc), why)
+
+
+def _mark(trace: Any, ranks: list[int], why: str) -> None:
+    """Mark on the trace (a ``CallTrace``, or ``None``) the ranks a call left running when it ended."""
+    if trace is not None and ranks:
+        trace.unfinished(ranks, why)

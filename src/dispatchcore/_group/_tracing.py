@@ -57,6 +57,13 @@ class CallTrace:
             plain.append(value)
         return plain
 
+    def unfinished(self, ranks: list[int], why: str) -> None:
+        """Mark ``ranks`` on their tracks as still running the call when it ended (``why``): the stuck ones."""
+        end = now_us()
+        for rank in ranks:
+            track = f"{self.label} rank {rank}"
+            self._slice(track, f"{self.name} (unfinished: {why})", self.submitted, end, "stuck", rank=rank)
+
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
         start = now_us()

@@ -72,6 +72,10 @@ def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> 
 class RankCallHandle(CallHandle):
     """One call's per-rank outcomes, filled by the backend; owns every bound.
 
+    While :attr:`streaming` (a ``stream()`` reads the call), a pull backend's
+    :meth:`wait_for_progress` should return as soon as any rank's result
+    landed, not when all did.
+
     ``on_broken(reason)`` is called when the group can take no more calls
     (usually :meth:`Executor.mark_broken`).  ``poll`` is how long one wait
     for progress may last before liveness is checked again.
@@ -102,6 +106,10 @@ class RankCallHandle(CallHandle):
         self._settled = Latch()
         self._gathering = False
         self._cancelled = False
+        #: Set on every delivery while a stream waits for the next rank (None until one does).
+        self._progress: threading.Event | None = None
+        #: A stream reads this call rank by rank (see the class docstring).
+        self.streaming = False
         if not n:
             self._event.set()
             self._settled.set()
@@ -135,6 +143,9 @@ class RankCallHandle(CallHandle):
 
     def _finish(self, position: int) -> None:
         self._finished[position] = True
+        progress = self._progress
+        if progress is not None:
+            progress.set()
         self._pending -= 1
         if self._pending == 0:
             self._event.set()
@@ -171,6 +182,41 @@ class RankCallHandle(CallHandle):
 
     def done(self) -> bool:
         return self._event.is_set()
+
+    def ended(self) -> bool:
+        """Whether the call has ended (what :meth:`done` says before a subclass asks its backend)."""
+        return self._event.is_set()
+
+    def position_outcome(self, position: int) -> tuple[bool, Any] | None:
+        """``(True, result)`` once the rank at ``position`` answered, ``(False, None)`` if it failed or died."""
+        with self._lock:
+            if not self._finished[position]:
+                return None
+            if position in self._failures or position in self._deaths:
+                return False, None
+            return True, self._results[position]
+
+    def wait_for_any(self, seconds: float) -> None:
+        """Block up to ``seconds`` for one more rank to answer (what a stream waits on).
+
+        Call :meth:`arm` before checking which ranks answered, then this: a
+        result that lands in between is not missed.
+        """
+        if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
+            assert self._progress is not None  # noqa: S101 - armed first
+            self._progress.wait(seconds)
+        else:
+            self.wait_for_progress(seconds)
+        waiting = self.waiting_positions()
+        if waiting:
+            self.check_alive(waiting)
+
+    def arm(self) -> None:
+        """Start listening for the next rank's answer (see :meth:`wait_for_any`)."""
+        self.streaming = True
+        if self._progress is None:
+            self._progress = threading.Event()
+        self._progress.clear()
 
     def settled(self) -> bool:
         """Whether every rank of the call has answered or is gone (done can be earlier: fail fast, cancel)."""
