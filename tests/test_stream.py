@@ -135,9 +135,7 @@ def test_a_rank_that_raises_ends_the_stream_with_its_error(group: WorkerGroup[An
     assert group.raise_on(-1) == [0, 1]
 
 
-def test_as_completed_yields_futures_of_several_groups_as_they_finish(
-    group: WorkerGroup[Any], tmp_path: Path
-) -> None:
+def test_as_completed_yields_futures_of_several_groups_as_they_finish(group: WorkerGroup[Any], tmp_path: Path) -> None:
     gate = tmp_path / "go"
     with WorkerGroup(Streamer, 1, backend="local") as other:
         slow = group.later(str(gate))

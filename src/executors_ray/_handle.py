@@ -90,6 +90,7 @@ class RayCallHandle(RankCallHandle):
             self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
             if self.streaming and not self._draining:
                 return
+
     def wait_settled(self, timeout: float) -> bool:
         """Wait for ranks still running after the call ended (fail fast, cancel) to answer."""
         self._draining = True

@@ -21,7 +21,7 @@ from .._data import DataProto
 from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
 from .._spi import PLAIN, Instructions
 from .._trace import TimedResult, now_us
-from .._worker import rank_context, running_call
+from .._worker import rank_context, swap_cancel_flag
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 
 #: What to do about arguments that cannot be pickled.
@@ -181,10 +181,13 @@ class WorkerHost:
             args, kwargs = resolve_lazy_arguments(
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
-            with running_call(running.flag):
+            previous = swap_cancel_flag(running.flag)
+            try:
                 value = fn(*args, **kwargs)
                 if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                     value = self._await(value, running)
+            finally:
+                swap_cancel_flag(previous)
             if keep is not None and isinstance(value, DataProto):
                 value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver

@@ -7,7 +7,7 @@ The face re-exports the worker module's names, which were
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
 from ._method_names import method_names
-from ._rank_context import CancelFlag, call_cancelled, rank_context, running_call
+from ._rank_context import CancelFlag, call_cancelled, rank_context, swap_cancel_flag
 from ._rejoin import REJOIN_METHOD, MembershipChange
 from ._worker import Worker
 
@@ -23,5 +23,5 @@ __all__ = [
     "create_colocated_worker_raw_cls",
     "method_names",
     "rank_context",
-    "running_call",
+    "swap_cancel_flag",
 ]

@@ -45,15 +45,14 @@ class CancelFlag:
         self.requested = False
 
 
-@contextlib.contextmanager
-def running_call(flag: CancelFlag) -> Iterator[None]:
-    """Make :func:`call_cancelled` on this thread read ``flag`` while a method runs."""
-    previous = getattr(_context, "cancel", None)
+def swap_cancel_flag(flag: CancelFlag | None) -> CancelFlag | None:
+    """Make :func:`call_cancelled` on this thread read ``flag`` (while a method runs); the flag it read before.
+
+    A plain function, not a context manager: it runs around every call on every rank.
+    """
+    previous: CancelFlag | None = getattr(_context, "cancel", None)
     _context.cancel = flag
-    try:
-        yield
-    finally:
-        _context.cancel = previous
+    return previous
 
 
 def call_cancelled() -> bool:

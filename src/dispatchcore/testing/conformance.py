@@ -8,6 +8,7 @@ since process and actor backends take seconds to start.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from .. import (
     PADDING_ROWS_KEY,
     BatchSizeError,
+    CallCancelledError,
     DataProto,
     DataProtoFuture,
     DispatchError,
@@ -33,6 +35,7 @@ from .. import (
     create_colocated_worker_cls,
     driver_traffic,
 )
+from ..executor import Executor
 from .assertions import assert_dataproto_equal
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 
@@ -406,6 +409,35 @@ class ExecutorConformance:
         out = group.echo(data)
         assert torch.equal(out.batch["x"], data.batch["x"])
         assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+
+    # -- streams and cancel -----------------------------------------------------------------
+    def test_stream_gives_each_ranks_rows(self, group: WorkerGroup[Any]) -> None:
+        n = self.world_size
+        data = batch(2 * n + 1, padding=True)  # the last rank gets one real row and a padding row
+        parts = sorted(group.echo.stream(data), key=lambda part: part.ranks)
+        assert [part.ranks for part in parts] == [(r,) for r in range(n)]
+        assert [r for part in parts for r in part.rows] == list(range(2 * n + 1))
+        for part in parts:
+            assert part.value.batch["x"].tolist() == list(part.rows)
+            assert PADDING_ROWS_KEY not in part.value.meta_info
+
+    @pytest.mark.timeout(60)
+    def test_cancel_reaches_every_rank_and_the_group_goes_on(self, group: WorkerGroup[Any]) -> None:
+        executor = type(group.executor)
+        if executor.cancel_call is Executor.cancel_call or executor.rank_stacks is Executor.rank_stacks:
+            pytest.skip(f"backend {self.backend!r} does not implement Executor.cancel_call and rank_stacks")
+        group.keep(None)
+        future = group.nap_until_cancelled()
+        while not all("nap_until_cancelled" in text for text in group.rank_stacks().values()):
+            time.sleep(0.01)  # cancel once every rank runs it (one that had not begun would skip it)
+        assert future.cancel()
+        with pytest.raises(CallCancelledError):
+            future.get()
+        assert group.kept() == ["left when cancelled"] * self.world_size  # waits for the ranks to leave
+        assert future.cancel() is True  # cancelled already: says so again
+        finished = group.sleep_then_rank(0)
+        assert finished.get() == list(range(self.world_size))
+        assert finished.cancel() is False and finished.get() == list(range(self.world_size))
 
     # -- failures ------------------------------------------------------------------------
     def test_worker_error_names_rank_method_and_traceback(self, group: WorkerGroup[Any]) -> None:

@@ -115,6 +115,14 @@ class EchoWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def nap_until_cancelled(self) -> str:
+        """Naps until its call is cancelled (``self.cancelled()``): for the cancel case."""
+        while not self.cancelled():
+            time.sleep(0.005)
+        self.stash = "left when cancelled"
+        return "left"
+
     @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
