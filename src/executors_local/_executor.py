@@ -154,7 +154,7 @@ class LocalExecutor(Executor):
         for rank in self.rank_threads:
             rank.request_stop()
         # Ranks may be stuck in a call that outlived its timeout or was abandoned (Ctrl-C): do not wait for them.
-        stuck = self.broken is not None or any(not call.done() for call in list(self._calls))
+        stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
         deadline = time.monotonic() + (0.0 if stuck else 2.0)
         for rank in self.rank_threads:
             rank.join(deadline - time.monotonic())

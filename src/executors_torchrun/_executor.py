@@ -373,7 +373,7 @@ class TorchrunExecutor(Executor):
         if self._closed:
             return
         self._closed = True
-        stuck = self.broken is not None or any(not call.done() for call in list(self._calls))
+        stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
         if self._world is not None:
             self._world.stop(wait=0.5 if stuck else 10.0)
         elif not self._hub.closed:
