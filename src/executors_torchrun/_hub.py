@@ -407,7 +407,10 @@ class Hub:
         except Exception:  # noqa: BLE001, S110 - the store is gone; the links still tell
             pass
         for rank in self.remote:
-            if rank not in self._dead:
+            if self._exit_reason(rank) is not None:  # its process ended (killed for a replacement): none to wait for
+                self._stopped[rank].set()
+                self._exited[rank].set()
+            elif rank not in self._dead:
                 try:
                     self._links[rank].send(encode(("stop",)))
                 except OSError:  # the rank is gone already

@@ -25,8 +25,10 @@ just ending.  A program that installed its own handler first keeps it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -50,6 +52,8 @@ from ._transport import Transport
 
 #: Seconds ``stop`` waits for ranks to acknowledge before leaving them to their fate.
 STOP_WAIT_S = 10.0
+#: How long a killed rank's process is waited for (SIGKILL: a moment, unless the machine is swamped).
+KILL_WAIT_S = 5.0
 
 
 class SpawnedWorld:
@@ -101,10 +105,16 @@ class SpawnedWorld:
         self.output.label(data_rank, f"rank {group_rank}")
 
     def kill(self, data_rank: int) -> None:
-        """End a rank's process (a hung one being replaced); the hub sees it gone."""
+        """End a rank's process (a hung one being replaced); the hub sees it gone.
+
+        Reaped here (SIGKILL ends it at once), so that a ``stop`` soon after
+        knows it has exited and does not wait for it to answer.
+        """
         proc = self.processes.get(data_rank)
         if proc is not None and proc.poll() is None:
             proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_WAIT_S)
 
     def stop(self, wait: float = STOP_WAIT_S) -> None:
         if self._stopped:

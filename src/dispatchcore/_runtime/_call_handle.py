@@ -153,6 +153,8 @@ class RankCallHandle(CallHandle):
 
     def cancel(self) -> bool:
         """End the call now as cancelled (the core then stops its ranks); ``False`` if it had ended."""
+        if self.done():  # a pull backend's (Ray's) results can be ready before they are taken
+            return False
         with self._lock:
             if self._event.is_set() or self._failures or self._deaths:
                 return False

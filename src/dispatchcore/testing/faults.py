@@ -29,6 +29,10 @@ real is killed and every kind works on threads:
 * ``slow``: the rank's answer arrives no earlier than ``seconds`` after the
   call started.
 
+A cancelled call (``future.cancel()``) is stopped on the inner backend's
+ranks; a rank a ``hang`` fault holds never leaves it, so it is found stuck
+and, with ``on_rank_death="replace"``, "restarted" (its worker kept).
+
 The executor holds itself to the public contract (:mod:`dispatchcore.executor`)
 and passes the conformance suite with no faults planted.
 """
@@ -61,6 +65,8 @@ __all__ = ["Fault", "FaultyExecutor", "FiredFault", "InjectedFault"]
 FaultKind = Literal["raise", "hang", "die", "slow"]
 KINDS: tuple[str, ...] = ("raise", "hang", "die", "slow")
 BACKEND_ENV = "DISPATCHCORE_BACKEND"
+#: While a failed call's gather runs, how often its other ranks are looked at.
+FAIL_FAST_POLL_S = 0.01
 
 
 class InjectedFault(RuntimeError):
@@ -150,6 +156,8 @@ class _FaultyCallHandle(RankCallHandle):
         self._due: dict[int, float] = {}  # position -> earliest delivery time (slow faults)
         self._held: dict[int, tuple[bool, Any]] = {}
         self._pulling = threading.Lock()
+        #: The inner call ended (a rank raised or died) while some of its ranks ran on.
+        self._inner_ended = False
 
     def attach(self, inner: Any, positions: list[int], due: dict[int, float]) -> None:
         self._inner, self._inner_positions, self._due = inner, positions, due
@@ -158,6 +166,9 @@ class _FaultyCallHandle(RankCallHandle):
     def _take_inner(self, wait: float) -> None:
         """The inner call's outcome if it arrives within ``wait`` seconds."""
         inner = self._inner
+        if self._inner_ended:
+            self._settle_inner(wait)
+            return
         try:
             values = inner.result(wait)
         except DispatchTimeoutError:
@@ -165,19 +176,34 @@ class _FaultyCallHandle(RankCallHandle):
                 raise
             return  # only this wait ran out
         except WorkerDiedError as exc:
-            self._inner = None
             self.rank_died(self._position_of(exc.rank), exc.detail)
+            self._inner_ended = True
+            self._settle_inner(0.0)
             return
         except WorkerError as exc:
-            self._inner = None
             failure = RemoteFailure(exc.rank, exc.method, exc.exc_type, exc.exc_message, exc.remote_traceback)
-            outcomes: dict[int, tuple[bool, Any]] = {p: (True, None) for p in self._inner_positions}
-            outcomes[self._position_of(exc.rank)] = (False, failure)
-            self._hold(outcomes)
+            self._hold({self._position_of(exc.rank): (False, failure)})
+            self._inner_ended = True
+            self._settle_inner(0.0)
             return
         self._inner = None
         self.row_buffers = inner.row_buffers
         self._hold({p: (True, v) for p, v in zip(self._inner_positions, values, strict=True)})
+
+    def _settle_inner(self, wait: float) -> None:
+        """The inner call ended early (a rank raised or died): its other ranks count as answered once they left it.
+
+        Their values matter to nobody (the call failed), but a rank still in
+        it must stay waited on, or the next call would queue behind it unseen.
+        """
+        inner = self._inner
+        settle = getattr(inner, "wait_settled", None)
+        running = set(inner.waiting_ranks()) if settle is not None and not settle(wait) else set()
+        left = set(self.waiting_positions()) - set(self._held) - {self._position_of(r) for r in running}
+        self._hold({p: (True, None) for p in self._inner_positions if p in left})
+        if not running:
+            self._inner = None
+            self._inner_ended = False
 
     def _position_of(self, rank: int) -> int:
         return self.call.ranks.index(rank)
@@ -193,20 +219,34 @@ class _FaultyCallHandle(RankCallHandle):
 
     # -- the pull-transport hooks of RankCallHandle -----------------------------
     def wait_for_progress(self, seconds: float) -> None:
+        self._pump(seconds, self._event)
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Pull the inner outcomes on past the call's end (cancel, fail fast) until every rank answered."""
+        deadline = time.monotonic() + timeout
+        while not self._settled.is_set() and (left := deadline - time.monotonic()) > 0:
+            self._pump(min(left, self.poll), self._settled)
+        return self._settled.is_set()
+
+    def _pump(self, seconds: float, until: Any) -> None:
+        """Move outcomes from the inner handle for up to ``seconds``, or until ``until`` is set."""
         end = time.monotonic() + seconds
         if not self._pulling.acquire(timeout=seconds):
             return
         try:
-            while not self._event.is_set():
+            while not until.is_set():
                 self._release_due()
                 now = time.monotonic()
-                if now >= end or self._event.is_set():
+                if now >= end or until.is_set():
                     return
-                until = min([end, *(self._due.get(p, now) for p in self._held)])
-                if self._inner is not None:
-                    self._take_inner(max(0.0, until - now))
+                wake = min([end, *(self._due.get(p, now) for p in self._held)])
+                if self._inner is not None and not (self._inner_ended and until is self._event):
+                    self._take_inner(max(0.0, wake - now))
+                elif self._inner_ended:  # the call's gather runs: look at its other ranks, never block on them
+                    until.wait(max(0.0, min(wake - now, FAIL_FAST_POLL_S)))
+                    self._settle_inner(0.0)
                 else:
-                    self._event.wait(max(0.0, until - now))
+                    until.wait(max(0.0, wake - now))
         finally:
             self._pulling.release()
 
@@ -322,6 +362,22 @@ class FaultyExecutor(Executor):
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """The wrapped backend's answer: the faults run inside its ranks."""
         return self._inner.rank_stacks(ranks, all_threads, timeout)
+
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """The wrapped backend stops the ranks it runs; a rank a fault hung or killed runs nothing to stop."""
+        if self._closed:
+            return False
+        with self._lock:
+            real = [rank for rank in ranks if rank not in self._dead and rank not in self._hung]
+        return self._inner.cancel_call(call, real) if real else True
+
+    def can_replace_ranks(self) -> bool:
+        """Where the wrapped backend can, or while a fault has hung or killed a rank (replacing it is faked)."""
+        if self._closed:
+            return False
+        with self._lock:
+            faked = bool(self._dead or self._hung)
+        return faked or self._inner.can_replace_ranks()
 
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:

@@ -9,7 +9,9 @@ copy of arguments and results) and the call's ``Instructions`` forwarded
 whole, so lazy results stay "on the ranks" (this process's row store) and
 tracing works.  Ranks never run at the same time: a worker method that waits
 for another rank (a collective) waits until its call times out; use
-``local`` for those.  It is the smallest executor written against
+``local`` for those.  A cancelled call stops as on ``local`` (every rank is
+in this process): the rank running it is interrupted and the ranks after it
+skip it.  It is the smallest executor written against
 ``dispatchcore.executor`` alone and passes the conformance suite
 (``tests/test_mock_conformance.py``; the cases that kill a rank are skipped,
 as for every backend whose ranks share the test process).
@@ -29,6 +31,7 @@ from dispatchcore.executor import (
     GroupSpec,
     RankCallHandle,
     WorkerHost,
+    cancel_in_process,
     check_options,
     run_isolated,
     thread_stacks,
@@ -86,6 +89,13 @@ class MockExecutor(Executor):
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """Every rank runs on the group's one thread: a rank in its call shows it, the others show it too."""
         return {rank: thread_stacks(self._thread.ident, all_threads) for rank in ranks}
+
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Every rank is in this process: the one in the call stops, the ones after it skip it."""
+        if self._closed:
+            return False
+        cancel_in_process(call.instructions.call_id)
+        return True
 
     def row_address(self, rank: int) -> Any:
         return ("mock", id(self), rank)

@@ -42,7 +42,7 @@ from dispatchcore.executor import (
 )
 
 from . import _pipe
-from ._rank import RUN, STACKS, START, rank_main
+from ._rank import CANCEL, RUN, STACKS, START, rank_main
 
 _DEFAULTS: dict[str, Any] = {"start_timeout": 300.0, "env": None}
 #: Seconds a rank gets to leave after each of: the stop message, SIGTERM, SIGKILL.
@@ -240,6 +240,25 @@ class MultiprocessExecutor(Executor):
             except Exception:  # noqa: BLE001, S112 - no answer in time (or the rank is gone): left out
                 continue
         return out
+
+    # -- stopping a call -------------------------------------------------------
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        """Each rank's reader thread stops the call at once, beside it (nothing is waited for)."""
+        if self._closed:
+            return False
+        header: tuple[Any, ...] = (-1, CANCEL, call.method, call.instructions, (), {})
+        for rank in ranks:
+            state = self._ranks[rank]
+            try:
+                with state.send_lock:
+                    _pipe.send(state.conn, header, [])
+            except OSError:  # the rank is gone: its reader reports the call's end
+                continue
+        return True
+
+    def can_replace_ranks(self) -> bool:
+        """Any rank can be restarted (the old process killed) until the group is shut down."""
+        return not self._closed
 
     # -- shutdown ------------------------------------------------------------
     def shutdown(self) -> None:

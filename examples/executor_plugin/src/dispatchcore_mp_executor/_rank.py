@@ -5,7 +5,8 @@ sends never wait for a running call) and ends the process when the driver
 closes the pipe or dies; a watchdog ends it if the driver's process goes
 away without the pipe closing.  The main thread builds the worker with a
 :class:`~dispatchcore.executor.WorkerHost` and answers every call with
-``(ok, value)``.
+``(ok, value)``.  The reader answers ``stacks`` and acts on ``cancel``
+itself, so both reach a rank while its main thread is in a call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from dispatchcore import wire
-from dispatchcore.executor import RemoteFailure, WorkerHost, thread_stacks
+from dispatchcore.executor import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
 
 from . import _pipe
 
@@ -30,6 +31,8 @@ from . import _pipe
 START, RUN = "start", "run"
 #: Answered by the reader thread at once, beside a running call: where the main thread is.
 STACKS = "stacks"
+#: Acted on by the reader thread at once (no answer): stop the call whose ``Instructions.call_id`` it names.
+CANCEL = "cancel"
 #: The reader thread and the main thread both answer on the pipe: one send at a time.
 _SEND_LOCK = threading.Lock()
 PARENT_POLL_S = 1.0
@@ -95,6 +98,9 @@ def _read_driver(conn: Connection, inbox: queue.SimpleQueue[Any]) -> None:
             if header[1] == STACKS:  # never queued behind a running call
                 all_threads = bool(_pipe.decode(parts[0]))
                 _reply(conn, -1, header[2], header[0], True, thread_stacks(threading.main_thread().ident, all_threads))
+                continue
+            if header[1] == CANCEL:  # the running call, or a queued one (the main thread then skips it)
+                cancel_in_process(header[3].call_id)
                 continue
             inbox.put(message)
     except (EOFError, OSError):
