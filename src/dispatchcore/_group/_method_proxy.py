@@ -205,7 +205,9 @@ def run_call(
             return again if registration.blocking else again.get()
         except BaseException as exc:
             past = cancels and deadline is not None and time.monotonic() >= deadline
-            ended_early(site, handle, call, exc, trace, cancel_timeout=past)
+            instead = ended_early(site, handle, call, exc, trace, cancel_after=timeout if past else None)
+            if instead is not None:
+                raise instead from None
             raise
         return _finish(group, site, registration, planned, handle, results, trace)
 
@@ -271,7 +273,7 @@ def start_stream(
         )
 
     def on_error(exc: BaseException) -> None:
-        ended_early(site, handle, call, exc, None, cancel_timeout=True)
+        ended_early(site, handle, call, exc, None, cancel_after=timeout)
 
     def on_close() -> bool:
         return cancel_on_ranks(site, handle, call, "its stream was left early")

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
-from .._runtime import stacks_note
+from .._runtime import stacks_note, timeout_error
 from .._spi import Call, CallHandle
 from ._site import CallSite
 from ._stragglers import unfinished_ranks
@@ -113,31 +113,44 @@ def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) ->
 
 
 def ended_early(
-    site: CallSite, handle: CallHandle, call: Call, exc: BaseException, trace: Any, *, cancel_timeout: bool = False
-) -> None:
+    site: CallSite,
+    handle: CallHandle,
+    call: Call,
+    exc: BaseException,
+    trace: Any,
+    *,
+    cancel_after: float | None = None,
+) -> BaseException | None:
     """``call`` ended in ``exc``: say where its unfinished ranks are, mark them on ``trace``, ask them to stop.
 
-    A timeout stops them only with ``cancel_timeout`` (``on_timeout="cancel"``,
-    or a stream); Ctrl-C always does.  A cancelled call was stopped already.
+    A timeout stops them only when ``cancel_after`` (the call's bound, with
+    ``on_timeout="cancel"``, or a stream's) is given; then the error to raise
+    instead is returned, naming that bound.  Ctrl-C always stops them.  A
+    cancelled call was stopped already.
     """
     if isinstance(exc, CallCancelledError):
-        return
+        return None
     if isinstance(exc, DispatchTimeoutError):
-        if cancel_timeout and cancel_on_ranks(site, handle, call, "it outlived its timeout"):
-            exc.add_note("the call was cancelled on its ranks (on_timeout='cancel'); the group takes calls again")
+        if cancel_after is not None and cancel_on_ranks(site, handle, call, "it outlived its timeout"):
+            exc = timeout_error(call.method, cancel_after, list(exc.ranks))
+            exc.add_note("on_timeout='cancel': the call was cancelled on its ranks; the group takes calls again")
+            note_stacks(site, exc)
+            _mark(trace, list(exc.ranks), "timed out")
+            return exc
         note_stacks(site, exc)
         _mark(trace, list(exc.ranks), "timed out")
-        return
+        return None
     if isinstance(exc, KeyboardInterrupt):
         cancel_on_ranks(site, handle, call, "the driver was interrupted")
-        return
+        return None
     if isinstance(exc, WorkerDiedError):
         why = f"rank {exc.rank} died"
     elif isinstance(exc, WorkerError):
         why = f"rank {exc.rank} raised {exc.exc_type}"
     else:
-        return
+        return None
     _mark(trace, left_running(site, handle, call, why, exc), why)
+    return None
 
 
 def _mark(trace: Any, ranks: list[int], why: str) -> None:
