@@ -101,10 +101,12 @@ class SpawnedWorld:
         self.output.label(data_rank, f"rank {group_rank}")
 
     def kill(self, data_rank: int) -> None:
-        """End a rank's process (a hung one being replaced); the hub sees it gone."""
+        """End a rank's process (a hung one being replaced); the hub counts it gone at once (``Hub.retire``)."""
         proc = self.processes.get(data_rank)
         if proc is not None and proc.poll() is None:
             proc.kill()
+        if self.hub.dead_reason(data_rank) is None:
+            self.hub.retire(data_rank, "it was replaced: the driver ended its process")
 
     def stop(self, wait: float = STOP_WAIT_S) -> None:
         if self._stopped:

@@ -5,7 +5,8 @@ A backend only says how results arrive and how a rank is seen to be gone:
 * push backends (threads, pipes, stores) call :meth:`RankCallHandle.deliver`
   and :meth:`RankCallHandle.rank_died` from wherever results come in;
 * pull backends (object stores, futures) override
-  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready;
+  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready (once a
+  rank raised, waiting no longer than :attr:`RankCallHandle.gather_deadline`);
 * both may override :meth:`RankCallHandle.check_alive` to report dead ranks
   while a call runs.
 
@@ -37,6 +38,8 @@ from ._worker_host import RemoteFailure, first_failure
 MAX_LIVENESS_POLL_S = 0.5
 #: After a rank raised, how long the call waits for other ranks' outcomes before it ends without them.
 FAIL_FAST_GATHER_S = 0.05
+#: The shortest wait for progress while that gather runs (its timer may fire a little late).
+MIN_GATHER_SLICE_S = 0.002
 
 
 def liveness_poll(death_timeout: float) -> float:
@@ -100,7 +103,8 @@ class RankCallHandle(CallHandle):
         self._event = Latch()
         #: Set when every rank answered (or is gone): nothing of the call runs any more.
         self._settled = Latch()
-        self._gathering = False
+        #: When the gather after a raise ends (``time.monotonic()``), once a rank raised.
+        self._gather_until: float | None = None
         self._cancelled = False
         if not n:
             self._event.set()
@@ -118,8 +122,8 @@ class RankCallHandle(CallHandle):
                 if isinstance(value, RemoteFailure) and value.rank < 0:
                     value.rank = self.call.ranks[position]
                 self._failures[position] = value
-                if not self._gathering and self._pending > 1:
-                    self._gathering = True
+                if self._gather_until is None and self._pending > 1:
+                    self._gather_until = time.monotonic() + FAIL_FAST_GATHER_S
                     _fail_fast_timer(self._event)
             self._finish(position)
 
@@ -161,6 +165,15 @@ class RankCallHandle(CallHandle):
     def check_alive(self, waiting: list[int]) -> None:
         """Call :meth:`rank_died` for positions in ``waiting`` whose rank is gone."""
 
+    @property
+    def gather_deadline(self) -> float | None:
+        """When the gather after a raise ends (``time.monotonic()``); ``None`` while no rank raised.
+
+        A pull backend's :meth:`wait_for_progress` waits no longer than this,
+        so the call ends :data:`FAIL_FAST_GATHER_S` after the raise.
+        """
+        return self._gather_until
+
     # -- the contract --------------------------------------------------------
     def waiting_positions(self) -> list[int]:
         with self._lock:
@@ -199,6 +212,9 @@ class RankCallHandle(CallHandle):
         while not self._event.is_set():
             now = time.monotonic()
             limits = [self.poll] + [d - now for d in (call_deadline, wait_deadline) if d is not None]
+            if self._gather_until is not None:
+                # A pull backend's wait cannot see the gather's end: it waits no longer than that.
+                limits.append(max(MIN_GATHER_SLICE_S, self._gather_until - now))
             slice_s = min(limits)
             if slice_s > 0:
                 self.wait_for_progress(slice_s)
