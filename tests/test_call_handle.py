@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -94,6 +95,30 @@ def test_liveness_checks_run_while_waiting() -> None:
     with pytest.raises(WorkerDiedError) as info:
         handle.result()
     assert info.value.rank == 4 and handle.checks == 3
+
+
+def test_a_pull_backend_waits_no_longer_than_the_gather_after_a_raise() -> None:
+    """A pull backend's wait cannot see the gather's timer: the handle's slices end with the gather."""
+
+    class Pull(RankCallHandle):
+        def __init__(self) -> None:
+            super().__init__(call(), death_timeout=60)  # poll 0.5 s: far past the gather
+            self.ends: list[float] = []
+
+        def wait_for_progress(self, seconds: float) -> None:
+            self.ends.append(time.monotonic() + seconds)
+            if len(self.ends) == 1:  # rank 1's failure lands; ranks 0 and 2 never answer
+                self.deliver(1, False, RemoteFailure(-1, "step", "ValueError", "bad", "tb"))
+                return
+            time.sleep(seconds)  # blind to the timer, as a ray.wait on the others is
+
+    handle = Pull()
+    assert handle.gather_deadline is None
+    with pytest.raises(WorkerError) as info:
+        handle.result()
+    gather = handle.gather_deadline
+    assert info.value.rank == 1 and gather is not None
+    assert len(handle.ends) >= 2 and all(end <= gather + 0.01 for end in handle.ends[1:]), (handle.ends, gather)
 
 
 def test_no_ranks_is_done_at_once() -> None:

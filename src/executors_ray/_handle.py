@@ -3,10 +3,12 @@
 :class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
 module only says how results arrive and how death is seen on Ray:
 
-* :meth:`RayCallHandle.wait_for_progress` first tries one bounded
-  ``ray.get`` of every reference (the common case in one round trip), then
-  waits with ``ray.wait`` and fetches each result as it lands, so a dead
-  rank's failed reference (``RayActorError``) is seen at once;
+* :meth:`RayCallHandle.wait_for_progress` first tries one ``ray.get`` of
+  every reference, bounded by :data:`FAST_GET_S` (a short call's results in
+  one round trip), then waits with ``ray.wait`` and fetches each result as
+  it lands, so a dead rank's failed reference (``RayActorError``) and a
+  raising rank's failure are seen at once (a get of every reference would
+  wait for the slowest rank: fail fast needs the first);
 * :meth:`RayCallHandle.check_alive` pings ranks still running in their
   actor's ``control`` concurrency group: a failed ping, or one unanswered
   for ``death_timeout``, means the rank is gone (a hung node, a lost process).
@@ -24,6 +26,9 @@ from dispatchcore.executor import Call, RankCallHandle
 from . import _payload
 from ._rank_actors import RankActors
 from ._tags import CONTROL_GROUP
+
+#: How long the first ``ray.get`` waits for every result at once before results are taken as they land.
+FAST_GET_S = 0.05
 
 
 class RayCallHandle(RankCallHandle):
@@ -67,7 +72,7 @@ class RayCallHandle(RankCallHandle):
         if not self._fast_tried and not self.streaming:  # a stream wants the first result, not all
             self._fast_tried = True
             try:
-                values = ray.get(self.refs, timeout=seconds)
+                values = ray.get(self.refs, timeout=min(seconds, FAST_GET_S))
             except Exception:  # noqa: BLE001 - timed out, or a rank died: the waits below say which
                 pass
             else:
@@ -79,7 +84,8 @@ class RayCallHandle(RankCallHandle):
             if not waiting:
                 return
             refs = [self.refs[p] for p in waiting]
-            left = max(0.0, deadline - time.monotonic())
+            gather = None if self._draining else self.gather_deadline  # a rank raised: the call ends soon
+            left = max(0.0, (deadline if gather is None else min(deadline, gather)) - time.monotonic())
             ready, rest = ray.wait(refs, num_returns=1, timeout=left, fetch_local=self._fetch)
             if not ready:
                 return

@@ -144,6 +144,16 @@ class Hub:
     def dead_reason(self, rank: int) -> str | None:
         return self._dead.get(rank)
 
+    def retire(self, rank: int, detail: str) -> None:
+        """The driver ended ``rank``'s process itself (a replaced rank): its calls fail now, ``stop`` skips it.
+
+        A killed torch process takes a moment (~1 s on a busy machine) to
+        finish dying, and only then would the monitor see it gone; a
+        ``stop`` in between would send it a stop it never acknowledges and
+        wait its whole bound for it.
+        """
+        self._fail_rank(rank, detail)
+
     def command(
         self,
         rank: int,

@@ -105,16 +105,18 @@ class SpawnedWorld:
         self.output.label(data_rank, f"rank {group_rank}")
 
     def kill(self, data_rank: int) -> None:
-        """End a rank's process (a hung one being replaced); the hub sees it gone.
+        """End a rank's process (a hung one being replaced); the hub counts it gone at once (``Hub.retire``).
 
-        Reaped here (SIGKILL ends it at once), so that a ``stop`` soon after
-        knows it has exited and does not wait for it to answer.
+        Reaped here too (SIGKILL ends it at once), so that a ``stop`` soon
+        after knows it has exited and does not wait for it to answer.
         """
         proc = self.processes.get(data_rank)
         if proc is not None and proc.poll() is None:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(KILL_WAIT_S)
+        if self.hub.dead_reason(data_rank) is None:
+            self.hub.retire(data_rank, "it was replaced: the driver ended its process")
 
     def stop(self, wait: float = STOP_WAIT_S) -> None:
         if self._stopped:

@@ -188,10 +188,9 @@ def run_call(
     cancels = on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
     planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
-    call = planned.call
     if trace is not None:
-        trace.dispatched(call)
-    handle = submit_call(site.executor, call, site.shared.backend)
+        trace.dispatched(planned.call)
+    call, handle = planned.call, submit_call(site.executor, planned.call, site.shared.backend)
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def resolve(wait: float | None) -> Any:

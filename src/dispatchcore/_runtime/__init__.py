@@ -1,11 +1,12 @@
 """The rank side every executor shares: ``WorkerHost``, rank threads, isolation copies, the call handle
 that owns every time bound."""
 
-from ._call_handle import RankCallHandle, liveness_poll, timeout_error
+from ._call_handle import RankCallHandle, liveness_poll
 from ._cancel import INTERRUPT_AFTER_S, cancel_in_process
 from ._isolation import ATOMS, isolated_copy
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import stacks_note, thread_stacks
+from ._timeout_wording import timeout_error
 from ._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
 
 __all__ = [

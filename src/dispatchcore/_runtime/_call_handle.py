@@ -5,7 +5,8 @@ A backend only says how results arrive and how a rank is seen to be gone:
 * push backends (threads, pipes, stores) call :meth:`RankCallHandle.deliver`
   and :meth:`RankCallHandle.rank_died` from wherever results come in;
 * pull backends (object stores, futures) override
-  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready;
+  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready (once a
+  rank raised, waiting no longer than :attr:`RankCallHandle.gather_deadline`);
 * both may override :meth:`RankCallHandle.check_alive` to report dead ranks
   while a call runs.
 
@@ -29,44 +30,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base import CallCancelledError, DispatchTimeoutError, Latch, WorkerDiedError
+from .._base import CallCancelledError, Latch, WorkerDiedError
 from .._spi import Call, CallHandle
+from ._timeout_wording import timeout_error
 from ._worker_host import RemoteFailure, first_failure
 
 #: Longest pause between liveness checks while a call runs.
 MAX_LIVENESS_POLL_S = 0.5
 #: After a rank raised, how long the call waits for other ranks' outcomes before it ends without them.
 FAIL_FAST_GATHER_S = 0.05
+#: The shortest wait for progress while that gather runs (its timer may fire a little late).
+MIN_GATHER_SLICE_S = 0.002
 
 
 def liveness_poll(death_timeout: float) -> float:
     """How often to check liveness so a death is seen well within ``death_timeout``."""
     return max(0.01, min(MAX_LIVENESS_POLL_S, death_timeout / 4))
-
-
-def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
-    """The one wording of a call timeout, naming the ranks still running.
-
-    ``method == "__init__"`` is the start-up of the ranks, bounded by the
-    group's ``start_timeout`` option rather than a call timeout.
-    """
-    ranks = tuple(waiting_on)
-    if method == "__init__":
-        return DispatchTimeoutError(
-            f"workers did not finish __init__ within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
-            "Raise the bound with WorkerGroup(..., start_timeout=...)",
-            method=method,
-            ranks=ranks,
-        )
-    return DispatchTimeoutError(
-        f"call {method!r} did not finish within {timeout:g} s; still waiting on "
-        f"rank(s) {waiting_on}. Raise the bound with "
-        f"wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
-        if timeout is not None
-        else f"call {method!r} timed out waiting on rank(s) {waiting_on}",
-        method=method,
-        ranks=ranks,
-    )
 
 
 class RankCallHandle(CallHandle):
@@ -104,7 +83,8 @@ class RankCallHandle(CallHandle):
         self._event = Latch()
         #: Set when every rank answered (or is gone): nothing of the call runs any more.
         self._settled = Latch()
-        self._gathering = False
+        #: When the gather after a raise ends (``time.monotonic()``), once a rank raised.
+        self._gather_until: float | None = None
         self._cancelled = False
         #: Set on every delivery while a stream waits for the next rank (None until one does).
         self._progress: threading.Event | None = None
@@ -126,8 +106,8 @@ class RankCallHandle(CallHandle):
                 if isinstance(value, RemoteFailure) and value.rank < 0:
                     value.rank = self.call.ranks[position]
                 self._failures[position] = value
-                if not self._gathering and self._pending > 1:
-                    self._gathering = True
+                if self._gather_until is None and self._pending > 1:
+                    self._gather_until = time.monotonic() + FAIL_FAST_GATHER_S
                     _fail_fast_timer(self._event)
             self._finish(position)
 
@@ -173,6 +153,15 @@ class RankCallHandle(CallHandle):
 
     def check_alive(self, waiting: list[int]) -> None:
         """Call :meth:`rank_died` for positions in ``waiting`` whose rank is gone."""
+
+    @property
+    def gather_deadline(self) -> float | None:
+        """When the gather after a raise ends (``time.monotonic()``); ``None`` while no rank raised.
+
+        A pull backend's :meth:`wait_for_progress` waits no longer than this,
+        so the call ends :data:`FAIL_FAST_GATHER_S` after the raise.
+        """
+        return self._gather_until
 
     # -- the contract --------------------------------------------------------
     def waiting_positions(self) -> list[int]:
@@ -247,6 +236,9 @@ class RankCallHandle(CallHandle):
         while not self._event.is_set():
             now = time.monotonic()
             limits = [self.poll] + [d - now for d in (call_deadline, wait_deadline) if d is not None]
+            if self._gather_until is not None:
+                # A pull backend's wait cannot see the gather's end: it waits no longer than that.
+                limits.append(max(MIN_GATHER_SLICE_S, self._gather_until - now))
             slice_s = min(limits)
             if slice_s > 0:
                 self.wait_for_progress(slice_s)

@@ -1,0 +1,30 @@
+"""The one wording of a call timeout, in a module of its own so the pipeline's hooks can use it lightly."""
+
+from __future__ import annotations
+
+from .._base import DispatchTimeoutError
+
+
+def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
+    """The one wording of a call timeout, naming the ranks still running.
+
+    ``method == "__init__"`` is the start-up of the ranks, bounded by the
+    group's ``start_timeout`` option rather than a call timeout.
+    """
+    ranks = tuple(waiting_on)
+    if method == "__init__":
+        return DispatchTimeoutError(
+            f"workers did not finish __init__ within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
+            "Raise the bound with WorkerGroup(..., start_timeout=...)",
+            method=method,
+            ranks=ranks,
+        )
+    return DispatchTimeoutError(
+        f"call {method!r} did not finish within {timeout:g} s; still waiting on "
+        f"rank(s) {waiting_on}. Raise the bound with "
+        f"wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
+        if timeout is not None
+        else f"call {method!r} timed out waiting on rank(s) {waiting_on}",
+        method=method,
+        ranks=ranks,
+    )
