@@ -76,7 +76,8 @@ class WeightSync:
     gets ``{name: (shape, dtype)}`` and returns ``{name: Slice}`` for the
     names it wants a slice of (the rest arrive whole).  ``rename`` maps a
     source name to a destination name (``None`` drops it), ``dtype`` casts on
-    the way, ``names`` keeps a subset (source names).  After a complete
+    the way (one dtype: floating-point tensors only; a mapping: by destination
+    name), ``names`` keeps a subset (source names).  After a complete
     transfer each destination worker's ``weights_version`` is the version.
     """
 
@@ -183,9 +184,16 @@ class WeightSync:
                     continue
                 if target in out:
                     raise DispatchError(f"weights {out[target].source_name!r} and {name!r} are both renamed {target!r}")
-                dtype = self.dtype.get(target, h.dtype) if isinstance(self.dtype, Mapping) else self.dtype or h.dtype
+                dtype = _dtype(self.dtype, target, h.dtype)
                 out[target] = TensorSpec(name, h.full_shape, dtype)
         return out
+
+
+def _dtype(dtypes: Dtypes | None, name: str, held: torch.dtype) -> torch.dtype:
+    """The dtype ``name`` arrives in: a mapping names it; one dtype casts floating-point tensors only."""
+    if isinstance(dtypes, Mapping):
+        return dtypes.get(name, held)
+    return dtypes if dtypes is not None and held.is_floating_point else held
 
 
 def _keep(names: Names | None, name: str) -> bool:
