@@ -89,7 +89,8 @@ class Rollout(Worker):
     def floor_get(self, first: Any, second: Any) -> int:
         import ray
 
-        for rank, arrays in enumerate(ray.get([first, second])):
+        got = [ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in (first, second)]  # Ray may resolve them
+        for rank, arrays in enumerate(got):
             for (name, (shape, dtype)), a in zip(self.spec.items(), arrays, strict=True):
                 lo, hi = half(shape[0], rank)
                 self.params[name][lo:hi].copy_(torch.from_numpy(a).view(dtype).reshape(hi - lo, *shape[1:]))
