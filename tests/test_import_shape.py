@@ -18,7 +18,20 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGES = ("dispatchcore", "executors_local", "executors_ray", "executors_torchrun")
 
 #: The core's layers, lowest first: a module may import its own layer and the ones before it only.
-LAYERS = ("_base", "_wire", "_data", "_trace", "_spi", "_rows", "_dispatch", "_worker", "_runtime", "_group")
+LAYERS = (
+    "_base",
+    "_wire",
+    "_data",
+    "_trace",
+    "_transfer",
+    "_spi",
+    "_rows",
+    "_dispatch",
+    "_worker",
+    "_runtime",
+    "_group",
+    "_sync",
+)
 
 
 def _modules() -> dict[str, Path]:

@@ -60,7 +60,9 @@ from ._group import CallStream, MethodProxy, StreamPart, WorkerGroup
 from ._rows import LazyDataProto
 from ._runtime import RemoteFailure, WorkerHost
 from ._spi import Call, CallHandle, Executor, GroupSpec, UniqueValues, available_backends, hookimpl, hookspec
+from ._sync import TransferFuture, TransferReport, WeightSync
 from ._trace import DriverTraffic, Tracer, driver_traffic, trace
+from ._transfer import Shard, Slice
 from ._worker import (
     ClassWithInitArgs,
     MembershipChange,
@@ -106,10 +108,15 @@ __all__ = [
     "Registration",
     "RegistrationError",
     "RemoteFailure",
+    "Shard",
+    "Slice",
     "StreamPart",
     "TensorBatch",
     "Tracer",
+    "TransferFuture",
+    "TransferReport",
     "UniqueValues",
+    "WeightSync",
     "Worker",
     "WorkerDiedError",
     "WorkerError",

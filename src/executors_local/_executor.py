@@ -42,6 +42,8 @@ from dispatchcore.executor import (
     thread_stacks,
 )
 
+from ._transfer import LINK
+
 _DEFAULTS = {"start_timeout": 300.0}
 #: Calls whose arguments hold at most this many bytes (all ranks together) are copied on the driver.
 #: Measured on 2 cores (8 KB .. 1 MB DP echo, N=2 and 4): the driver copy is as fast or faster up to
@@ -86,6 +88,7 @@ class LocalExecutor(Executor):
         started = _LocalCallHandle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
         for position, rank in enumerate(self.rank_threads):
             rank.host.share_kept_rows = not spec.isolate  # isolate=False: lazy rows read in place
+            rank.host.tensor_link = LINK  # weight transfers: views handed over in this process
             rank.put(functools.partial(_start, started, position, rank.host))
         try:
             started.result(float(options["start_timeout"]))
@@ -136,6 +139,13 @@ class LocalExecutor(Executor):
         return ("local", os.getpid())
 
     def can_fetch_rows(self, address: Any) -> bool:
+        return bool(address == ("local", os.getpid()))
+
+    def tensor_address(self) -> Any:
+        """Weight transfers' buckets are views in this process, which every local rank reads."""
+        return ("local", os.getpid())
+
+    def can_receive_tensors(self, address: Any) -> bool:
         return bool(address == ("local", os.getpid()))
 
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:

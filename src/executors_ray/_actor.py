@@ -52,6 +52,7 @@ from ._tags import (
     ROWS_THREADS,
     Layout,
 )
+from ._transfer import RayTensorLink
 
 
 class RankActor:
@@ -108,6 +109,7 @@ class RankActor:
         self._host = WorkerHost(worker_cls, rank, world_size, tuple(init_args), dict(init_kwargs))
         self._host.fetch_rows = RowFetcher(death_timeout)
         self._host.share_kept_rows = not isolate  # isolate=False: rows kept in this actor are read in place
+        self._host.tensor_link = RayTensorLink(death_timeout)  # weight transfers through the object store
         return self._host.start()
 
     @staticmethod

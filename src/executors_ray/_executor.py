@@ -523,6 +523,13 @@ class RayExecutor(Executor):
         """True for the actors of any Ray group of this driver's Ray connection."""
         return isinstance(address, RowAddress) and address.ray == self._ray_key and not self._rank_actors.closed
 
+    def tensor_address(self) -> Any:
+        """Weight transfers' buckets are objects in this Ray, which any Ray group of this driver reads."""
+        return ("ray", self._ray_key)
+
+    def can_receive_tensors(self, address: Any) -> bool:
+        return bool(address == ("ray", self._ray_key)) and not self._rank_actors.closed
+
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
         return self._rank_actors.actor(rank)

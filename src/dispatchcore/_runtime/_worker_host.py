@@ -21,6 +21,8 @@ from .._data import DataProto
 from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
 from .._spi import PLAIN, Instructions
 from .._trace import TimedResult, now_us
+from .._transfer import TRANSFER_METHOD, TensorLink
+from .._transfer import run_step as run_transfer_step
 from .._worker import rank_context, swap_cancel_flag
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 
@@ -117,6 +119,10 @@ class WorkerHost:
         #: Set by an executor for an ``isolate=False`` group: rows kept in this process reach a consuming
         #: worker without a copy (shared memory, as ``isolate=False`` promises not to write).
         self.share_kept_rows = False
+        #: The executor's rank-to-rank path for weight transfers (``None``: through the driver).
+        self.tensor_link: TensorLink | None = None
+        #: Weight transfers under way on this rank, by id (``_transfer``).
+        self.transfers: dict[int, Any] = {}
 
     def start(self) -> RemoteFailure | None:
         """Build the worker; a failure is returned (method ``__init__``), not raised."""
@@ -169,6 +175,11 @@ class WorkerHost:
         fn = self._bound.get(method)
         if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
             return self._rows_method(method, args)
+        if fn is None and method == TRANSFER_METHOD:
+            try:
+                return True, run_transfer_step(self, args)
+            except BaseException as exc:  # noqa: BLE001 - reported to the driver
+                return False, RemoteFailure.capture(self.rank, method, exc)
         if fn is None:
             try:
                 fn = self._bound[method] = getattr(self.worker, method)

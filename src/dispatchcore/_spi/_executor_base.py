@@ -152,6 +152,24 @@ class Executor(ABC):
         """Whether this group's ranks can fetch rows kept at ``address`` (another group's :meth:`row_address`)."""
         return False
 
+    # -- optional: weight transfers rank to rank (WeightSync) ---------------------------
+    def tensor_address(self) -> Any:
+        """Where this group's ranks publish a transfer's buckets, for :meth:`can_receive_tensors` of another group.
+
+        To move a ``WeightSync``'s tensors rank to rank, set ``host.tensor_link``
+        on each rank to a :class:`~dispatchcore.executor.TensorLink` (``publish``
+        on the source rank gives a small token, ``receive`` on a destination
+        rank the tensors back), return a small picklable address here and
+        accept it in :meth:`can_receive_tensors`.  ``None`` (the default)
+        moves them through the driver: correct, slow, counted by
+        ``driver_traffic()``.
+        """
+        return None
+
+    def can_receive_tensors(self, address: Any) -> bool:
+        """Whether this group's ranks' ``tensor_link`` reads tokens published at ``address`` (another group's)."""
+        return False
+
     # -- optional: replacing dead ranks (WorkerGroup.replace_rank) ----------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
         """Start new ranks ``ranks`` in place of dead (or hung: kill them first) ones.

@@ -4,7 +4,14 @@ The face re-exports the tracer's names, which were ``dispatchcore._trace``'s
 before the core became packages (old pickles and imports keep working).
 """
 
-from ._driver_traffic import DriverTraffic, count_received, count_sent, count_sent_bytes, driver_traffic
+from ._driver_traffic import (
+    DriverTraffic,
+    count_received,
+    count_received_bytes,
+    count_sent,
+    count_sent_bytes,
+    driver_traffic,
+)
 from ._tracer import TimedResult, Tracer, active_tracer, now_us, trace
 
 __all__ = [
@@ -13,6 +20,7 @@ __all__ = [
     "Tracer",
     "active_tracer",
     "count_received",
+    "count_received_bytes",
     "count_sent",
     "count_sent_bytes",
     "driver_traffic",

@@ -88,3 +88,11 @@ def count_sent_bytes(size: int) -> None:
     if size and counting:
         with _lock:
             _sent += size
+
+
+def count_received_bytes(size: int) -> None:
+    """Add ``size`` bytes (tensors a weight transfer moved through the driver) to the bytes received."""
+    global _received
+    if size and counting:
+        with _lock:
+            _received += size

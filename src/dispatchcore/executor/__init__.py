@@ -58,6 +58,10 @@ Optional hooks, with defaults that decline:
   run :func:`cancel_in_process` with ``call.instructions.call_id`` in the
   rank's process, without waiting), and :meth:`Executor.can_replace_ranks`
   so the core knows whether it may restart ranks stuck in C code;
+* weight transfers (``WeightSync``) rank to rank: :meth:`Executor.tensor_address`,
+  :meth:`Executor.can_receive_tensors` and a :class:`TensorLink` as
+  ``host.tensor_link`` on each rank; without them the tensors go through
+  the driver;
 * :meth:`Executor.launch_world_size` (world size implied by the launcher).
 
 Registering: a module with a :data:`dispatchcore.hookimpl` of
@@ -120,6 +124,7 @@ from .._spi import (
     remaining,
 )
 from .._trace import TimedResult
+from .._transfer import TRANSFER_METHOD, TensorLink, TensorSourceLost
 from .._wire import keep_freed_memory
 from .._worker import method_names
 
@@ -130,6 +135,7 @@ __all__ = [
     "PLAIN",
     "RANK_ENV_KEYS",
     "TAKE_ROWS_METHOD",
+    "TRANSFER_METHOD",
     "Call",
     "CallHandle",
     "ChunkPlan",
@@ -144,6 +150,8 @@ __all__ = [
     "ResultShape",
     "RowPiece",
     "RowRequest",
+    "TensorLink",
+    "TensorSourceLost",
     "TimedResult",
     "UniqueValues",
     "WorkerHost",

@@ -28,6 +28,7 @@ from .. import (
     DispatchTimeoutError,
     LazyDataProto,
     MemoryBudgetError,
+    WeightSync,
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
@@ -37,6 +38,7 @@ from .. import (
 )
 from ..executor import Executor
 from .assertions import assert_dataproto_equal
+from .weight_workers import WEIGHT_SET, WeightRollout, WeightTrainer, expected, make_weights
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
 
 
@@ -551,3 +553,59 @@ class ExecutorConformance:
         actor = colocated[1:].spawn(["actor"])["actor"]
         assert [x[:2] for x in actor.whoami()] == [("actor", 1)]
         assert actor.act(batch(2)).batch["rank"].tolist() == [1, 1]
+
+    # -- weight sync (WeightSync): rank to rank where the executor links, else through the driver ------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def weight_groups(cls) -> Iterator[tuple[WorkerGroup[Any], WorkerGroup[Any]]]:
+        src = cls.make_group(WeightTrainer, 2, death_timeout=10)
+        dst = cls.make_group(WeightRollout, 2, death_timeout=10)
+        yield src, dst
+        src.shutdown()
+        dst.shutdown()
+
+    def test_weight_sync_sharded_to_whole_and_sliced(self, weight_groups: Any) -> None:
+        src, dst = weight_groups
+        for cut in (None, 0, 1):
+            dst.configure(cut=cut)
+            before = driver_traffic()
+            report = WeightSync(src, dst, bucket_bytes=100)(version=cut)
+            crossed = (driver_traffic() - before).total
+            assert report.buckets > len(WEIGHT_SET)  # bucket boundaries fall inside tensors
+            assert crossed == report.driver_bytes and (crossed > 0) == (report.transport == "driver")
+            for rank, (got, version, _) in enumerate(dst.state()):
+                assert version == cut
+                for name, full in make_weights().items():
+                    want = expected(full, cut, rank, 2)
+                    assert got[name].dtype == want.dtype and torch.equal(got[name], want), (name, cut)
+
+    def test_weight_sync_empty_set_still_sets_the_version(self, weight_groups: Any) -> None:
+        src, dst = weight_groups
+        dst.configure()
+        report = WeightSync(src, dst, names=())(version="empty")
+        assert report.tensors == 0 and report.buckets == 0
+        assert [(got, version) for got, version, _ in dst.state()] == [({}, "empty")] * 2
+
+    def test_weight_sync_dying_source_is_named(self, weight_groups: Any) -> None:
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        _, dst = weight_groups
+        with self.make_group(WeightTrainer, 2, death_timeout=10) as src:
+            pids = src.set_step(0)
+            dst.configure(kill=(pids[1], 1))
+            with pytest.raises(WorkerDiedError) as info:
+                WeightSync(src, dst, bucket_bytes=64)(version="dead")
+            assert info.value.rank == 1 and "source group" in str(info.value)
+        assert "dead" not in [version for _, version, _ in dst.state()]
+        dst.configure()
+
+    def test_weight_sync_dying_destination_is_named(self, weight_groups: Any) -> None:
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        src, _ = weight_groups
+        with self.make_group(WeightRollout, 2, death_timeout=10) as dst:
+            dst.configure(die_on=2)
+            with pytest.raises(WorkerDiedError) as info:
+                WeightSync(src, dst, bucket_bytes=64)(version="dead")
+            assert info.value.rank == 1 and "destination group" in str(info.value)
+        assert len(src.set_step(0)) == 2  # the source group goes on

@@ -1,0 +1,197 @@
+"""Weight sync (``WeightSync``) against the hand-written floor for the same bytes, in the same run.
+
+Run ``python benchmarks/weight_sync.py [--quick] [--backends local,ray] [--mib 256]``.
+A weight set of ``--mib`` MiB in a few hundred tensors of mixed sizes and
+dtypes (float32, bfloat16); a trainer group of 2 ranks each holding half of
+every tensor (dim-0 shards) and a rollout group of 2 ranks each wanting all
+of it, copying every tensor into its preallocated parameters in its
+``load_weights`` (as vLLM does).  Floors, between the same ranks:
+
+* local: a plain copy of every shard into each rollout rank's parameters
+  (two threads, one per rollout rank, as the ranks are threads);
+* ray: raw ``ray.put`` of each trainer rank's shards (uint8 numpy views)
+  and, on each rollout actor, ``ray.get`` of both plus the copy into its
+  parameters (the copy on receipt that isolation asks for).
+
+Prints seconds, GB/s (weight-set bytes delivered to every rollout rank per
+second), bytes through the driver (``driver_traffic()``) and floor/ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import print_table  # noqa: E402
+from dispatchcore import Dispatch, Shard, WeightSync, Worker, WorkerGroup, driver_traffic, register  # noqa: E402
+
+Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def weight_set(mib: int) -> Spec:
+    """About ``mib`` MiB in ~300 tensors: big matrices, mid-size ones, odd-length vectors."""
+    spec: Spec = {}
+    target, used, i = mib << 20, 0, 0
+    while used < target:
+        kind = i % 3
+        shape = [(1024 + 2 * (i % 7), 512), (257 + i % 13, 256), (4096 + i % 5,)][kind]
+        dtype = torch.float32 if i % 2 else torch.bfloat16
+        n = 1
+        for d in shape:
+            n *= d
+        spec[f"layer.{i // 3}.p{kind}"] = (shape, dtype)
+        used += n * dtype.itemsize
+        i += 1
+    return spec
+
+
+def half(n: int, rank: int) -> tuple[int, int]:
+    mid = (n + 1) // 2
+    return (0, mid) if rank == 0 else (mid, n)
+
+
+class Trainer(Worker):
+    def __init__(self, spec: Spec) -> None:
+        self.shards = {}
+        for name, (shape, dtype) in spec.items():
+            lo, hi = half(shape[0], self.rank)
+            self.shards[name] = Shard(torch.full((hi - lo, *shape[1:]), float(self.rank + 1), dtype=dtype), lo, shape)
+
+    def weights(self) -> dict[str, Shard]:
+        return self.shards
+
+    @register(Dispatch.ONE_TO_ALL)
+    def floor_put(self) -> Any:
+        import ray
+
+        return ray.put([s.tensor.reshape(-1).view(torch.uint8).numpy() for s in self.shards.values()])
+
+
+class Rollout(Worker):
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.params = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in spec.items()}
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in weights:
+            self.params[name].copy_(t)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def floor_get(self, first: Any, second: Any) -> int:
+        import ray
+
+        got = [ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in (first, second)]  # Ray may resolve them
+        for rank, arrays in enumerate(got):
+            for (name, (shape, dtype)), a in zip(self.spec.items(), arrays, strict=True):
+                lo, hi = half(shape[0], rank)
+                self.params[name][lo:hi].copy_(torch.from_numpy(a).view(dtype).reshape(hi - lo, *shape[1:]))
+        return 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.params.values()))
+
+
+def local_floor(spec: Spec, shards: list[dict[str, Shard]], params: list[dict[str, torch.Tensor]]) -> None:
+    def one(dest: dict[str, torch.Tensor]) -> None:
+        for name in spec:
+            for held in shards:
+                s = held[name]
+                dest[name][s.offset : s.offset + s.tensor.shape[0]].copy_(s.tensor)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in params]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def timed(fn: Any, repeats: int) -> float:
+    fn()  # warm-up: first-touch of buffers, Ray workers' imports
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]:
+    nbytes = sum(s[1].itemsize * int(torch.Size(s[0]).numel()) for s in spec.values())
+    with (
+        WorkerGroup(Trainer, 2, backend=backend, init_kwargs={"spec": spec}) as src,
+        WorkerGroup(Rollout, 2, backend=backend, init_kwargs={"spec": spec}) as dst,
+    ):
+        sync = WeightSync(src, dst, bucket_bytes=bucket_mib << 20)
+        before = driver_traffic()
+        ours = timed(lambda: sync(version=0), repeats)
+        crossed = (driver_traffic() - before).total
+        if backend == "local":
+            executor: Any = src.executor
+            shards = [executor.rank_threads[r].host.worker.shards for r in range(2)]
+            params = [dst.executor.rank_threads[r].host.worker.params for r in range(2)]
+            floor = timed(lambda: local_floor(spec, shards, params), repeats)
+        else:
+            floor = timed(lambda: dst.floor_get(*src.floor_put()), repeats)
+        sums = dst.checksum()
+    gbps = nbytes / ours / 1e9
+    ratio = floor / ours
+    return [
+        backend,
+        f"{nbytes / 2**20:.0f} MiB / {len(spec)}",
+        ours,
+        gbps,
+        floor,
+        nbytes / floor / 1e9,
+        crossed,
+        f"{ratio:.2f} ({'met' if ratio >= 0.8 else 'not met'})",
+        "ok" if sums[0] == sums[1] else "MISMATCH",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backends", default="local,ray")
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--bucket-mib", type=int, default=64)
+    args = parser.parse_args()
+    spec = weight_set(args.mib)
+    repeats = 3 if args.quick else 7
+    rows = []
+    for backend in args.backends.split(","):
+        if backend == "ray":
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(include_dashboard=False, log_to_driver=False)
+        rows.append(run(backend, spec, repeats, args.bucket_mib))
+    header = [
+        "backend",
+        "weights",
+        "ours s",
+        "ours GB/s",
+        "floor s",
+        "floor GB/s",
+        "driver bytes",
+        "floor/ours",
+        "check",
+    ]
+    print_table(
+        f"weight sync, trainer 2 ranks (dim-0 halves) -> rollout 2 ranks (whole), {args.bucket_mib} MiB buckets",
+        header,
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

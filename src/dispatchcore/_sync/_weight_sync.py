@@ -1,0 +1,260 @@
+"""``WeightSync``: named tensors from one group's ranks to another's, planned by the core, moved by the executor.
+
+The driver only plans and orders: it asks the source ranks what they hold
+(``layout``) and the destination ranks what they want (``want``), computes
+the plan (``_transfer.plan_transfer``), then keeps a window of buckets in
+flight (``pack`` on a source rank, ``apply`` on its destinations), so the
+next bucket moves while the destinations apply the current one, and tells
+the destinations the new version (``commit``) only once every rank applied
+every bucket.  Where both executors share a :class:`TensorLink` the bytes
+go rank to rank; otherwise through the driver (counted by
+``driver_traffic()``, and logged once as slow).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._base import DispatchError
+from .._trace import count_received_bytes, count_sent_bytes
+from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, TransferPlan, plan_transfer
+from ._steps import Side, submit, wait
+
+_log = logging.getLogger("dispatchcore")
+_ids = itertools.count(1)
+
+Rename = Mapping[str, str] | Callable[[str], str | None]
+Names = Collection[str] | Callable[[str], bool]
+Dtypes = torch.dtype | Mapping[str, torch.dtype]
+
+
+@dataclass(frozen=True)
+class TransferReport:
+    """What one transfer did: the version the destinations now read, how the bytes went, how many."""
+
+    version: Any
+    transport: str
+    tensors: int
+    buckets: int
+    bytes_moved: int
+    driver_bytes: int
+    seconds: float
+
+
+class TransferFuture:
+    """A transfer running in the background (``WeightSync.start``); ``get()`` gives its report or raises."""
+
+    def __init__(self, future: concurrent.futures.Future[TransferReport]) -> None:
+        self._future = future
+
+    def get(self, timeout: float | None = None) -> TransferReport:
+        return self._future.result(timeout)
+
+    result = get
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class WeightSync:
+    """Moves named tensors from ``source``'s ranks to ``destination``'s (see ``docs/weight-sync.md``).
+
+    Each source rank's ``offer`` method returns ``{name: tensor or Shard}``;
+    each destination rank's ``apply`` method is called once per bucket with
+    a list of ``(name, tensor)`` it completed; an optional ``want`` method
+    gets ``{name: (shape, dtype)}`` and returns ``{name: Slice}`` for the
+    names it wants a slice of (the rest arrive whole).  ``rename`` maps a
+    source name to a destination name (``None`` drops it), ``dtype`` casts on
+    the way (one dtype: floating-point tensors only; a mapping: by destination
+    name), ``names`` keeps a subset (source names).  After a complete
+    transfer each destination worker's ``weights_version`` is the version.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        destination: Any,
+        *,
+        offer: str = "weights",
+        apply: str = "load_weights",
+        want: str = "weight_slices",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        rename: Rename | None = None,
+        dtype: Dtypes | None = None,
+        names: Names | None = None,
+    ) -> None:
+        if int(bucket_bytes) <= 0:
+            raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        self.source, self.destination = source, destination
+        self.offer, self.apply, self.want = offer, apply, want
+        self.bucket_bytes = int(bucket_bytes)
+        self.rename, self.dtype, self.names = rename, dtype, names
+        self._lock = threading.Lock()
+        self._warned = False
+        #: The plan of the last transfer (for inspection and tests).
+        self.last_plan: TransferPlan | None = None
+
+    @property
+    def transport(self) -> str:
+        """How the bytes go: the source backend's name where both executors share a link, else ``"driver"``."""
+        src, dst = self.source.executor, self.destination.executor
+        address = src.tensor_address()
+        if address is not None and dst.can_receive_tensors(address):
+            return str(src.name)
+        return "driver"
+
+    def __call__(self, version: Any) -> TransferReport:
+        """Transfer every weight now; the destinations read ``version`` once it all arrived."""
+        with self._lock:
+            return self._run(version)
+
+    def start(self, version: Any) -> TransferFuture:
+        """The same transfer in the background (generation can go on meanwhile)."""
+        future: concurrent.futures.Future[TransferReport] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self(version))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="dispatchcore-weight-sync", daemon=True).start()
+        return TransferFuture(future)
+
+    # -- one transfer ---------------------------------------------------------------
+    def _side(self, role: str, wg: Any) -> Side:
+        wg.ensure_usable()
+        executor = wg.executor
+        timeout = wg.call_timeout
+        return Side(role, repr(wg), executor, tuple(wg.rank_ids), wg.role_prefix, timeout, executor.spec.isolate)
+
+    def _run(self, version: Any) -> TransferReport:
+        started = time.monotonic()
+        src, dst = self._side("source", self.source), self._side("destination", self.destination)
+        transport = self.transport
+        if transport == "driver" and not self._warned:
+            self._warned = True
+            _log.warning(
+                "weight transfer %s -> %s goes through the driver (slow): the %r executor has no tensor link to %r",
+                src.label, dst.label, src.executor.name, dst.executor.name,
+            )  # fmt: skip
+        tid = (os.getpid() << 20) + next(_ids)
+        everyone_src, everyone_dst = range(len(src.ranks)), range(len(dst.ranks))
+        ok = False
+        try:
+            layout = (("layout", tid, src.prefix + self.offer),)
+            held = wait(src, submit(src, everyone_src, [layout] * len(src.ranks)), "layout")
+            tensors = self._tensors(held)
+            shapes = {name: (spec.full_shape, spec.dtype) for name, spec in tensors.items()}
+            step = (("want", tid, dst.prefix + self.want, shapes),)
+            wants = wait(dst, submit(dst, everyone_dst, [step] * len(dst.ranks)), "want")
+            plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
+            begins = [(("begin", tid, plan.wanted[d], dst.prefix + self.apply, not dst.isolate),) for d in everyone_dst]
+            wait(dst, submit(dst, everyone_dst, begins), "begin")
+            driver_bytes = _move(plan, src, dst, tid, through_driver=transport == "driver")
+            wait(dst, submit(dst, everyone_dst, [(("commit", tid, version),)] * len(dst.ranks)), "commit")
+            ok = True
+        finally:
+            _end(src, dst, tid, ok)
+        seconds = time.monotonic() - started
+        return TransferReport(version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds)
+
+    def _tensors(self, held: list[dict[str, Held]]) -> dict[str, TensorSpec]:
+        """Destination name → spec, in the sources' order: the subset, renamed, cast."""
+        out: dict[str, TensorSpec] = {}
+        seen: dict[str, str] = {}
+        for offered in held:
+            for name, h in offered.items():
+                if name in seen or not _keep(self.names, name):
+                    continue
+                target = _renamed(self.rename, name)
+                seen[name] = target or ""
+                if target is None:
+                    continue
+                if target in out:
+                    raise DispatchError(f"weights {out[target].source_name!r} and {name!r} are both renamed {target!r}")
+                dtype = _dtype(self.dtype, target, h.dtype)
+                out[target] = TensorSpec(name, h.full_shape, dtype)
+        return out
+
+
+def _dtype(dtypes: Dtypes | None, name: str, held: torch.dtype) -> torch.dtype:
+    """The dtype ``name`` arrives in: a mapping names it; one dtype casts floating-point tensors only."""
+    if isinstance(dtypes, Mapping):
+        return dtypes.get(name, held)
+    return dtypes if dtypes is not None and held.is_floating_point else held
+
+
+def _keep(names: Names | None, name: str) -> bool:
+    if names is None:
+        return True
+    return bool(names(name)) if callable(names) else name in names
+
+
+def _renamed(rename: Rename | None, name: str) -> str | None:
+    if rename is None:
+        return name
+    if callable(rename):
+        return rename(name)
+    return rename.get(name, name)
+
+
+def _move(plan: TransferPlan, src: Side, dst: Side, tid: int, through_driver: bool) -> int:
+    """Every bucket, at most two per source rank in flight; the bytes that crossed the driver."""
+    window = 2 * max(1, len(src.ranks))
+    pending = deque(plan.buckets)
+    packing: deque[tuple[Bucket, Any]] = deque()
+    applying: deque[tuple[Bucket, Any]] = deque()
+    crossed = 0
+    while pending or packing or applying:
+        while pending and len(packing) + len(applying) < window:
+            bucket = pending.popleft()
+            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket),)])))
+        if packing:
+            bucket, handle = packing.popleft()
+            token = wait(src, handle, "pack")[0]
+            readers = len(bucket.destinations)
+            if through_driver:
+                count_received_bytes(bucket.nbytes)
+                count_sent_bytes(bucket.nbytes * readers)
+                crossed += bucket.nbytes * (1 + readers)
+            step = ("apply", tid, bucket)
+            applying.append((bucket, submit(dst, bucket.destinations, [(step, token)] * readers)))
+            while applying and applying[0][1].done():
+                _applied(src, dst, *applying.popleft())
+            continue
+        _applied(src, dst, *applying.popleft())
+    return crossed
+
+
+def _applied(src: Side, dst: Side, bucket: Bucket, handle: Any) -> None:
+    wait(dst, handle, "apply", source=src, source_rank=src.ranks[bucket.source])
+
+
+def _end(src: Side, dst: Side, tid: int, ok: bool) -> None:
+    """Drop the transfer's state on every rank (after a failure: briefly, whoever still answers)."""
+    bound = None if ok else 2.0
+    handles = []
+    for side in (src, dst):
+        try:
+            handles.append(submit(side, range(len(side.ranks)), [(("end", tid),)] * len(side.ranks)))
+        except Exception:  # noqa: BLE001 - a broken or closed group keeps nothing to drop
+            if ok:
+                raise
+    for handle in handles:
+        try:
+            handle.result(bound)
+        except Exception:  # noqa: BLE001 - a dead rank holds no state
+            if ok:
+                raise

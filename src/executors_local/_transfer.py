@@ -1,0 +1,47 @@
+"""Weight transfers between local groups: every rank lives in this process, so a bucket is its views.
+
+A source rank publishes its pieces as views of the offered tensors (no
+copy; the core keeps the source dtype so the one copy also casts); each
+destination rank takes them and copies them once into its own buffers, or
+keeps a whole tensor as it is when its group is ``isolate=False``.  The
+last reader drops the entry; a transfer that failed half way may leave an
+entry behind, which holds views only (no memory of its own).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+
+
+class LocalTensorLink:
+    """The :class:`~dispatchcore.executor.TensorLink` of every local group in this process."""
+
+    same_process = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._held: dict[int, list[Any]] = {}
+
+    def publish(self, tensors: list[torch.Tensor], readers: int) -> int:
+        """A key to ``tensors`` for ``readers`` destination ranks (an int: isolation passes it as is)."""
+        with self._lock:
+            key = next(self._ids)
+            self._held[key] = [tensors, readers]
+        return key
+
+    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
+        """The views published under ``token``: shared memory (the core copies unless ``isolate=False``)."""
+        with self._lock:
+            entry = self._held[token]
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._held[token]
+        return entry[0], True
+
+
+LINK = LocalTensorLink()

@@ -1,0 +1,45 @@
+"""Weight transfers between Ray groups: one object per bucket, put by the source rank, got by each destination.
+
+The source rank puts the bucket's pieces (cast and contiguous, as uint8
+numpy views: Ray writes them into the object store with one copy and no
+pickling of torch); the driver forwards only the ``ObjectRef``; each
+destination rank ``ray.get`` s it, zero-copy and read-only, so the core
+copies on receipt unless the destination group is ``isolate=False``.  The
+object belongs to the source rank: when that rank dies first, the read
+fails and is reported as the source's death (``TensorSourceLost``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from dispatchcore.executor import TensorSourceLost
+
+
+class RayTensorLink:
+    """The :class:`~dispatchcore.executor.TensorLink` of a Ray rank actor."""
+
+    same_process = False
+
+    def __init__(self, death_timeout: float) -> None:
+        #: The object is in the store before any destination asks: a read waits only on transport.
+        self._timeout = death_timeout
+
+    def publish(self, tensors: list[torch.Tensor], readers: int) -> Any:
+        import ray
+
+        return ray.put([t.reshape(-1).view(torch.uint8).numpy() for t in tensors])
+
+    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
+        import ray
+
+        try:
+            arrays = ray.get(token, timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - owner died, object lost, or a read past the bound
+            raise TensorSourceLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only store memory: the core copies it unless isolate=False
+            return [torch.from_numpy(a) for a in arrays], True

@@ -1,0 +1,282 @@
+"""Weight sync (``WeightSync``): the plan's properties, and transfers on local, Ray and through the driver.
+
+The plan is checked by running the real rank-side steps on fake hosts (no
+group, no threads), so Hypothesis can try many layouts fast.  The backend
+cases use the conformance workers; Ray uses the session's one Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dispatchcore import (
+    Dispatch,
+    Shard,
+    Slice,
+    WeightSync,
+    Worker,
+    WorkerDiedError,
+    WorkerGroup,
+    driver_traffic,
+    register,
+)
+from dispatchcore._transfer import TRANSFER_METHOD, TensorSpec, plan_transfer, run_step
+from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
+from executors_ray.testing import ray_session  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.float64]
+
+
+class _Source:
+    def __init__(self, offered: dict[str, Any]) -> None:
+        self.offered = offered
+
+    def weights(self) -> dict[str, Any]:
+        return self.offered
+
+
+class _Sink:
+    def __init__(self, wants: dict[str, Slice]) -> None:
+        self.wants, self.got, self.calls = wants, {}, 0
+
+    def weight_slices(self, shapes: dict[str, Any]) -> dict[str, Slice]:
+        return self.wants
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.calls += 1
+        for name, t in weights:
+            assert name not in self.got
+            self.got[name] = t.clone()
+
+
+def _host(worker: Any) -> Any:
+    return SimpleNamespace(worker=worker, transfers={}, tensor_link=None)
+
+
+def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: int = 1) -> Any:
+    """What ``WeightSync`` does, step by step, on fake hosts: the plan it made."""
+    src, dst = [_host(w) for w in sources], [_host(w) for w in sinks]
+    held = [run_step(h, (("layout", 1, "weights"),)) for h in src]
+    tensors = {}
+    for offered in held:
+        for name, h in offered.items():
+            tensors.setdefault(name, TensorSpec(name, h.full_shape, h.dtype))
+    shapes = {n: (s.full_shape, s.dtype) for n, s in tensors.items()}
+    wants = [run_step(h, (("want", 1, "weight_slices", shapes),)) for h in dst]
+    plan = plan_transfer(held, tensors, wants, bucket_bytes)
+    for d, h in enumerate(dst):
+        run_step(h, (("begin", 1, plan.wanted[d], "load_weights", False),))
+    for bucket in plan.buckets:
+        token = run_step(src[bucket.source], (("pack", 1, bucket),))
+        for d in bucket.destinations:
+            run_step(dst[d], (("apply", 1, bucket), token))
+    for h in dst:
+        assert run_step(h, (("commit", 1, version),)) == version
+    return plan
+
+
+@st.composite
+def layouts(draw: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], list[dict[str, Slice]], int]:
+    count = draw(st.integers(0, 4))
+    full: dict[str, torch.Tensor] = {}
+    for i in range(count):
+        shape = tuple(draw(st.lists(st.integers(0, 7), min_size=0, max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        values = torch.randn(shape) * 10
+        full[f"w{i}"] = values > 0 if dtype == torch.bool else values.to(dtype)
+    n_src = draw(st.integers(1, 3))
+    sources: list[dict[str, Any]] = [{} for _ in range(n_src)]
+    for name, t in full.items():
+        if t.dim() == 0 or draw(st.booleans()):
+            for s in draw(st.sets(st.integers(0, n_src - 1), min_size=1)):
+                sources[s][name] = t.clone()  # whole, on one or more ranks (replicas)
+            continue
+        cuts = sorted(draw(st.lists(st.integers(0, t.shape[0]), max_size=n_src - 1)))
+        edges = [0, *cuts, t.shape[0]]
+        for s, (lo, hi) in enumerate(itertools.pairwise(edges)):
+            sources[s][name] = Shard(t[lo:hi].clone(), lo, tuple(t.shape))
+    wants: list[dict[str, Slice]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        want = {}
+        for name, t in full.items():
+            if t.dim() and draw(st.booleans()):
+                dim = draw(st.integers(0, t.dim() - 1))
+                lo = draw(st.integers(0, t.shape[dim]))
+                want[name] = Slice(dim, lo, draw(st.integers(lo, t.shape[dim])))
+        wants.append(want)
+    return full, sources, wants, draw(st.integers(1, 400))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_plan_moves_every_value_exactly(layout: Any) -> None:
+    full, offered, wants, bucket_bytes = layout
+    sinks = [_Sink(w) for w in wants]
+    plan = _transfer([_Source(o) for o in offered], sinks, bucket_bytes)
+    for sink in sinks:
+        assert set(sink.got) == set(full)
+        for name, t in full.items():
+            want = sink.wants.get(name)
+            ref = t if want is None else t.narrow(want.dim, want.start, want.stop - want.start)
+            assert sink.got[name].dtype == t.dtype and torch.equal(sink.got[name], ref), name
+    for bucket in plan.buckets:  # a bucket is full-sized or one row that could not be split
+        one_row = len(bucket.pieces) == 1 and (not bucket.pieces[0].shape or bucket.pieces[0].shape[0] == 1)
+        assert bucket.nbytes <= bucket_bytes or one_row
+
+
+@settings(max_examples=50, deadline=None)
+@given(layouts())
+def test_whole_destinations_share_every_send(layout: Any) -> None:
+    """Destinations that all want every tensor whole are sent each byte once, whatever their number."""
+    full, offered, _, bucket_bytes = layout
+    plan = _transfer([_Source(o) for o in offered], [_Sink({}), _Sink({}), _Sink({})], bucket_bytes)
+    assert plan.nbytes == sum(t.nbytes for t in full.values())
+    assert all(b.destinations == (0, 1, 2) for b in plan.buckets)
+
+
+def test_bucket_boundaries_fall_inside_a_tensor() -> None:
+    t = torch.arange(40.0).reshape(10, 4)  # 16 bytes a row; 40-byte buckets hold 2 rows
+    sink = _Sink({})
+    plan = _transfer([_Source({"t": t})], [sink], bucket_bytes=40)
+    assert len(plan.buckets) == 5 and sink.calls == 1  # the hook sees the tensor once, whole
+    assert torch.equal(sink.got["t"], t)
+
+
+def test_empty_set_commits_the_version() -> None:
+    sink = _Sink({})
+    assert _transfer([_Source({})], [sink], bucket_bytes=10, version=3).buckets == ()
+    assert sink.calls == 0 and sink.got == {}
+
+
+def test_rows_held_by_no_source_are_refused() -> None:
+    t = torch.zeros(6, 2)
+    with pytest.raises(ValueError, match=r"rows 3\.\.6 of 'w'"):
+        _transfer([_Source({"w": Shard(t[:3], 0, (6, 2))})], [_Sink({})], bucket_bytes=64)
+
+
+def test_core_step_name_is_not_a_method() -> None:
+    assert not hasattr(WeightTrainer, TRANSFER_METHOD)
+
+
+# -- on backends ---------------------------------------------------------------------------------
+BACKENDS = ["local", "ray", "multiprocess"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def groups(request: pytest.FixtureRequest) -> Iterator[tuple[WorkerGroup[Any], WorkerGroup[Any]]]:
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    with (
+        WorkerGroup(WeightTrainer, 2, backend=request.param) as src,
+        WorkerGroup(WeightRollout, 2, backend=request.param) as dst,
+    ):
+        yield src, dst
+
+
+def _check(dst: WorkerGroup[Any], cut: int | None, version: int, step: int = 0, **how: Any) -> None:
+    full = make_weights(step=step)
+    for rank, (got, seen_version, _) in enumerate(dst.state()):
+        assert seen_version == version
+        for name, t in full.items():
+            ref = expected(t, cut, rank, 2)
+            if "dtype" in how and t.is_floating_point():
+                ref = ref.to(how["dtype"])
+            assert got[how.get("prefix", "") + name].dtype == ref.dtype
+            assert torch.equal(got[how.get("prefix", "") + name], ref), name
+
+
+@pytest.mark.parametrize("cut", [None, 0, 1])
+def test_sharded_trainer_to_rollout(groups: Any, cut: int | None) -> None:
+    src, dst = groups
+    dst.configure(cut=cut)
+    before = driver_traffic()
+    report = WeightSync(src, dst, bucket_bytes=100)(version=5)
+    crossed = (driver_traffic() - before).total
+    _check(dst, cut, 5)
+    assert report.buckets > 8  # boundaries inside tensors
+    if src.backend == "multiprocess":
+        assert report.transport == "driver" and crossed >= report.bytes_moved > 0
+    else:
+        assert report.transport == src.backend and crossed == 0 and report.driver_bytes == 0
+
+
+def test_rename_cast_subset_and_future(groups: Any) -> None:
+    src, dst = groups
+    dst.configure()
+    src.set_step(3)
+    sync = WeightSync(src, dst, rename=lambda n: f"m.{n}", dtype=None, names=lambda n: n.startswith("layer"))
+    assert sync.start(version=1).get(timeout=60).tensors == 3
+    received = dst.state()[0][0]
+    assert sorted(received) == ["m.layer.0.bias", "m.layer.0.qkv", "m.layer.1.w"]
+    dst.configure()
+    cast = WeightSync(src, dst, dtype=torch.float16, bucket_bytes=1 << 20)
+    cast(version=2)
+    _check(dst, None, 2, step=3, dtype=torch.float16)
+    src.set_step(0)
+
+
+@pytest.mark.parametrize("groups", ["ray"], indirect=True)
+def test_source_death_is_named_and_never_committed(groups: Any) -> None:
+    _, dst = groups
+    with WorkerGroup(WeightTrainer, 2, backend="ray", death_timeout=10) as src:
+        pids = src.set_step(0)
+        dst.configure(kill=(pids[1], 1))
+        with pytest.raises(WorkerDiedError) as info:
+            WeightSync(src, dst, bucket_bytes=64)(version=9)
+        assert info.value.rank == 1 and "source group" in str(info.value)
+    assert [state[1] for state in dst.state()] != [9, 9]  # never told version 9 is complete
+    dst.configure()
+
+
+@pytest.mark.parametrize("groups", ["ray"], indirect=True)
+def test_destination_death_is_named(groups: Any) -> None:
+    src, _ = groups
+    with WorkerGroup(WeightRollout, 2, backend="ray", death_timeout=10) as dst:
+        dst.configure(die_on=2)
+        with pytest.raises(WorkerDiedError) as info:
+            WeightSync(src, dst, bucket_bytes=64)(version=9)
+        assert info.value.rank == 1 and "destination group" in str(info.value)
+    assert len(src.set_step(0)) == 2  # the source group goes on
+
+
+_HELD = torch.arange(12.0).reshape(3, 4)
+
+
+class _Holder(Worker):
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {"t": _HELD}
+
+
+class _Pointers(Worker):
+    def __init__(self) -> None:
+        self.pointers: dict[str, int] = {}
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.pointers.update({name: t.data_ptr() for name, t in weights})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def seen(self) -> dict[str, int]:
+        return self.pointers
+
+
+def test_local_copies_once_per_destination_and_not_for_isolate_false() -> None:
+    with (
+        WorkerGroup(_Holder, 1, backend="local") as src,
+        WorkerGroup(_Pointers, 2, backend="local", isolate=False) as shared,
+        WorkerGroup(_Pointers, 2, backend="local") as isolated,
+    ):
+        WeightSync(src, shared)(version=1)
+        WeightSync(src, isolated)(version=1)
+        assert [p["t"] for p in shared.seen()] == [_HELD.data_ptr()] * 2
+        private = [p["t"] for p in isolated.seen()]
+        assert _HELD.data_ptr() not in private and private[0] != private[1]
