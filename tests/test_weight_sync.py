@@ -28,7 +28,7 @@ from dispatchcore import (
     driver_traffic,
     register,
 )
-from dispatchcore._transfer import TRANSFER_METHOD, TensorSpec, plan_transfer, run_step
+from dispatchcore.executor import TRANSFER_METHOD, TensorSpec, plan_transfer, run_step
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
 from executors_ray.testing import ray_session  # noqa: F401
 

@@ -124,7 +124,7 @@ from .._spi import (
     remaining,
 )
 from .._trace import TimedResult
-from .._transfer import TRANSFER_METHOD, TensorLink, TensorSourceLost
+from .._transfer import TRANSFER_METHOD, TensorLink, TensorSourceLost, TensorSpec, TransferPlan, plan_transfer, run_step
 from .._wire import keep_freed_memory
 from .._worker import method_names
 
@@ -152,7 +152,9 @@ __all__ = [
     "RowRequest",
     "TensorLink",
     "TensorSourceLost",
+    "TensorSpec",
     "TimedResult",
+    "TransferPlan",
     "UniqueValues",
     "WorkerHost",
     "assemble_chunk",
@@ -170,10 +172,12 @@ __all__ = [
     "local_ranks",
     "method_names",
     "plan_forward",
+    "plan_transfer",
     "rank_environment",
     "register_executor",
     "remaining",
     "run_isolated",
+    "run_step",
     "take_kept_rows",
     "thread_stacks",
     "timeout_error",
