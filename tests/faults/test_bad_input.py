@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from dispatchcore import (
     BatchSizeError,
+    CallSignatureError,
     DataProto,
     Dispatch,
     DispatchError,
@@ -406,7 +407,7 @@ def _call_misrouted(wg: WorkerGroup[Target], how: str) -> Any:
 
 
 def _signature(n: int) -> st.SearchStrategy[Any]:
-    return st.sampled_from(["extra positional", "unknown keyword", "missing argument", "unknown method"])
+    return st.sampled_from(["extra positional", "unknown keyword", "missing argument", "by name"])
 
 
 def _call_signature(wg: WorkerGroup[Target], how: str) -> Any:
@@ -416,7 +417,15 @@ def _call_signature(wg: WorkerGroup[Target], how: str) -> Any:
         return wg.kind(1, colour="red")
     if how == "missing argument":
         return wg.kind()
-    return wg.execute_all("no_such_method")
+    return wg.execute_all("kind", 1, 2)
+
+
+def _unknown_method(n: int) -> st.SearchStrategy[Any]:
+    return st.just("no_such_method")
+
+
+def _call_unknown_method(wg: WorkerGroup[Target], name: str) -> Any:
+    return wg.execute_all(name)
 
 
 def _nd_keywords(n: int) -> st.SearchStrategy[Any]:
@@ -562,8 +571,15 @@ CATEGORIES: dict[str, Category] = {
             "arguments the worker method does not take",
             _signature,
             _call_signature,
+            CallSignatureError,  # bound on the driver: nothing is sent
+            r"call 'kind' does not fit Target\.kind\(value\): .*('value'|'colour'|too many positional)",
+        ),
+        Category(
+            "a method the worker does not have (by name)",
+            _unknown_method,
+            _call_unknown_method,
             WorkerError,
-            r"TypeError: .*(argument|positional)|has no method 'no_such_method'",
+            r"has no method 'no_such_method'",
         ),
         Category(
             "nd mode called with keywords only",

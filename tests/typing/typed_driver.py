@@ -20,6 +20,7 @@ from dispatchcore import (
     Execute,
     Worker,
     WorkerGroup,
+    create_colocated_worker_cls,
     make_nd_compute_dataproto_dispatch_fn,
     register,
     register_dispatch_mode,
@@ -124,6 +125,15 @@ class Actor(Worker):
         return 0
 
 
+class Critic(Worker):
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        return data
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, lr: float) -> None: ...
+
+
 def correct(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     assert_type(WorkerGroup(Actor, 2), WorkerGroup[Actor])
     assert_type(wg.call.init_model(1e-3), list[None])
@@ -155,6 +165,18 @@ def correct(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     wg.update_actor(batch)
 
 
+def correct_roles(batch: DataProto) -> None:
+    # A colocated group's roles, typed by the class each one hosts.
+    fused = WorkerGroup(create_colocated_worker_cls({"actor": Actor, "critic": Critic}), 2)
+    assert_type(fused.role("actor", Actor), WorkerGroup[Actor])
+    assert_type(fused.role("actor", Actor).call.update_actor(batch), DataProto)
+    assert_type(fused.role("critic", Critic).call.compute_values(batch), DataProto)
+    assert_type(fused.role("critic", Critic).call.init_model(lr=1e-3), list[None])
+    assert_type(fused.role("actor", Worker), WorkerGroup[Worker])  # a base class: fewer methods known
+    # spawn's dict stays untyped: its views accept anything.
+    fused.spawn({"actor"})["actor"].call.no_such_method()
+
+
 async def correct_async(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     assert_type(await wg.call.update_later(batch), DataProto)
     out, ranks = await asyncio.gather(wg.call.update_later(batch), wg.call.sleep_later(0.1))
@@ -180,6 +202,16 @@ def wrong(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     wg.call.update_later(batch).batch  # expect: mypy=attr-defined pyright=reportAttributeAccessIssue
     later: list[int] = wg.call.sleep_later(0.1)  # expect: mypy=assignment pyright=reportAssignmentType
     wg.call.helper()  # expect: mypy=call-arg pyright=reportCallIssue
+
+
+def wrong_roles(fused: WorkerGroup[Worker], batch: DataProto) -> None:
+    critic = fused.role("critic", Critic)
+    critic.call.compute_values(3)  # expect: mypy=arg-type pyright=reportArgumentType
+    critic.call.update_actor(batch)  # expect: mypy=attr-defined pyright=reportAttributeAccessIssue
+    values: list[DataProto] = critic.call.compute_values(batch)  # expect: mypy=assignment pyright=reportAssignmentType
+    fused.role("actor", Actor).call.init_model()  # expect: mypy=call-arg pyright=reportCallIssue
+    fused.role("actor", Actor).call.savee("p")  # expect: mypy=attr-defined pyright=reportAttributeAccessIssue
+    fused.role("actor", "Actor")  # expect: mypy=arg-type pyright=reportArgumentType
 
 
 async def wrong_async(wg: WorkerGroup[Actor], batch: DataProto) -> None:

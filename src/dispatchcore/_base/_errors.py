@@ -8,6 +8,7 @@ caller can catch either::
     ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
     ├── BatchSizeError (ValueError)         a batch that cannot be split as asked
     ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
+    ├── CallSignatureError (TypeError)      a call's arguments do not fit the worker method
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
     ├── DispatchTimeoutError (TimeoutError) a call outlived its timeout
@@ -39,6 +40,18 @@ class BatchSizeError(DispatchError, ValueError):
 
 class BackendNotFoundError(DispatchError, LookupError):
     """The requested backend is unknown or its extra is not installed."""
+
+
+class CallSignatureError(DispatchError, TypeError):
+    """A call's arguments, as a rank would receive them, do not fit the worker method's signature.
+
+    Raised on the driver before anything is sent; ``method`` is
+    ``"<class>.<method>"`` and ``parameter`` the parameter named by the
+    mismatch, when there is one.
+    """
+
+    method: str | None = None
+    parameter: str | None = None
 
 
 class WorkerError(DispatchError, RuntimeError):

@@ -1,5 +1,8 @@
 """Stage 1 of a call: plan it.  Dispatch splits the arguments per rank; the plan says how to collect.
 
+Each rank's arguments are then bound against the worker method's signature
+(``_bind``), so a call that cannot fit raises before anything is sent.
+
 The mode's ``dispatch_fn(wg, *args, **kwargs)`` runs under the call's
 :class:`~dispatchcore.CallContext`, which is the *collect plan*: which
 outputs to collect (``collect_positions``), how many padding rows to trim
@@ -22,6 +25,7 @@ from .._base import DispatchError
 from .._dispatch import CallContext, CallFuture, DispatchSpec, Execute, Registration, enter_call, leave_call
 from .._rows import RemoteRows, send_lazy_arguments
 from .._spi import PLAIN, Call, Instructions
+from ._bind import bind_call
 from ._call_checks import per_rank_values
 from ._planned import PlannedCall
 from ._site import CallSite
@@ -57,6 +61,7 @@ def plan_call(
         per_rank_args, per_rank_kwargs = per_rank_values(spec.dispatch_fn(group, *args, **kwargs), spec.name, name)
     finally:
         leave_call(token)
+    bind_call(site, group, name, per_rank_args, per_rank_kwargs, spec.name)  # before anything is sent
     per_rank_args, per_rank_kwargs, read_sources = _send_data(site, per_rank_args, per_rank_kwargs)
     keep = f"{os.getpid()}-{next(_keep_tokens)}" if lazy else None
     instructions = Instructions(keep_rows=keep, call_id=next(_call_ids))

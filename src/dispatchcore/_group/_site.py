@@ -36,6 +36,8 @@ class SharedRanks:
     closed: bool = False
     #: The root group (a weak reference: the group owns this object), which replacement rebuilds.
     root: Callable[[], Any] | None = None
+    #: Each method's signature binder by its name on the ranks, read on its first call (``_bind``).
+    binders: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

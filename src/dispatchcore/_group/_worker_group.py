@@ -20,15 +20,18 @@ from .._dispatch import CallContext, Registration, call_context, collect_list, d
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Executor, GroupSpec, get_executor_class
 from .._worker import MembershipChange, method_names
+from ._bind import bind_call
 from ._call_checks import submit_call
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, ON_RANK_DEATH, SetupLog
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
+from ._roles import role_view
 from ._site import CallSite, SharedRanks
 
 W = TypeVar("W")
+R = TypeVar("R")
 
 _live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 _names = itertools.count()
@@ -197,6 +200,15 @@ class WorkerGroup(Generic[W]):
         site = self._site
         return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
+    def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
+        """Role ``name``'s group, typed ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor).call.update(batch)``.
+
+        ``spawn([name])[name]`` for type checkers; ``role_cls`` must be the
+        class the colocated class hosts for ``name`` (or a base of it), else
+        :class:`DispatchError` (see ``_roles``).
+        """
+        return cast("WorkerGroup[R]", role_view(self, name, role_cls))
+
     # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
         """A view calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[::2]``, ``wg[3]``.
@@ -297,6 +309,7 @@ class WorkerGroup(Generic[W]):
         site.check_open(self)
         with call_context(CallContext(method=name, world_size=site.world_size)):
             per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)
+        bind_call(site, self, name, per_rank_args, per_rank_kwargs, "ALL_TO_ALL")
         call = build_call(
             site, name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero=rank_zero, timeout=site.call_timeout
         )

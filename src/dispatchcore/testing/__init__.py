@@ -9,8 +9,9 @@
   and makes chosen ranks raise, hang, die or be slow (:class:`Fault`).
 * :mod:`~dispatchcore.testing.mock`: ``backend="mock"`` runs every rank in the
   calling thread (:class:`MockExecutor`), for core tests that need no backend.
-* :mod:`~dispatchcore.testing.pytest_plugin`: the ``make_group`` fixture and
-  the ``--dispatchcore-backend`` option (loaded automatically by pytest).
+* :mod:`~dispatchcore.testing.pytest_plugin`: the ``make_group`` fixture, its
+  module-scoped twin ``make_module_group`` for ``@given`` tests, and the
+  ``--dispatchcore-backend`` option (loaded automatically by pytest).
 * :mod:`~dispatchcore.testing.conformance`: a third-party executor runs the
   whole conformance suite against itself with::
 

@@ -20,7 +20,9 @@ each rank echo the chunk it received, collects, and asserts:
 ``round_trip``
     the result equals the input (columns, dtypes, shapes, object values,
     meta info); for modes collecting a per-rank list, output ``r`` is rank
-    ``r``'s;
+    ``r``'s; for modes that reduce (``collects=sum``: each rank returns a
+    drawn value, e.g. a broadcast-and-reduce mode), the result equals what
+    the given function makes of the per-rank outputs;
 ``caller_unchanged``
     the caller's batch is left as it was.
 
@@ -36,6 +38,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -54,7 +57,8 @@ ROW_ID = "_dispatchcore_row_id"
 PROPERTIES = ("dispatch", "padding", "dropped_rows", "order", "round_trip", "caller_unchanged")
 
 Mesh = Mapping[str, Sequence[tuple[int, bool]]]
-Collects = Literal["rows", "per_rank"]
+#: How the caller's result is made: rows joined back, the per-rank list, or a reduction of the outputs.
+Collects = Literal["rows", "per_rank"] | Callable[[list[Any]], Any]
 
 
 class ModePropertyError(AssertionError):
@@ -112,6 +116,7 @@ def assert_mode_properties(
     keyword: str | None = None,
     leading_args: Sequence[Any] = (),
     collects: Collects = "rows",
+    outputs: Sequence[Any] | None = None,
 ) -> None:
     """Check every property of :data:`PROPERTIES` for one batch at one world size.
 
@@ -120,10 +125,12 @@ def assert_mode_properties(
     ``DP_COMPUTE_PROTO_WITH_FUNC``), or as keyword ``keyword``.  ``mesh``:
     each rank's ``(dp_rank, is_collect)`` per mesh name, for nd modes.
     ``collects="per_rank"`` for modes whose caller gets the per-rank list
-    (like ``DP_COMPUTE_METRIC``).
+    (like ``DP_COMPUTE_METRIC``); a function (``collects=sum``) for modes
+    that reduce: rank ``r`` returns ``outputs[r]`` (default ``2**r``) instead
+    of echoing its chunk, and the result must equal ``collects(outputs)``.
     """
-    if collects not in ("rows", "per_rank"):
-        raise ValueError(f"collects must be 'rows' or 'per_rank', got {collects!r}")
+    if not callable(collects) and collects not in ("rows", "per_rank"):
+        raise ValueError(f"collects must be 'rows', 'per_rank' or a reducing function such as sum, got {collects!r}")
     name = _mode_name(mode)
 
     def fail(prop: str, detail: str) -> ModePropertyError:
@@ -145,14 +152,17 @@ def assert_mode_properties(
     chunks = _received_chunks(call, world_size, fail)
     _check_chunks(chunks, len(data), fail)
 
-    try:
-        result = call.collect(list(chunks))  # every rank echoes its chunk
-    except Exception as exc:
-        raise fail("round_trip", f"collect raised {type(exc).__name__}: {exc}") from exc
-    if collects == "per_rank":
-        _check_per_rank(result, chunks, fail)
+    if callable(collects):
+        _check_reduced(call, collects, [2**r for r in range(world_size)] if outputs is None else outputs, fail)
     else:
-        _check_rows(result, sent, fail)
+        try:
+            result = call.collect(list(chunks))  # every rank echoes its chunk
+        except Exception as exc:
+            raise fail("round_trip", f"collect raised {type(exc).__name__}: {exc}") from exc
+        if collects == "per_rank":
+            _check_per_rank(result, chunks, fail)
+        else:
+            _check_rows(result, sent, fail)
     try:
         assert_dataproto_equal(sent, before)
     except AssertionError as exc:
@@ -220,6 +230,44 @@ def _check_per_rank(result: Any, chunks: list[DataProto], fail: Callable[[str, s
             raise fail("order", f"position {rank} of the collected list holds {where}, not rank {rank}'s output")
 
 
+def _check_reduced(
+    call: Any, reduce: Callable[[list[Any]], Any], outputs: Sequence[Any], fail: Callable[[str, str], ModePropertyError]
+) -> None:
+    """The caller gets ``reduce`` of the per-rank outputs (rank ``r`` returned ``outputs[r]``)."""
+    outputs = list(outputs)
+    if len(outputs) != call.world_size:
+        raise ValueError(f"outputs must hold one value per rank ({call.world_size}), got {len(outputs)}")
+    expected = reduce(list(outputs))
+    try:
+        result = call.collect(list(outputs))
+    except Exception as exc:
+        raise fail("round_trip", f"collect raised {type(exc).__name__}: {exc}") from exc
+    if not _same(result, expected):
+        name = getattr(reduce, "__name__", repr(reduce))
+        raise fail(
+            "round_trip",
+            f"collect gave {result!r} for the per-rank outputs {outputs!r}, whose {name}() is {expected!r}",
+        )
+
+
+def _same(result: Any, expected: Any) -> bool:
+    """Equal values, tensors (dtype, shape, elements), arrays and DataProtos included."""
+    if isinstance(result, DataProto) and isinstance(expected, DataProto):
+        try:
+            assert_dataproto_equal(result, expected)
+        except AssertionError:
+            return False
+        return True
+    if isinstance(result, torch.Tensor) and isinstance(expected, torch.Tensor):
+        return result.dtype == expected.dtype and result.shape == expected.shape and torch.equal(result, expected)
+    if isinstance(result, np.ndarray) or isinstance(expected, np.ndarray):
+        return bool(np.array_equal(result, expected))
+    try:
+        return bool(result == expected)
+    except Exception:  # noqa: BLE001 - an equality that cannot answer is a mismatch
+        return False
+
+
 def _check_rows(result: Any, sent: DataProto, fail: Callable[[str, str], ModePropertyError]) -> None:
     if not isinstance(result, DataProto):
         raise fail("round_trip", f"collect returned {type(result).__name__}, expected a DataProto")
@@ -256,6 +304,7 @@ def check_dispatch_mode(
     keyword: str | None = None,
     leading_args: Sequence[Any] = (),
     collects: Collects = "rows",
+    outputs: st.SearchStrategy[Any] | None = None,
     max_examples: int | None = None,
 ) -> None:
     """Run :func:`assert_mode_properties` on many batches and world sizes (Hypothesis).
@@ -266,11 +315,17 @@ def check_dispatch_mode(
     ``n`` (e.g. ``lambda n: nd_meshes("dp", n)``).  The first broken property
     is raised as :class:`ModePropertyError` for the smallest failing example
     Hypothesis finds.  ``max_examples`` overrides the active settings profile.
+
+    ``collects=sum`` (any function of the per-rank list) checks a mode that
+    reduces, such as a broadcast-and-reduce one: each rank returns a value
+    drawn from ``outputs`` (default: integers) and the caller must get
+    ``collects(values)``.
     """
     if batches is None:
         batches = strategies.dataprotos(max_len=48, with_tensors=None, auto_padding=None)
     if world_sizes is None:
         world_sizes = strategies.world_sizes()
+    values = st.integers(-(2**31), 2**31) if outputs is None else outputs
     # No example database: one inner test serves every mode, so stored failures would cross modes.
     # The explain phase reruns a failure hundreds of times to annotate it; the error already says what broke.
     active = settings()  # the loaded profile's values
@@ -287,6 +342,11 @@ def check_dispatch_mode(
     @given(data=batches, n=world_sizes, draw=st.data())
     def holds(data: DataProto, n: int, draw: st.DataObject) -> None:
         mesh = draw.draw(meshes(n), label="mesh") if meshes is not None else None
-        assert_mode_properties(mode, data, n, mesh=mesh, keyword=keyword, leading_args=leading_args, collects=collects)
+        per_rank = None
+        if callable(collects):
+            per_rank = draw.draw(st.lists(values, min_size=n, max_size=n), label="outputs")
+        assert_mode_properties(
+            mode, data, n, mesh=mesh, keyword=keyword, leading_args=leading_args, collects=collects, outputs=per_rank
+        )
 
     holds()
