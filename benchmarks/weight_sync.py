@@ -13,6 +13,14 @@ of it, copying every tensor into its preallocated parameters in its
   and, on each rollout actor, ``ray.get`` of both plus the copy into its
   parameters (the copy on receipt that isolation asks for).
 
+* torchrun: raw ``torch.distributed`` point to point between the same four
+  processes (a ``ProcessGroupGloo`` the benchmark builds on its own
+  loopback store): each trainer rank sends every shard to both rollout
+  ranks, which receive straight into their parameters (no copy at all).
+  ``--backends torchrun`` self-starts two worlds (one per group); run under
+  ``torchrun --standalone --nproc-per-node=4 benchmarks/weight_sync.py
+  --backends torchrun`` for two groups in one world (ranks 0-1 and 2-3).
+
 Prints seconds, GB/s (weight-set bytes delivered to every rollout rank per
 second), bytes through the driver (``driver_traffic()``) and floor/ours.
 """
@@ -20,6 +28,7 @@ second), bytes through the driver (``driver_traffic()``) and floor/ours.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -75,6 +84,35 @@ class Trainer(Worker):
 
         return ray.put([s.tensor.reshape(-1).view(torch.uint8).numpy() for s in self.shards.values()])
 
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def floor_join(self, port: int) -> int:
+        return _join(self, port, self.rank)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def floor_send(self) -> int:
+        works = [
+            self.floor.send([s.tensor.reshape(-1)], 2 + peer, i)
+            for i, s in enumerate(self.shards.values())
+            for peer in range(2)
+        ]
+        for w in works:
+            w.wait()
+        return 0
+
+
+def _join(worker: Any, port: int, rank: int) -> int:
+    """The floor's own gloo group of the four ranks (trainers 0-1, rollouts 2-3), on the driver's store."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=120), wait_for_workers=False)
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = datetime.timedelta(seconds=300)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    worker.floor = dist.ProcessGroupGloo(dist.PrefixStore("floor/", store), rank, 4, options)
+    return 0
+
 
 class Rollout(Worker):
     def __init__(self, spec: Spec) -> None:
@@ -94,6 +132,21 @@ class Rollout(Worker):
             for (name, (shape, dtype)), a in zip(self.spec.items(), arrays, strict=True):
                 lo, hi = half(shape[0], rank)
                 self.params[name][lo:hi].copy_(torch.from_numpy(a).view(dtype).reshape(hi - lo, *shape[1:]))
+        return 0
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def floor_join(self, port: int) -> int:
+        return _join(self, port, 2 + self.rank)
+
+    @register(Dispatch.ONE_TO_ALL, blocking=False)
+    def floor_recv(self) -> int:
+        works = []
+        for i, (name, (shape, _)) in enumerate(self.spec.items()):
+            for src in range(2):
+                lo, hi = half(shape[0], src)
+                works.append(self.floor.recv([self.params[name][lo:hi].reshape(-1)], src, i))
+        for w in works:
+            w.wait()
         return 0
 
     @register(Dispatch.ONE_TO_ALL)
@@ -125,11 +178,37 @@ def timed(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
+def torchrun_floor(src: Any, dst: Any, repeats: int) -> float:
+    """Raw point to point between the same processes (see the module docstring)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from dispatchcore.executor import free_port
+
+    port = free_port("127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=120), wait_for_workers=False)
+    joins = [src.floor_join(port), dst.floor_join(port)]
+    for j in joins:
+        j.get()
+
+    def once() -> None:
+        pending = [src.floor_send(), dst.floor_recv()]
+        for p in pending:
+            p.get()
+
+    floor = timed(once, repeats)
+    del store
+    return floor
+
+
 def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]:
     nbytes = sum(s[1].itemsize * int(torch.Size(s[0]).numel()) for s in spec.values())
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    placed: list[dict[str, Any]] = [{"ranks": [0, 1]}, {"ranks": [2, 3]}] if launched else [{}, {}]
     with (
-        WorkerGroup(Trainer, 2, backend=backend, init_kwargs={"spec": spec}) as src,
-        WorkerGroup(Rollout, 2, backend=backend, init_kwargs={"spec": spec}) as dst,
+        WorkerGroup(Trainer, 2, backend=backend, init_kwargs={"spec": spec}, **placed[0]) as src,
+        WorkerGroup(Rollout, 2, backend=backend, init_kwargs={"spec": spec}, **placed[1]) as dst,
     ):
         sync = WeightSync(src, dst, bucket_bytes=bucket_mib << 20)
         before = driver_traffic()
@@ -140,6 +219,9 @@ def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]
             shards = [executor.rank_threads[r].host.worker.shards for r in range(2)]
             params = [dst.executor.rank_threads[r].host.worker.params for r in range(2)]
             floor = timed(lambda: local_floor(spec, shards, params), repeats)
+        elif backend == "torchrun":
+            floor = torchrun_floor(src, dst, repeats)
+            backend = "torchrun, one world" if launched else "torchrun, two worlds"
         else:
             floor = timed(lambda: dst.floor_get(*src.floor_put()), repeats)
         sums = dst.checksum()

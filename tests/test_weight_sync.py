@@ -263,6 +263,7 @@ class _Pointers(Worker):
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         self.pointers.update({name: t.data_ptr() for name, t in weights})
+        self.kept = weights  # alive, so a freed (and reused) buffer's address is never compared
 
     @register(Dispatch.ONE_TO_ALL)
     def seen(self) -> dict[str, int]:

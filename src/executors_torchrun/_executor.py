@@ -55,12 +55,15 @@ from dispatchcore.executor import (
 from dispatchcore.wire import RowBuffers
 
 from . import _env
+from ._bridge import BridgeLink
 from ._hub import Hub
 from ._row_plane import RowPlane
 from ._rows import RowPlan
 from ._wire import Packed, pack
-from ._worlds import SpawnedWorld, torchrun_hub, torchrun_identity
+from ._worlds import SpawnedWorld, torchrun_bridge, torchrun_hub, torchrun_identity
 
+#: The tensor address of every torchrun group: a source's store is reachable from every destination's process.
+BRIDGE_ADDRESS = ("torchrun", "bridge")
 _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0, "spare_ranks": 0}
 
 
@@ -201,6 +204,9 @@ class TorchrunExecutor(Executor):
             rank = self._data_ranks.index(0)
             host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
             RowPlane.equip(host, self._hub.rows, death_timeout=spec.death_timeout, isolate=spec.isolate)
+            bridge = torchrun_bridge()
+            if bridge is not None:
+                host.tensor_link = BridgeLink(bridge, spec.death_timeout)
             self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
@@ -321,6 +327,14 @@ class TorchrunExecutor(Executor):
     def can_fetch_rows(self, address: Any) -> bool:
         """Rows move between processes of one world only: the launch's, or one self-started group's."""
         return isinstance(address, tuple) and len(address) == 2 and address[0] == self._world_identity
+
+    # -- weight transfers: bridges between the ranks involved (``_bridge``) ----------------
+    def tensor_address(self) -> Any:
+        """Every torchrun group's ranks can bridge to every other's: the launch's, or self-started on this machine."""
+        return BRIDGE_ADDRESS
+
+    def can_receive_tensors(self, address: Any) -> bool:
+        return bool(address == BRIDGE_ADDRESS)
 
     def gone_reason(self, group_rank: int) -> str | None:
         """Why the rank hosting ``group_rank`` is known to be gone, or ``None``."""

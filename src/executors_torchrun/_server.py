@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from dispatchcore.executor import Instructions, RemoteFailure, WorkerHost, keep_freed_memory
 
+from ._bridge import Bridge, BridgeLink
 from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, decode, encode, heartbeat_key
@@ -47,6 +48,8 @@ class Server:
         self._done = threading.Event()
         self._rows: RowPlane | None = None
         self._link: ControlLink | None = None
+        #: Weight transfers to and from this process's workers (bridges built on demand).
+        self._bridge = Bridge(store)
 
     def serve(self) -> None:
         """Run commands until ``stop``; then release the workers and the transport."""
@@ -98,6 +101,7 @@ class Server:
             return
         host = WorkerHost(worker_cls, rank, size, args, kwargs)
         RowPlane.equip(host, self._rows, death_timeout=death_timeout, isolate=isolate)
+        host.tensor_link = BridgeLink(self._bridge, death_timeout)
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host
@@ -167,6 +171,7 @@ class Server:
     def _finish(self) -> None:
         if self._rows is not None:
             self._rows.close()
+        self._bridge.close()
         self._transport.reaper.drain(10.0)
         for host in self._hosts.values():
             host.close()

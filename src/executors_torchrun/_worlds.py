@@ -42,6 +42,7 @@ from dispatchcore import WorkerDiedError
 from dispatchcore.executor import LOOPBACK
 
 from . import _env
+from ._bridge import Bridge
 from ._control import address_toward
 from ._hub import Hub
 from ._protocol import FOREVER_S, READY_KEY
@@ -139,6 +140,8 @@ def _connect(
 
 # -- torchrun ----------------------------------------------------------------------
 _torchrun_hub: Hub | None = None
+#: Weight transfers of worker 0 (in the driver) under the launcher.
+_torchrun_bridge: Bridge | None = None
 _torchrun_lock = threading.Lock()
 
 
@@ -156,7 +159,7 @@ def _torchrun_store(start_timeout: float) -> dist.Store:
 
 def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
     """Rank 0: the launch's hub, made on first use.  Other ranks serve and exit 0 here."""
-    global _torchrun_hub
+    global _torchrun_hub, _torchrun_bridge
     rank, size = _env.torchrun_rank(), int(os.environ["WORLD_SIZE"])
     if rank != 0:
         serve_and_exit(start_timeout, transport_timeout)
@@ -168,9 +171,15 @@ def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
             host = address_toward(*_env.store_address())
             _torchrun_hub = Hub(store, transport, processes=None, host=host, connect_timeout=start_timeout)
             _torchrun_hub.rows = RowPlane(store, transport)  # worker 0 of every group lives here
+            _torchrun_bridge = Bridge(store)
             atexit.register(_stop_torchrun_world)
             _install_sigterm_report()
         return _torchrun_hub
+
+
+def torchrun_bridge() -> Bridge | None:
+    """The driver's bridge under the launcher (worker 0's weight transfers); ``None`` before the first group."""
+    return _torchrun_bridge
 
 
 def torchrun_identity() -> str:
@@ -204,6 +213,8 @@ def _stop_torchrun_world() -> None:
     hub = _torchrun_hub
     if hub is not None:
         hub.stop(STOP_WAIT_S)
+    if _torchrun_bridge is not None:
+        _torchrun_bridge.close()
 
 
 def _install_sigterm_report() -> None:

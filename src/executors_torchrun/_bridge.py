@@ -1,0 +1,244 @@
+"""Weight transfers between torchrun groups, rank to rank, over bridges built on demand.
+
+A *bridge* is a two-rank process group between one source process and one
+destination process, built directly on a ``PrefixStore`` unique to the pair
+(each process's bridge has a fresh id per incarnation, so a replaced rank's
+new process gets new bridges and the dead one's are never reused): a
+``ProcessGroupGloo`` for CPU tensors, a ``ProcessGroupNCCL`` for CUDA ones.
+The default process group stays the user's (no ``init_process_group``, no
+``new_group``), and the world's own gloo group is not touched, so a
+transfer never interleaves with commands or lazy rows.
+
+The store is the source process's world store: a driver-hosted TCPStore on
+loopback for a self-started world (every process on this machine can reach
+it, so two separately self-started worlds meet there), torchrun's agent
+store under the launcher.  A bridge connects rank 0 (source) to rank 1
+(destination) and carries one direction only, so NCCL's in-order matching
+never sees sends both ways.
+
+* **publish** (source rank, in the ``pack`` step): keeps the bucket's pieces
+  (already cast and contiguous) under a key and returns a token naming the
+  store, this process's bridge id, the key and each piece's size.  Nothing
+  is sent yet: the source does not know which processes will read.
+* **receive** (destination rank, in ``apply``): posts a request on the
+  source process's queue, builds (or reuses) the bridge, receives each
+  piece into fresh private memory on its device, and returns them with
+  ``shared=False``: the core assembles them where the plan needs it and
+  otherwise hands them to ``load_weights`` as they are (no further copy).
+* The source's bridge thread pops requests beside its command loop (a rank
+  busy in a call still sends), posts the sends and drops a bucket once every
+  reader asked for it.
+
+Death: a source process that dies tears the bridge's sockets and the
+receive raises at once; one that never answers is bounded by the
+destination group's ``death_timeout`` (bridge construction and receive
+timeout).  Either way ``receive`` raises ``TensorSourceLost`` and the core
+names the source rank.  A destination that dies is seen by its own group's
+executor; the source's sends to it fail quietly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dispatchcore.executor import LOOPBACK, TensorSourceLost
+
+from ._protocol import FOREVER_S, decode, encode
+from ._transport import SendReaper, _gloo_group
+
+#: Keys of every bridge live under this prefix of the raw store.
+_ROOT = "dispatchcore-bridge"
+_TAG_SPACE = 1 << 30
+
+
+@dataclass(frozen=True)
+class Token:
+    """What the driver forwards from a source rank to its bucket's destinations (small, picklable)."""
+
+    host: str
+    port: int
+    source: str
+    key: int
+    #: Per piece: its bytes and whether it is a CUDA tensor.
+    pieces: tuple[tuple[int, bool], ...]
+
+
+def _serve_key(bridge_id: str) -> str:
+    return f"{_ROOT}/serve/{bridge_id}"
+
+
+class Bridge:
+    """One process's side of every bridge: the pieces it published, its pair groups, its serving thread."""
+
+    def __init__(self, store: dist.Store) -> None:
+        raw = store._underlying_non_prefix_store if isinstance(store, dist.PrefixStore) else store  # type: ignore[attr-defined]
+        self.host, self.port = str(raw.host), int(raw.port)
+        self.id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._tags = itertools.count()
+        self._held: dict[int, list[Any]] = {}
+        self._stores: dict[tuple[str, int], dist.Store] = {}
+        self._groups: dict[tuple[str, str, bool], Any] = {}
+        self._reaper: SendReaper | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- source side ----------------------------------------------------------------------
+    def publish(self, tensors: list[torch.Tensor], readers: int, timeout: float) -> Token:
+        """Keep ``tensors`` for ``readers`` requests; start serving on first use."""
+        flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this process's weight-transfer bridge is closed")
+            key = next(self._keys)
+            self._held[key] = [flat, readers]
+            if self._thread is None:
+                self._reaper = SendReaper(f"dispatchcore-bridge-reaper-{self.id[:6]}")
+                self._thread = threading.Thread(
+                    target=self._serve, args=(timeout,), name="dispatchcore-bridge", daemon=True
+                )
+                self._thread.start()
+        return Token(self.host, self.port, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat))
+
+    def _serve(self, timeout: float) -> None:
+        store = self._connect(self.host, self.port, FOREVER_S, fresh=True)
+        while True:
+            try:
+                message = decode(store.queue_pop(_serve_key(self.id), True))
+            except dist.QueueEmptyError:
+                continue
+            except Exception:  # noqa: BLE001 - the store went away: the world is over
+                return
+            if message[0] == "quit":
+                return
+            _, reader, key, first = message
+            try:
+                self._send(reader, key, first, timeout)
+            except Exception:  # noqa: BLE001, S112 - the reader is gone; its own group reports that
+                continue
+
+    def take(self, key: int) -> list[torch.Tensor] | None:
+        """Bucket ``key``'s pieces for one reader (dropped after the last); ``None`` once gone."""
+        with self._lock:
+            entry = self._held.get(key)
+            if entry is None:
+                return None
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._held[key]
+        return list(entry[0])
+
+    def _send(self, reader: str, key: int, first: int, timeout: float) -> None:
+        tensors = self.take(key)
+        if tensors is None:
+            return
+        works = []
+        for i, t in enumerate(tensors):
+            if t.numel():
+                group = self._group(self.host, self.port, self.id, reader, 0, t.is_cuda, timeout)
+                works.append(group.send([t], 1, (first + i) % _TAG_SPACE if not t.is_cuda else 0))
+        assert self._reaper is not None  # noqa: S101 - made with the thread
+        self._reaper.add(works, tensors)
+
+    # -- destination side -----------------------------------------------------------------
+    def receive(self, token: Token, timeout: float) -> list[torch.Tensor]:
+        """Ask the source for ``token``'s pieces and receive them into private memory."""
+        first = next(self._tags) * len(token.pieces) % _TAG_SPACE
+        try:
+            store = self._connect(token.host, token.port, timeout)
+            store.queue_push(_serve_key(token.source), encode(("send", self.id, token.key, first)))
+            device = torch.device("cuda", torch.cuda.current_device()) if any(c for _, c in token.pieces) else None
+            out, works = [], []
+            for i, (nbytes, cuda) in enumerate(token.pieces):
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=device if cuda else "cpu")
+                out.append(buf)
+                if nbytes:
+                    group = self._group(token.host, token.port, token.source, self.id, 1, cuda, timeout)
+                    works.append(group.recv([buf], 0, (first + i) % _TAG_SPACE if not cuda else 0))
+            for work in works:
+                work.wait()
+        except Exception as exc:  # noqa: BLE001 - a torn bridge or a silent source: the core names it
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise TensorSourceLost(f"bridge to the source process failed: {text.split('] ', 1)[-1]}") from exc
+        return out
+
+    # -- groups and stores ----------------------------------------------------------------
+    def _connect(self, host: str, port: int, timeout: float, fresh: bool = False) -> dist.Store:
+        """A client connection to the store at ``host:port`` (one per address, or a fresh one to block on)."""
+        with self._lock:
+            store = None if fresh else self._stores.get((host, port))
+            if store is None:
+                store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
+                if not fresh:
+                    self._stores[(host, port)] = store
+            return store
+
+    def _group(self, host: str, port: int, sender: str, reader: str, rank: int, cuda: bool, timeout: float) -> Any:
+        """The bridge ``sender`` -> ``reader`` (this process is ``rank`` of it), built on first use."""
+        name = (sender, reader, cuda)
+        with self._lock:
+            group = self._groups.get(name)
+        if group is not None:
+            return group
+        kind = "nccl" if cuda else "gloo"
+        store = dist.PrefixStore(f"{_ROOT}/pair/{sender}/{reader}/{kind}/", self._connect(host, port, timeout))
+        bound = timedelta(seconds=timeout)
+        if cuda:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = bound
+            group = dist.ProcessGroupNCCL(store, rank, 2, options)
+        else:
+            group = _gloo_group(store, rank, 2, bound, loopback=host == LOOPBACK)
+        with self._lock:
+            return self._groups.setdefault(name, group)
+
+    def close(self) -> None:
+        """Stop serving, let queued sends finish briefly, drop every bridge (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread, self._held = self._thread, {}
+        if thread is not None:
+            try:
+                self._connect(self.host, self.port, 5.0).queue_push(_serve_key(self.id), encode(("quit",)))
+            except Exception:  # noqa: BLE001, S110 - the store is gone: so is the thread's pop
+                pass
+            thread.join(1.0)
+        if self._reaper is not None:
+            self._reaper.drain(5.0)
+            self._reaper.close()
+        self._groups.clear()
+        self._stores.clear()
+
+
+class BridgeLink:
+    """The :class:`~dispatchcore.executor.TensorLink` of one torchrun rank: its process's bridge, its group's bound."""
+
+    same_process = False
+
+    def __init__(self, bridge: Bridge, death_timeout: float) -> None:
+        self._bridge = bridge
+        self._timeout = max(float(death_timeout), 1.0)
+
+    def publish(self, tensors: list[torch.Tensor], readers: int) -> Token:
+        return self._bridge.publish(tensors, readers, self._timeout)
+
+    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
+        """The bucket's pieces: in place when the source is this process (colocated roles), else received."""
+        if token.source == self._bridge.id:
+            pieces = self._bridge.take(token.key)
+            if pieces is None:
+                raise TensorSourceLost("the bucket was dropped before it was read")
+            return pieces, True  # the source's memory: the core copies unless isolate=False
+        return self._bridge.receive(token, self._timeout), False
+        return self._bridge.receive(token, self._timeout), False
