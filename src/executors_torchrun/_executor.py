@@ -55,6 +55,7 @@ from dispatchcore.executor import (
 from dispatchcore.wire import RowBuffers
 
 from . import _env
+from ._collective import collective_link
 from ._hub import Hub
 from ._row_plane import RowPlane
 from ._rows import RowPlan
@@ -201,6 +202,7 @@ class TorchrunExecutor(Executor):
             rank = self._data_ranks.index(0)
             host = WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs))
             RowPlane.equip(host, self._hub.rows, death_timeout=spec.death_timeout, isolate=spec.isolate)
+            host.collective = collective_link(self._hub.store, self._gid)
             self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]

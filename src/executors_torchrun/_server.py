@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from dispatchcore.executor import Instructions, RemoteFailure, WorkerHost, keep_freed_memory
 
+from ._collective import collective_link
 from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, decode, encode, heartbeat_key
@@ -98,6 +99,7 @@ class Server:
             return
         host = WorkerHost(worker_cls, rank, size, args, kwargs)
         RowPlane.equip(host, self._rows, death_timeout=death_timeout, isolate=isolate)
+        host.collective = collective_link(self._store, gid)
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host
