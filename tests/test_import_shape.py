@@ -192,11 +192,11 @@ def test_core_folder_holds_faces_and_concept_packages_only() -> None:
     entries = sorted(p.name for p in (SRC / "dispatchcore").iterdir() if p.name != "__pycache__")
     packages = [e for e in entries if (SRC / "dispatchcore" / e).is_dir()]
     modules = [e for e in entries if e.endswith(".py")]
-    assert set(packages) == {*LAYERS, "_cli", "demo", "testing", "executor", "wire"}
+    assert set(packages) == {*LAYERS, "_cli", "demo", "testing", "executor", "wire", "collective"}
     assert set(modules) == {"__init__.py"}
 
 
-@pytest.mark.parametrize("face", ["dispatchcore.executor", "dispatchcore.wire"])
+@pytest.mark.parametrize("face", ["dispatchcore.executor", "dispatchcore.wire", "dispatchcore.collective"])
 def test_the_executor_faces_hold_no_code(face: str) -> None:
     """A face is a door, not a room: only imports and ``__all__``, so its names are defined in one place."""
     tree = ast.parse(MODULES[face].read_text())

@@ -34,6 +34,7 @@ from dispatchcore.executor import (
     RankCallHandle,
     RankThread,
     RemoteFailure,
+    ThreadCollective,
     WorkerHost,
     cancel_in_process,
     check_options,
@@ -70,6 +71,7 @@ class LocalExecutor(Executor):
     """
 
     name = "local"
+    ranks_share_process = True
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
@@ -86,7 +88,9 @@ class LocalExecutor(Executor):
         ]
         ranks = tuple(range(spec.world_size))
         started = _LocalCallHandle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
+        collective = ThreadCollective(self.name, spec.world_size)  # one per group: its rank threads meet in it
         for position, rank in enumerate(self.rank_threads):
+            rank.host.collective = collective
             rank.host.share_kept_rows = not spec.isolate  # isolate=False: lazy rows read in place
             rank.host.tensor_link = LINK  # weight transfers: views handed over in this process
             rank.put(functools.partial(_start, started, position, rank.host))

@@ -30,6 +30,7 @@ from dispatchcore.executor import (
     ATOMS,
     RemoteFailure,
     ResultShape,
+    StoreCollective,
     WorkerHost,
     cancel_in_process,
     free_port,
@@ -110,6 +111,7 @@ class RankActor:
         self._host.fetch_rows = RowFetcher(death_timeout)
         self._host.share_kept_rows = not isolate  # isolate=False: rows kept in this actor are read in place
         self._host.tensor_link = RayTensorLink(death_timeout)  # weight transfers through the object store
+        self._host.collective = StoreCollective.from_environment("ray", os.environ)  # the driver's store
         return self._host.start()
 
     @staticmethod

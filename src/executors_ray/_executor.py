@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from dispatchcore import DispatchError, WorkerDiedError
 from dispatchcore.executor import (
+    COLLECTIVE_STORE_ENV,
     FREE_ROWS_METHOD,
     LOOPBACK,
     PLAIN,
@@ -47,6 +48,7 @@ from dispatchcore.executor import (
     Executor,
     GroupSpec,
     ResultShape,
+    StoreCollective,
     check_options,
     local_ranks,
     rank_environment,
@@ -114,6 +116,8 @@ class RayExecutor(Executor):
         self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
         self._actor_opts: list[dict[str, Any]] = []
         self._packed_spec: Any = None
+        #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
+        self._collective: tuple[Any, str] | None = None
 
         self._pool_acquired = False
         compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
@@ -316,8 +320,19 @@ class RayExecutor(Executor):
             )
             # verl's Ray workers read these too (its rollout workers size themselves by RAY_LOCAL_WORLD_SIZE).
             env.update(RAY_LOCAL_RANK=str(local), RAY_LOCAL_WORLD_SIZE=str(size))
+            env[COLLECTIVE_STORE_ENV] = self._collective_address()
             envs.append(env)
         return envs
+
+    def _collective_address(self) -> str:
+        """Where ``dispatchcore.collective``'s store is: one per group, held by this driver until shutdown.
+
+        On the driver, not on an actor, so it outlives any rank's replacement;
+        its port is its own, never the ``MASTER_PORT`` picked for the user.
+        """
+        if self._collective is None:
+            self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
+        return str(self._collective[1])
 
     def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
         """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
@@ -596,6 +611,7 @@ class RayExecutor(Executor):
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
         self._remotes = [{} for _ in self._remotes]
+        self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
             for actor in actors:
                 try:

@@ -56,6 +56,7 @@ from dispatchcore.wire import RowBuffers
 
 from . import _env
 from ._bridge import BridgeLink
+from ._collective import collective_link
 from ._hub import Hub
 from ._row_plane import RowPlane
 from ._rows import RowPlan
@@ -207,6 +208,7 @@ class TorchrunExecutor(Executor):
             bridge = torchrun_bridge()
             if bridge is not None:
                 host.tensor_link = BridgeLink(bridge, spec.death_timeout)
+            host.collective = collective_link(self._hub.store, self._gid)
             self._local = RankThread(host, f"dispatchcore-{spec.name}-rank{rank}")
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from dispatchcore.executor import Instructions, RemoteFailure, WorkerHost, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
+from ._collective import collective_link
 from ._control import ControlLink, connect_to_hub
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, decode, encode, heartbeat_key
@@ -102,6 +103,7 @@ class Server:
         host = WorkerHost(worker_cls, rank, size, args, kwargs)
         RowPlane.equip(host, self._rows, death_timeout=death_timeout, isolate=isolate)
         host.tensor_link = BridgeLink(self._bridge, death_timeout)
+        host.collective = collective_link(self._store, gid)
         failure = host.start()
         if failure is None:
             self._hosts[gid] = host

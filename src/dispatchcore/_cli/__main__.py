@@ -1,10 +1,15 @@
-"""The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``."""
+"""The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``.
+
+Expected errors print one line and exit 2 (:mod:`._report`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+
+from ._report import OneLineParser, run_reporting_expected_errors
 
 
 def _backends(_: argparse.Namespace) -> int:
@@ -34,8 +39,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dispatchcore", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="dispatchcore", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     backends = commands.add_parser("backends", help="list the executors found and whether they can run here")
     backends.set_defaults(run=_backends)
     demo = commands.add_parser("demo", help="run a small RL post-training loop on a backend")
@@ -52,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    return run_reporting_expected_errors(args.run, args)
 
 
 if __name__ == "__main__":

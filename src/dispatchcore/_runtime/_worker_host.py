@@ -23,7 +23,7 @@ from .._spi import PLAIN, Instructions
 from .._trace import TimedResult, now_us
 from .._transfer import TRANSFER_METHOD, TensorLink
 from .._transfer import run_step as run_transfer_step
-from .._worker import rank_context, swap_cancel_flag
+from .._worker import CollectiveLink, rank_context, swap_cancel_flag, swap_collective
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 
 #: What to do about arguments that cannot be pickled.
@@ -123,14 +123,21 @@ class WorkerHost:
         self.tensor_link: TensorLink | None = None
         #: Weight transfers under way on this rank, by id (``_transfer``).
         self.transfers: dict[int, Any] = {}
+        #: How this rank's group runs ``dispatchcore.collective`` (set by the executor before ``start``):
+        #: a ``ThreadCollective`` shared by ranks that are threads of one process, a ``StoreCollective``
+        #: on the executor's store, or this plain link (only the user's default group can be used).
+        self.collective: CollectiveLink = CollectiveLink("?", "this executor gives its ranks no collective link")
 
     def start(self) -> RemoteFailure | None:
         """Build the worker; a failure is returned (method ``__init__``), not raised."""
+        previous = swap_collective((self.collective, self.rank, self.world_size))
         try:
             with rank_context(self.rank, self.world_size):
                 self.worker = self._worker_cls(*self._init_args, **self._init_kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return RemoteFailure.capture(self.rank, "__init__", exc)
+        finally:
+            swap_collective(previous)
         return None
 
     def run(
@@ -193,12 +200,14 @@ class WorkerHost:
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
             previous = swap_cancel_flag(running.flag)
+            outer = swap_collective((self.collective, self.rank, self.world_size))
             try:
                 value = fn(*args, **kwargs)
                 if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                     value = self._await(value, running)
             finally:
                 swap_cancel_flag(previous)
+                swap_collective(outer)
             if keep is not None and isinstance(value, DataProto):
                 value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver

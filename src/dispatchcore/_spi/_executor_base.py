@@ -89,6 +89,12 @@ class Executor(ABC):
     extra: ClassVar[str | None] = None
     #: Top-level modules that must be importable (checked without importing).
     requires: ClassVar[tuple[str, ...]] = ()
+    #: Whether every rank of a group is a thread of one process.  Declare it:
+    #: ``dispatchcore.collective`` reduces in memory between such ranks (give
+    #: their hosts one shared ``ThreadCollective``), and uses process groups
+    #: between the others (give each host a ``StoreCollective`` on a store the
+    #: ranks reach, or leave the plain link: then only the user's default group).
+    ranks_share_process: ClassVar[bool] = False
 
     def __init__(self, spec: GroupSpec) -> None:
         self.spec = spec

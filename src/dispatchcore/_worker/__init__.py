@@ -4,24 +4,37 @@ The face re-exports the worker module's names, which were
 ``dispatchcore._worker``'s before the core became packages.
 """
 
+from ._collective import STORE_ENV, CollectiveLink, StoreCollective, ThreadCollective
+from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast_object, rank_info
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
 from ._method_names import method_names
-from ._rank_context import CancelFlag, call_cancelled, rank_context, swap_cancel_flag
+from ._rank_context import CancelFlag, call_cancelled, rank_context, swap_cancel_flag, swap_collective
 from ._rejoin import REJOIN_METHOD, MembershipChange
 from ._worker import Worker
 
 __all__ = [
     "REJOIN_METHOD",
+    "STORE_ENV",
     "CancelFlag",
     "ClassWithInitArgs",
+    "CollectiveLink",
     "MembershipChange",
+    "RankInfo",
+    "StoreCollective",
+    "ThreadCollective",
     "Worker",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
     "call_cancelled",
     "colocate",
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "method_names",
     "rank_context",
+    "rank_info",
     "swap_cancel_flag",
+    "swap_collective",
 ]

@@ -13,6 +13,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 _context = threading.local()
 
@@ -26,6 +27,24 @@ def rank_context(rank: int, world_size: int) -> Iterator[None]:
         yield
     finally:
         _context.current = previous
+
+
+def swap_collective(current: tuple[Any, int, int] | None) -> tuple[Any, int, int] | None:
+    """Make :mod:`dispatchcore.collective` on this thread use ``current`` (link, rank, world size); the one before.
+
+    ``WorkerHost`` sets it around a worker's ``__init__`` and every method it
+    runs, so a free function inside a method finds its rank's group even where
+    one thread serves several groups (a torchrun process).
+    """
+    previous: tuple[Any, int, int] | None = getattr(_context, "collective", None)
+    _context.collective = current
+    return previous
+
+
+def current_collective() -> tuple[Any, int, int] | None:
+    """(link, rank, world size) of the worker method running on this thread; ``None`` outside one."""
+    found: tuple[Any, int, int] | None = getattr(_context, "collective", None)
+    return found
 
 
 def current_rank_context() -> tuple[int, int]:

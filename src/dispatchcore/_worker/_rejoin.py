@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._rank_context import current_collective
+
 #: The worker method the core calls on every rank after a replacement.
 REJOIN_METHOD = "_dispatchcore_rejoin"
 
@@ -41,6 +43,9 @@ class MembershipChange:
 def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
     """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hook."""
     os.environ.update(change.env)
+    collective = current_collective()
+    if collective is not None:  # dispatchcore.collective's groups: every rank moves to the new generation
+        collective[0].rebuild(change.generation)
     for method, args, kwargs in replay:
         value = getattr(worker, method)(*args, **kwargs)
         if inspect.isawaitable(value):

@@ -6,14 +6,25 @@ import argparse
 import os
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a bad one is reported on one line, before anything starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", default=None, help="local | ray | torchrun (default: DISPATCHCORE_BACKEND or local)"
     )
     parser.add_argument(
-        "--world-size", type=int, default=None, help="ranks per group (default 2; torchrun: the launch)"
+        "--world-size", type=positive_int, default=None, help="ranks per group (default 2; torchrun: the launch)"
     )
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=positive_int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome/Perfetto trace of the run")
     parser.add_argument("--checkpoint", default=None, metavar="FILE", help="save the trained policy (rank 0)")

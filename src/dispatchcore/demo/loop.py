@@ -13,14 +13,23 @@ import argparse
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
 
-from .. import DataProto, Tracer, WorkerGroup, create_colocated_worker_cls, driver_traffic, trace
+from .. import (
+    DataProto,
+    Tracer,
+    Worker,
+    WorkerGroup,
+    available_backends,
+    create_colocated_worker_cls,
+    driver_traffic,
+    trace,
+)
+from .._cli._report import OneLineParser, run_reporting_expected_errors
 from .cli import add_arguments, is_driver
 from .task import make_prompts
 from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
@@ -91,8 +100,13 @@ def run_demo(
     config: DemoConfig,
     on_step: Callable[[StepMetrics], None] | None = None,
     trace_path: str | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> list[StepMetrics]:
-    """Train for ``config.steps`` steps; returns the per-step metrics."""
+    """Train for ``config.steps`` steps; returns the per-step metrics.
+
+    ``on_ready`` runs once the groups are up and their setup calls done, just
+    before the first step: start-up and training are then timed apart.
+    """
     n = config.world_size
     replicas = 2 if n % 2 == 0 else 1
     model = _model_config(config)
@@ -114,6 +128,8 @@ def run_demo(
                 proxy.options(lazy=True) if config.lazy else proxy
                 for proxy in (actor.generate_sequences, reward_wg.compute_reward, ref.compute_ref_log_prob)
             )
+            if on_ready is not None:
+                on_ready()
             for step in range(1, config.steps + 1):
                 metrics = _step(step, config, tracer, generator, (generate, compute_reward, compute_ref), actor)
                 history.append(metrics)
@@ -121,7 +137,6 @@ def run_demo(
                     on_step(metrics)
             if config.checkpoint:
                 actor.save_checkpoint(config.checkpoint)
-            actor.shutdown_collective()
     return history
 
 
@@ -131,8 +146,6 @@ def _model_config(config: DemoConfig) -> ModelConfig:
         lr=config.lr,
         kl_coef=config.kl_coef,
         seed=config.seed,
-        collective="thread" if config.backend == "local" else "gloo",
-        group_key=uuid.uuid4().hex,
     )
 
 
@@ -197,6 +210,32 @@ class ProgressTable:
         self.out.flush()
 
 
+class RunClock:
+    """Start-up (groups, workers, setup calls) and training timed apart: a step is milliseconds, start-up seconds."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.ready_at: float | None = None
+
+    def ready(self) -> None:
+        self.ready_at = time.perf_counter()
+
+    def summary(self, history: Sequence[StepMetrics]) -> str:
+        """E.g. ``reward 0.09 -> 0.97; start-up 3.1s, 30 steps in 0.4s (12.0 ms a step, median), shutdown 0.5s``."""
+        ended = time.perf_counter()
+        ready = self.ready_at if self.ready_at is not None else self.started
+        steps = sorted(m.step_s for m in history)
+        median = steps[len(steps) // 2] if steps else 0.0
+        training = sum(steps)
+        shutdown = max(0.0, ended - ready - training)
+        first, last = (history[0].reward, history[-1].reward) if history else (0.0, 0.0)
+        return (
+            f"\nreward {first:.3f} -> {last:.3f}; start-up {ready - self.started:.1f}s, "
+            f"{len(history)} steps in {training:.2f}s ({median * 1e3:.1f} ms a step, median), "
+            f"shutdown {shutdown:.1f}s"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     backend = args.backend or os.environ.get("DISPATCHCORE_BACKEND") or "local"
     world_size = args.world_size
@@ -211,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         lazy=args.lazy,
     )
+    if backend not in available_backends():
+        WorkerGroup(Worker, 1, backend=backend)  # raises BackendNotFoundError with its fix, before any output
     driver = is_driver()
     if driver:
         print(
@@ -219,16 +260,17 @@ def run(args: argparse.Namespace) -> int:
             f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
             flush=True,
         )
-    started = time.perf_counter()
-    history = run_demo(config, on_step=ProgressTable(config.steps) if driver else None, trace_path=args.trace)
-    first, last = history[0].reward, history[-1].reward
-    print(f"\nreward {first:.3f} -> {last:.3f} in {time.perf_counter() - started:.1f}s", flush=True)
+    clock = RunClock()
+    history = run_demo(
+        config, on_step=ProgressTable(config.steps) if driver else None, trace_path=args.trace, on_ready=clock.ready
+    )
+    print(clock.summary(history), flush=True)
     if args.trace:
         print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dispatchcore.demo", description=__doc__)
+    parser = OneLineParser(prog="python -m dispatchcore.demo", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_reporting_expected_errors(run, parser.parse_args(argv))

@@ -20,10 +20,10 @@ from .. import (
     Dispatch,
     MembershipChange,
     Worker,
+    collective,
     make_nd_compute_dataproto_dispatch_fn,
     register,
 )
-from .collective import GradientReducer
 from .policy import TinyPolicy
 from .task import rewards
 
@@ -39,8 +39,6 @@ class ModelConfig:
     lr: float = 0.05
     kl_coef: float = 0.01
     seed: int = 0
-    collective: str = "thread"  # "thread" on local, "gloo" on process backends
-    group_key: str = "demo"
 
 
 def real_rows(data: DataProto) -> int:
@@ -66,8 +64,10 @@ class ActorWorker(Worker):
     """Generates responses and trains the policy data-parallel.
 
     ``init_model`` is a setup call (replayed on a rank that replaces a dead
-    one); :meth:`on_membership_change` rebuilds the gradient all-reduce and
-    copies the trained weights and optimizer state from a surviving rank.
+    one); :meth:`on_membership_change` copies the trained weights and
+    optimizer state from a surviving rank (``dispatchcore.collective`` has
+    already moved to the rebuilt group).  Gradients are summed with
+    ``dispatchcore.collective.all_reduce``, the same line on every backend.
     """
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
@@ -77,7 +77,6 @@ class ActorWorker(Worker):
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         # Threads share torch's global RNG, so each rank samples from its own generator.
         self.generator = torch.Generator().manual_seed(config.seed * 1000 + self.rank)
-        self.reducer = GradientReducer(config.collective, self.rank, self.world_size, config.group_key)
         return sum(p.numel() for p in self.policy.parameters())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
@@ -105,7 +104,7 @@ class ActorWorker(Worker):
         loss.backward()
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self.reducer.all_reduce(flat)
+        collective.all_reduce(flat, op="sum")
         offset = 0
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -120,23 +119,16 @@ class ActorWorker(Worker):
         return path
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def shutdown_collective(self) -> None:
-        self.reducer.close()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> float:
         """A checksum of this rank's weights (every rank holds the same after a step)."""
         with torch.no_grad():
             return float(sum(p.double().sum() for p in self.policy.parameters()))
 
     def on_membership_change(self, change: MembershipChange) -> None:
-        # Survivors rejoin the rebuilt world; the new rank joined it in init_model (replayed).
-        if not change.is_new(self.rank):
-            self.reducer.rebuild()
-        state = [{"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}]
-        self.reducer.broadcast_objects(state, change.source_rank)
-        self.policy.load_state_dict(state[0]["policy"])
-        self.optimizer.load_state_dict(state[0]["optimizer"])
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = collective.broadcast_object(state, src=change.source_rank)
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
 class ReferenceWorker(Worker):

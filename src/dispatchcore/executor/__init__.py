@@ -62,6 +62,15 @@ Optional hooks, with defaults that decline:
   :meth:`Executor.can_receive_tensors` and a :class:`TensorLink` as
   ``host.tensor_link`` on each rank; without them the tensors go through
   the driver;
+* collectives in worker code (:mod:`dispatchcore.collective`): declare
+  :attr:`Executor.ranks_share_process` and set ``host.collective`` on each
+  rank before ``host.start()``: one :class:`ThreadCollective` shared by ranks
+  that are threads of one process, or a :class:`StoreCollective` per rank on
+  a ``torch.distributed`` store every rank reaches (given, or announced to the
+  rank processes as ``host:port`` in :data:`COLLECTIVE_STORE_ENV` and read with
+  :meth:`StoreCollective.from_environment`); never the user's
+  ``MASTER_ADDR``/``MASTER_PORT``.  The plain :class:`CollectiveLink` (the
+  default) leaves only the user's own default group;
 * :meth:`Executor.launch_world_size` (world size implied by the launcher).
 
 Registering: a module with a :data:`dispatchcore.hookimpl` of
@@ -126,10 +135,12 @@ from .._spi import (
 from .._trace import TimedResult
 from .._transfer import TRANSFER_METHOD, TensorLink, TensorSourceLost, TensorSpec, TransferPlan, plan_transfer, run_step
 from .._wire import keep_freed_memory
-from .._worker import method_names
+from .._worker import STORE_ENV as COLLECTIVE_STORE_ENV
+from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_names
 
 __all__ = [
     "ATOMS",
+    "COLLECTIVE_STORE_ENV",
     "FREE_ROWS_METHOD",
     "LOOPBACK",
     "PLAIN",
@@ -139,6 +150,7 @@ __all__ = [
     "Call",
     "CallHandle",
     "ChunkPlan",
+    "CollectiveLink",
     "Executor",
     "ForwardPlan",
     "GroupSpec",
@@ -150,9 +162,11 @@ __all__ = [
     "ResultShape",
     "RowPiece",
     "RowRequest",
+    "StoreCollective",
     "TensorLink",
     "TensorSourceLost",
     "TensorSpec",
+    "ThreadCollective",
     "TimedResult",
     "TransferPlan",
     "UniqueValues",

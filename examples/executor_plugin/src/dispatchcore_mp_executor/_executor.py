@@ -30,12 +30,14 @@ from typing import Any
 
 from dispatchcore import DispatchError, wire
 from dispatchcore.executor import (
+    COLLECTIVE_STORE_ENV,
     LOOPBACK,
     Call,
     Executor,
     GroupSpec,
     RankCallHandle,
     RemoteFailure,
+    StoreCollective,
     check_options,
     free_port,
     rank_environment,
@@ -96,8 +98,11 @@ class MultiprocessExecutor(Executor):
         self._options = options
         #: Ranks of processes that were replaced (reaped at shutdown with the rest).
         self._retired: list[_Rank] = []
+        #: dispatchcore.collective's store: held here, so it outlives a replaced rank; a port of its own.
+        self._collective: tuple[Any, str] | None = None
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
         try:
+            self._collective = StoreCollective.serve(LOOPBACK)
             port = free_port(LOOPBACK)
             self._ranks = [self._spawn(rank, port) for rank in range(spec.world_size)]
             self._start_workers(tuple(range(spec.world_size)))
@@ -118,6 +123,8 @@ class MultiprocessExecutor(Executor):
         ctx = multiprocessing.get_context("spawn")
         size = self.spec.world_size
         env = rank_environment(rank, size, master_addr=LOOPBACK, master_port=port, extra=self._options["env"])
+        if self._collective is not None:
+            env[COLLECTIVE_STORE_ENV] = self._collective[1]
         ours, theirs = ctx.Pipe(duplex=True)
         proc = ctx.Process(
             target=rank_main, args=(theirs, rank, size, env), name=f"dispatchcore-{self.spec.name}-rank{rank}"
@@ -267,6 +274,7 @@ class MultiprocessExecutor(Executor):
                 return
             self._closed = True
         atexit.unregister(self.shutdown)
+        self._collective = None
         for state in self._ranks:  # ask each rank to leave after the calls it has queued
             try:
                 with state.send_lock:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dispatchcore import wire
-from dispatchcore.executor import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
+from dispatchcore.executor import RemoteFailure, StoreCollective, WorkerHost, cancel_in_process, thread_stacks
 
 from . import _pipe
 
@@ -55,6 +55,7 @@ def rank_main(conn: Connection, rank: int, world_size: int, env: dict[str, str])
             if kind == START:
                 worker_cls, init_args, init_kwargs = values[0]
                 host = WorkerHost(worker_cls, rank, world_size, init_args, init_kwargs)
+                host.collective = StoreCollective.from_environment("multiprocess", os.environ)
                 failure = host.start()
                 ok, value = failure is None, failure
             else:
