@@ -24,7 +24,6 @@ import re
 from typing import Any
 
 from .._base import CallSignatureError
-from ._site import CallSite
 
 #: Shapes remembered per method (a method called with ever new keyword sets stops caching).
 _MAX_SHAPES = 64
@@ -95,7 +94,12 @@ class CallBinder:
 
 
 def bind_call(
-    site: CallSite, group: Any, name: str, per_rank_args: tuple[Any, ...], per_rank_kwargs: dict[str, Any], mode: str
+    site: Any,  # the call's CallSite (typed loosely: the pipeline's import depth)
+    group: Any,
+    name: str,
+    per_rank_args: tuple[Any, ...],
+    per_rank_kwargs: dict[str, Any],
+    mode: str,
 ) -> None:
     """Check the dispatched call of ``name`` against its worker method; the signature is read on first use."""
     binders = site.shared.binders
