@@ -1,8 +1,9 @@
 """Ctrl-C in the driver during a call: ``KeyboardInterrupt`` at once, and the group stays usable.
 
-What is documented (README, "Failures"): the interrupted call goes on
-running on the ranks and its result is dropped; the next call runs after
-it, on the same workers.  A terminal's Ctrl-C reaches every process of the
+What is documented (README, "Errors"; docs/calls-that-cannot-hang.md): the
+interrupted call is cancelled on the ranks (a sleeping rank leaves it when its
+sleep returns), and the next call runs once they left it, on the same workers.
+A terminal's Ctrl-C reaches every process of the
 foreground group, so ranks that share it (self-started torchrun ranks,
 the multiprocess example's) get SIGINT too, busy or idle, and must not die
 of it.
@@ -58,7 +59,7 @@ def test_ctrl_c_interrupts_a_call_and_the_group_stays_usable(
             KeyboardInterrupt(),
             propagated,
             1.0,
-            "yes (same workers; the next call runs after the interrupted one)",
+            "yes (same workers; the call was cancelled on the ranks, the next call runs once they left it)",
             leaks,
         ),
     )
