@@ -33,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep generate/reward/reference results on the ranks (lazy DataProto); same numbers, less driver traffic",
     )
+    parser.add_argument(
+        "--rollout-ranks",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="generate on a separate group of K ranks, the actor's weights synced to it every step "
+        "(default: the actor generates)",
+    )
 
 
 def is_driver() -> bool:

@@ -5,11 +5,14 @@ advantages -> update.  The same function runs on ``local``, ``ray`` and
 ``torchrun``; only the ``backend`` argument changes.  With ``lazy=True`` the
 DataProto-returning calls leave their rows on the ranks: the driver passes
 references on and reads only the ``rewards`` column; the numbers are the same.
+With ``rollout_ranks=K`` a separate group of K ranks generates, its weights
+synced from the actor by ``WeightSync`` at the start of every step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -22,6 +25,7 @@ import torch
 from .. import (
     DataProto,
     Tracer,
+    WeightSync,
     Worker,
     WorkerGroup,
     available_backends,
@@ -32,7 +36,7 @@ from .. import (
 from .._cli._report import OneLineParser, run_reporting_expected_errors
 from .cli import add_arguments, is_driver
 from .task import make_prompts
-from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker
+from .workers import ActorWorker, ModelConfig, ReferenceWorker, RewardWorker, RolloutWorker
 
 
 @dataclass
@@ -52,6 +56,8 @@ class DemoConfig:
     on_rank_death: str = "raise"
     #: Results of generate / reward / reference log-probs stay on the ranks (lazy DataProto).
     lazy: bool = False
+    #: Ranks of a separate rollout group (weights synced from the actor every step); None: the actor generates.
+    rollout_ranks: int | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,30 +120,46 @@ def run_demo(
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
     options = {"on_rank_death": config.on_rank_death, **config.backend_options}
-    with trace(trace_path) as tracer:
-        with (
-            WorkerGroup(actor_ref_cls, n, backend=config.backend, **options) as actor_ref,
-            WorkerGroup(RewardWorker, n, backend=config.backend, **options) as reward_wg,
-        ):
-            roles = actor_ref.spawn({"actor", "ref"})
-            actor, ref = roles["actor"], roles["ref"]
-            actor.init_model(model)
-            ref.init_model(model, replicas)
-            reward_wg.init_task(config.shift)
-            generate, compute_reward, compute_ref = (
-                proxy.options(lazy=True) if config.lazy else proxy
-                for proxy in (actor.generate_sequences, reward_wg.compute_reward, ref.compute_ref_log_prob)
-            )
-            if on_ready is not None:
-                on_ready()
-            for step in range(1, config.steps + 1):
-                metrics = _step(step, config, tracer, generator, (generate, compute_reward, compute_ref), actor)
-                history.append(metrics)
-                if on_step is not None:
-                    on_step(metrics)
-            if config.checkpoint:
-                actor.save_checkpoint(config.checkpoint)
+    with trace(trace_path) as tracer, contextlib.ExitStack() as groups:
+        actor_ref = groups.enter_context(WorkerGroup(actor_ref_cls, n, backend=config.backend, **options))
+        reward_wg = groups.enter_context(WorkerGroup(RewardWorker, n, backend=config.backend, **options))
+        roles = actor_ref.spawn({"actor", "ref"})
+        actor, ref = roles["actor"], roles["ref"]
+        actor.init_model(model)
+        ref.init_model(model, replicas)
+        reward_wg.init_task(config.shift)
+        generate, sync = _rollout(config, groups, actor, model, options)
+        compute_reward, compute_ref = reward_wg.compute_reward, ref.compute_ref_log_prob
+        calls = tuple(
+            proxy.options(lazy=True) if config.lazy else proxy for proxy in (generate, compute_reward, compute_ref)
+        )
+        if on_ready is not None:
+            on_ready()
+        for step in range(1, config.steps + 1):
+            metrics = _step(step, config, tracer, generator, calls, actor, sync)
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        if config.checkpoint:
+            actor.save_checkpoint(config.checkpoint)
     return history
+
+
+def _rollout(
+    config: DemoConfig, groups: contextlib.ExitStack, actor: Any, model: ModelConfig, options: dict[str, Any]
+) -> tuple[Any, WeightSync | None]:
+    """The generate call and the weight sync feeding it: the actor's own, or a separate rollout group's.
+
+    Without ``rollout_ranks`` the actor generates (no sync needed).  With it,
+    a group of that many :class:`RolloutWorker` ranks is opened on the same
+    backend (closed with the others) and a ``WeightSync`` from the actor role
+    to it is returned, for the loop to run before each step's generation.
+    """
+    if config.rollout_ranks is None:
+        return actor.generate_sequences, None
+    rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options))
+    rollout.init_model(model)
+    return rollout.generate_sequences, WeightSync(actor, rollout)
 
 
 def _model_config(config: DemoConfig) -> ModelConfig:
@@ -150,12 +172,24 @@ def _model_config(config: DemoConfig) -> ModelConfig:
 
 
 def _step(
-    step: int, config: DemoConfig, tracer: Tracer, generator: torch.Generator, calls: tuple[Any, Any, Any], actor: Any
+    step: int,
+    config: DemoConfig,
+    tracer: Tracer,
+    generator: torch.Generator,
+    calls: tuple[Any, ...],
+    actor: Any,
+    sync: WeightSync | None = None,
 ) -> StepMetrics:
-    """One RL step: generate, reward, reference log-probs, advantages on the driver, update."""
+    """One RL step: (weight sync), generate, reward, reference log-probs, advantages on the driver, update.
+
+    The sync runs first so the rollout group generates with the weights the
+    actor trains from this step, as the actor itself would.
+    """
     generate, compute_reward, compute_ref = calls
     since, started = len(tracer.events), time.perf_counter()
     traffic_before = driver_traffic()
+    if sync is not None:
+        sync(version=step)
     prompts = make_prompts(config.prompts_per_step, config.length, generator)
     prompts = prompts.repeat_interleave(config.samples_per_prompt, dim=0)
     batch = DataProto.from_dict({"prompts": prompts}, auto_padding=True)
@@ -249,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         checkpoint=args.checkpoint,
         lazy=args.lazy,
+        rollout_ranks=args.rollout_ranks,
     )
     if backend not in available_backends():
         WorkerGroup(Worker, 1, backend=backend)  # raises BackendNotFoundError with its fix, before any output
@@ -257,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"dispatchcore demo: backend={backend} world_size={world_size} steps={config.steps} "
             f"lazy={'on' if config.lazy else 'off'} "
+            f"rollout={config.rollout_ranks if config.rollout_ranks else 'actor'} "
             f"(task: shift {config.length} digits by {config.shift}; reward = fraction right)",
             flush=True,
         )

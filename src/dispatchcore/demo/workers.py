@@ -1,15 +1,19 @@
-"""The demo's roles: actor (rollout + training), frozen reference, reward.
+"""The demo's roles: actor (rollout + training), frozen reference, reward, and an optional rollout group.
 
 Each is a plain dispatchcore worker; the decorators say how the driver's
 batch is split.  The actor and the reference are colocated on the same ranks
 (verl's hybrid engine layout); the reference is laid out as an nd mesh with
 replicas, like a tensor-parallel model whose replicas share one data shard.
+With ``--rollout-ranks K`` a separate :class:`RolloutWorker` group generates
+instead of the actor, with the actor's weights pushed to it by
+``dispatchcore.WeightSync`` before every step.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +53,24 @@ def real_rows(data: DataProto) -> int:
 _init_lock = threading.Lock()
 
 
+def rank_generator(config: ModelConfig, rank: int) -> torch.Generator:
+    """The sampling generator of rank ``rank``: the actor's and the rollout's are seeded alike.
+
+    Threads share torch's global RNG, so each rank samples from its own
+    generator; a rollout group as large as the actor group therefore draws
+    exactly the samples the actor would have drawn.
+    """
+    return torch.Generator().manual_seed(config.seed * 1000 + rank)
+
+
+def sample(policy: TinyPolicy, prompts: DataProto, generator: torch.Generator) -> DataProto:
+    """Responses and their log-probs under ``policy``: one function for the actor and the rollout group."""
+    responses = policy.generate(prompts.batch["prompts"], generator)
+    with torch.no_grad():
+        old_log_prob = policy.log_probs(prompts.batch["prompts"], responses)
+    return DataProto.from_dict({"responses": responses, "old_log_prob": old_log_prob})
+
+
 def _build_policy(config: ModelConfig) -> TinyPolicy:
     """Identical initial weights on every rank and role.
 
@@ -75,16 +97,18 @@ class ActorWorker(Worker):
         self.config = config
         self.policy = _build_policy(config)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
-        # Threads share torch's global RNG, so each rank samples from its own generator.
-        self.generator = torch.Generator().manual_seed(config.seed * 1000 + self.rank)
+        self.generator = rank_generator(config, self.rank)
         return sum(p.numel() for p in self.policy.parameters())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        responses = self.policy.generate(prompts.batch["prompts"], self.generator)
-        with torch.no_grad():
-            old_log_prob = self.policy.log_probs(prompts.batch["prompts"], responses)
-        return DataProto.from_dict({"responses": responses, "old_log_prob": old_log_prob})
+        return sample(self.policy, prompts, self.generator)
+
+    # Registered although WeightSync needs no @register: a colocated class forwards registered methods only.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What ``WeightSync`` offers the rollout group: every parameter whole (each rank holds them all)."""
+        return {name: p.detach() for name, p in self.policy.named_parameters()}
 
     # Safe to retry: a rank dying mid-step fails the all-reduce on the others
     # before their optimizer steps, and the hook copies the survivors' state.
@@ -129,6 +153,39 @@ class ActorWorker(Worker):
         state = collective.broadcast_object(state, src=change.source_rank)
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class RolloutWorker(Worker):
+    """Generates with the actor's weights, which ``WeightSync`` pushes into it before every step.
+
+    A separate group (``--rollout-ranks K``), as a rollout engine is in RL
+    stacks: it never trains, so it keeps no gradients and no optimizer; its
+    weights arrive bucket by bucket through :meth:`load_weights`, copied into
+    the parameters in place (no second full copy of the model).
+    """
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
+    def init_model(self, config: ModelConfig) -> None:
+        self.policy = _build_policy(config).requires_grad_(False)
+        self.generator = rank_generator(config, self.rank)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of ``(name, tensor)`` from the actor (``WeightSync``'s apply hook)."""
+        with torch.no_grad():
+            for name, tensor in weights:
+                self.policy.get_parameter(name).copy_(tensor)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        return sample(self.policy, prompts, self.generator)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_digest(self) -> tuple[float, object]:
+        """A checksum of this rank's weights and the version last synced (as the actor's ``weights_digest``)."""
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.policy.parameters())), getattr(
+                self, "weights_version", None
+            )
 
 
 class ReferenceWorker(Worker):
