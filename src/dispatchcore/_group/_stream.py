@@ -93,7 +93,7 @@ class CallStream(Iterator[StreamPart]):
         return part
 
     def _handle_outcome(self, position: int) -> Any:
-        found = self._handle.position_outcome(position)  # type: ignore[attr-defined]
+        found = self._handle.position_outcome(position)
         assert found is not None and found[0]  # noqa: S101 - _next_position returns answered ranks only
         value = found[1]
         return value.value if isinstance(value, TimedResult) else value
