@@ -25,6 +25,7 @@ from dispatchcore import (
     Worker,
     WorkerDiedError,
     WorkerGroup,
+    create_colocated_worker_cls,
     driver_traffic,
     register,
 )
@@ -281,3 +282,13 @@ def test_local_copies_once_per_destination_and_not_for_isolate_false() -> None:
         assert [p["t"] for p in shared.seen()] == [_HELD.data_ptr()] * 2
         private = [p["t"] for p in isolated.seen()]
         assert _HELD.data_ptr() not in private and private[0] != private[1]
+
+
+def test_a_colocated_role_offers_and_applies_without_register() -> None:
+    """A role's plain ``weights``/``load_weights`` are reached as ``<role>_<name>`` on the colocated class."""
+    roles = create_colocated_worker_cls({"trainer": _Holder, "sink": _Pointers})
+    with WorkerGroup(roles, 1, backend="local") as wg, WorkerGroup(_Pointers, 1, backend="local") as dst:
+        parts = wg.spawn(["trainer", "sink"])
+        WeightSync(parts["trainer"], dst)(version=1)
+        WeightSync(parts["trainer"], parts["sink"])(version=2)
+        assert list(dst.seen()[0]) == ["t"] and list(parts["sink"].seen()[0]) == ["t"]

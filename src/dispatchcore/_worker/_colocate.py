@@ -91,8 +91,19 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
             if hook is not None:
                 hook(change)
 
+    def __getattr__(self: Any, name: str) -> Any:
+        # ``"<role>_<name>"`` for any public attribute of a role, not only its @register methods: what
+        # the core calls by name on a role (weight sync's ``actor_weights``, ``rollout_load_weights``).
+        roles = self.__dict__.get("_dispatchcore_role_objects")
+        for role, obj in (roles or {}).items():
+            attr = name[len(role) + 1 :]
+            if name.startswith(f"{role}_") and attr and not attr.startswith("_"):
+                return getattr(obj, attr)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
     namespace: dict[str, Any] = {
         "__init__": __init__,
+        "__getattr__": __getattr__,
         "on_membership_change": on_membership_change,
         "_dispatchcore_roles": {role: spec.cls for role, spec in specs.items()},
         "__module__": __name__,
