@@ -51,6 +51,7 @@ from dispatchcore.executor import (
     local_ranks,
     rank_environment,
     unpicklable_error,
+    unpicklable_spec_error,
 )
 
 from . import _payload
@@ -117,6 +118,8 @@ class RayExecutor(Executor):
 
         self._pool_acquired = False
         compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
+        # Pickled before Ray or any actor starts, so what cannot be pickled is refused with nothing sent.
+        self._spec_payload = _pack_spec(spec) if opts["actors"] is None and not opts["attach"] else None
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
@@ -155,6 +158,7 @@ class RayExecutor(Executor):
     def _launch(self) -> None:
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
+        packed_spec = self._packed_spec = ray.put(self._spec_payload)
         actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class(spec.methods)
         for options in actor_opts:
@@ -167,9 +171,6 @@ class RayExecutor(Executor):
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
-        packed_spec = self._packed_spec = ray.put(
-            _payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs)))
-        )
         refs = [
             a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name, spec.death_timeout)
             for rank, a in enumerate(group.actors)
@@ -633,3 +634,11 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if ray_local:
         raise ValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
+
+
+def _pack_spec(spec: GroupSpec) -> Any:
+    """The worker class and init arguments packed for the ranks, or the one error naming what cannot be pickled."""
+    try:
+        return _payload.pack((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc

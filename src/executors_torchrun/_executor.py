@@ -45,12 +45,14 @@ from dispatchcore.executor import (
     RemoteFailure,
     WorkerHost,
     cancel_in_process,
+    check_copyable,
     check_options,
     free_port,
     rank_environment,
     run_isolated,
     thread_stacks,
     unpicklable_error,
+    unpicklable_spec_error,
 )
 from dispatchcore.wire import RowBuffers
 
@@ -97,8 +99,7 @@ class TorchrunExecutor(Executor):
     """
 
     name = "torchrun"
-    extra = "torchrun"
-    requires = ("cloudpickle",)
+    # torch.distributed comes with torch and cloudpickle with the core: a plain install runs it.
 
     @classmethod
     def launch_world_size(cls) -> int | None:
@@ -128,12 +129,16 @@ class TorchrunExecutor(Executor):
                 )
             size = int(_env.torchrun_world_size() or 0)
             self._hub: Hub = torchrun_hub(start_timeout=start_timeout, transport_timeout=transport_timeout)
+            self._packed_spec = _pack_spec(spec)  # here: the launch's other ranks serve from the line above
             if max(ranks) >= size:
                 raise ValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
             #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
             self._world_identity = torchrun_identity()
         else:
+            #: The worker class and init arguments as every rank gets them, pickled before any process
+            #: starts: one that cannot be pickled is refused with nothing started or sent.
+            self._packed_spec = _pack_spec(spec)
             self._world = SpawnedWorld(
                 spec.world_size,
                 start_timeout=start_timeout,
@@ -184,7 +189,7 @@ class TorchrunExecutor(Executor):
             self._world.assign(d, g)
         positions = tuple(taken)
         handle = _Handle(self, Call("__init__", positions, [()] * len(positions), [{}] * len(positions)))
-        packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
+        packed = self._packed_spec
         with self._submit_lock:
             for p, (g, d) in enumerate(taken.items()):
                 env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
@@ -205,10 +210,9 @@ class TorchrunExecutor(Executor):
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
         if remote:
-            packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
             with self._submit_lock:
                 for g in remote:
-                    self._send_start(packed, g, self._data_ranks[g], None, (handle, g))
+                    self._send_start(self._packed_spec, g, self._data_ranks[g], None, (handle, g))
         handle.result(timeout)
 
     def _send_start(self, packed: Any, g: int, d: int, env: dict[str, str] | None, slot: Any) -> None:
@@ -243,6 +247,9 @@ class TorchrunExecutor(Executor):
             for slot in slots:
                 if slot not in packed:
                     packed[slot] = _pack_or_explain(unique.values[slot], call.method)
+        local = [p for p, g in enumerate(call.ranks) if self._data_ranks[g] == 0]
+        if local and self.spec.isolate:  # worker 0's copy is made on its thread: refuse what it would fail on
+            _check_copyable(call, local[0])
         with self._submit_lock:
             for p, d in remote:
                 works: list[Any] = []
@@ -261,9 +268,8 @@ class TorchrunExecutor(Executor):
                     call.instructions,
                 )
                 self._hub.command(d, message, (handle, p), cid, (works, packed))
-        for p, g in enumerate(call.ranks):
-            if self._data_ranks[g] == 0:
-                self._run_local(call, handle, p)
+        for p in local:
+            self._run_local(call, handle, p)
         return handle
 
     def _read_rows(self, rows: RowPlane, call: Call) -> RankCallHandle:
@@ -407,7 +413,25 @@ def _check_ranks(ranks: Any, world_size: int) -> list[int]:
 
 
 def _pack_or_explain(value: Any, method: str) -> Packed:
+    """``pack(value)``, or the one error for an argument that cannot be pickled (the core names the argument)."""
     try:
         return pack(value)
     except Exception as exc:
         raise unpicklable_error(method, value, exc) from exc
+
+
+def _pack_spec(spec: GroupSpec) -> Packed:
+    """The worker class and init arguments packed for the ranks, or the one error naming what cannot be pickled."""
+    try:
+        return pack((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc
+
+
+def _check_copyable(call: Call, position: int) -> None:
+    """Refuse worker 0's arguments (copied on its thread, in this process) if their copy would fail."""
+    for value in (*call.args[position], *call.kwargs[position].values()):
+        try:
+            check_copyable(value)
+        except Exception as exc:
+            raise unpicklable_error(call.method, value, exc, in_process=True) from exc

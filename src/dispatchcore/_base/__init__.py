@@ -12,6 +12,7 @@ from ._errors import (
     DispatchTimeoutError,
     MemoryBudgetError,
     RegistrationError,
+    UnpicklableError,
     WorkerDiedError,
     WorkerError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Latch",
     "MemoryBudgetError",
     "RegistrationError",
+    "UnpicklableError",
     "WorkerDiedError",
     "WorkerError",
     "check_options",

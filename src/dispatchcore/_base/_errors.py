@@ -8,6 +8,7 @@ caller can catch either::
     ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
     ├── BatchSizeError (ValueError)         a batch that cannot be split as asked
     ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
+    ├── UnpicklableError (TypeError)        a value the ranks need cannot be pickled (nothing was sent)
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
     ├── DispatchTimeoutError (TimeoutError) a call outlived its timeout
@@ -39,6 +40,25 @@ class BatchSizeError(DispatchError, ValueError):
 
 class BackendNotFoundError(DispatchError, LookupError):
     """The requested backend is unknown or its extra is not installed."""
+
+
+class UnpicklableError(DispatchError, TypeError):
+    """A worker class, init argument or call argument cannot be pickled for the ranks; nothing was sent.
+
+    ``where`` is the path to the object at fault (``argument 'cfg' →
+    cfg['callback']``, ``worker class W → Registry.lock``); ``in_process``
+    says the pickling was for isolation inside this process (``local``),
+    where callables and classes are shared, not pickled.
+    """
+
+    def __init__(self, message: str, *, where: str = "", method: str | None = None, in_process: bool = False) -> None:
+        super().__init__(message)
+        self.where = where
+        self.method = method
+        self.in_process = in_process
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unpicklable_error, (str(self), self.where, self.method, self.in_process))
 
 
 class WorkerError(DispatchError, RuntimeError):
@@ -142,6 +162,10 @@ class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thr
     are, so that a worker's ``except Exception`` does not swallow it.  Catch it
     only to clean up, then re-raise.
     """
+
+
+def _unpicklable_error(message: str, where: str, method: str | None, in_process: bool) -> UnpicklableError:
+    return UnpicklableError(message, where=where, method=method, in_process=in_process)
 
 
 def _cancelled_error(message: str, method: str | None, ranks: tuple[int, ...]) -> CallCancelledError:
