@@ -13,6 +13,7 @@ carry their class attributes and the globals their methods use.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import re
@@ -27,16 +28,22 @@ from typing import Any
 import pytest
 import torch
 
+import dispatchcore
 from dispatchcore import (
+    BackendNotFoundError,
     DataProto,
     Dispatch,
+    DispatchAttributeError,
     DispatchError,
+    DispatchTypeError,
+    DispatchValueError,
     UnpicklableError,
     Worker,
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
     available_backends,
+    create_colocated_worker_cls,
     register,
 )
 from dispatchcore.testing import Fault
@@ -319,7 +326,122 @@ def test_callables_are_shared_on_local_not_pickled() -> None:
         assert wg.score(lambda: lock) == [1, 1]
 
 
-# -- 4. exits and deaths ---------------------------------------------------------------------------
+# -- 4. did-you-mean, and every deliberate error a DispatchError ---------------------------------------
+
+
+def test_a_misspelled_method_suggests_the_registered_one() -> None:
+    with WorkerGroup(Echo, 1) as wg:
+        for spelled in (lambda: wg.scroe, lambda: wg.call.scroe):
+            with pytest.raises(DispatchAttributeError, match=r"no @register method 'scroe'.*did you mean 'score'\?"):
+                spelled()
+        with pytest.raises(AttributeError, match=r"did you mean 'shutdown'\?"):
+            wg.shutdwon  # noqa: B018 - the lookup is the test
+        assert not hasattr(wg, "scroe") and getattr(wg.call, "scroe", None) is None  # still AttributeErrors
+        with pytest.raises(AttributeError) as private:
+            wg._no_such_thing  # noqa: B018 - protocol and private lookups get the plain error
+        assert type(private.value) is AttributeError
+
+
+def test_a_misspelled_backend_or_option_suggests_the_known_one() -> None:
+    with pytest.raises(BackendNotFoundError, match=r"no backend named 'lcoal' \(did you mean 'local'\?\)"):
+        WorkerGroup(Echo, 1, backend="lcoal")
+    with pytest.raises(BackendNotFoundError, match=r"'Ray' \(did you mean 'ray'\? names are case-sensitive\)"):
+        WorkerGroup(Echo, 1, backend="Ray")
+    with pytest.raises(DispatchTypeError, match=r"\['start_timout'\].*did you mean 'start_timeout'\?"):
+        WorkerGroup(Echo, 1, start_timout=5)
+
+
+def _view_mistakes(wg: WorkerGroup[Echo]) -> dict[str, tuple[type[Exception], Any]]:
+    return {
+        "wg[9]": (IndexError, lambda: wg[9]),
+        "wg[0:0]": (ValueError, lambda: wg[0:0]),
+        "wg['a']": (TypeError, lambda: wg["a"]),
+        "wg.ranks([])": (ValueError, lambda: wg.ranks([])),
+        "wg.ranks('0')": (TypeError, lambda: wg.ranks("0")),
+        "wg.ranks([0, 0])": (ValueError, lambda: wg.ranks([0, 0])),
+        "wg.replace_rank(9)": (ValueError, lambda: wg.replace_rank(9)),
+        "wg.rank_stacks(timeout=0)": (ValueError, lambda: wg.rank_stacks(timeout=0)),
+        "wg.spawn(['actor'])": (DispatchError, lambda: wg.spawn(["actor"])),
+    }
+
+
+GROUP_MISTAKES: dict[str, tuple[type[Exception], dict[str, Any]]] = {
+    "world_size=0": (ValueError, {"world_size": 0}),
+    "world_size='2'": (ValueError, {"world_size": "2"}),
+    "world_size=None off torchrun": (ValueError, {"world_size": None}),
+    "isolate='yes'": (TypeError, {"isolate": "yes"}),
+    "init_args=3": (TypeError, {"init_args": 3}),
+    "on_rank_death='retry'": (ValueError, {"on_rank_death": "retry"}),
+    "lazy='yes'": (TypeError, {"lazy": "yes"}),
+    "lazy_budget_bytes=-1": (ValueError, {"lazy_budget_bytes": -1}),
+    "call_timeout=0": (ValueError, {"call_timeout": 0}),
+    "death_timeout=-1": (ValueError, {"death_timeout": -1}),
+    "cancel_grace=0": (ValueError, {"cancel_grace": 0}),
+    "an unknown option": (TypeError, {"no_such_option": 1}),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(GROUP_MISTAKES))
+def test_every_group_argument_mistake_is_a_dispatch_error_and_its_builtin(mistake: str) -> None:
+    builtin, kwargs = GROUP_MISTAKES[mistake]
+    kwargs = {"world_size": 1, **kwargs}
+    with pytest.raises(builtin) as info:
+        WorkerGroup(Echo, kwargs.pop("world_size"), backend="local", **kwargs)
+    assert isinstance(info.value, DispatchError), type(info.value).__mro__
+
+
+def test_every_view_and_config_mistake_is_a_dispatch_error_and_its_builtin() -> None:
+    with pytest.raises(TypeError) as info:
+        WorkerGroup(Echo.score, 1)  # type: ignore[arg-type]  # a method, not a class
+    assert isinstance(info.value, DispatchError)
+    for config in (3, {"backend": "local", "world_size": 1, "local": 5}):
+        with pytest.raises(TypeError) as info:
+            WorkerGroup.from_config(config, Echo)  # type: ignore[arg-type]
+        assert isinstance(info.value, DispatchError)
+    with WorkerGroup(Echo, 2) as wg:
+        for name, (builtin, mistake) in _view_mistakes(wg).items():
+            with pytest.raises(builtin) as info:
+                mistake()
+            assert isinstance(info.value, DispatchError), (name, type(info.value).__mro__)
+    with WorkerGroup(create_colocated_worker_cls({"actor": Echo}), 1) as roles:
+        with pytest.raises(KeyError, match=r"^unknown role\(s\) \['critic'\]") as missing:
+            roles.spawn(["critic"])
+        assert isinstance(missing.value, DispatchError)
+
+
+@pytest.mark.parametrize(
+    ("options", "builtin"),
+    [({"world_size": 0}, DispatchValueError), ({"no_such_option": 1}, DispatchTypeError)],
+    ids=["world_size=0", "an unknown option"],
+)
+def test_the_same_mistake_is_the_same_type_on_every_backend(options: dict[str, Any], builtin: type) -> None:
+    """Refused before any rank starts, so no backend needs to run (Ray is not even started)."""
+    options = {"world_size": 2, **options}
+    for backend in [b for b in BACKENDS if b in available_backends()]:
+        with pytest.raises(builtin):
+            WorkerGroup(
+                Echo, options["world_size"], backend=backend, **{k: v for k, v in options.items() if k != "world_size"}
+            )
+
+
+def test_spare_ranks_of_the_wrong_kind_is_the_same_type_where_it_exists() -> None:
+    for backend in [b for b in ("torchrun", "ray") if b in available_backends()]:
+        with pytest.raises(DispatchValueError, match="spare_ranks must be an int >= 0"):
+            WorkerGroup(Echo, 1, backend=backend, spare_ranks=-1)
+
+
+def test_the_error_tree_names_every_error_class() -> None:
+    tree = inspect.getmodule(DispatchError).__doc__ or ""  # type: ignore[union-attr]
+    errors = [n for n in dispatchcore.__all__ if isinstance(getattr(dispatchcore, n), type)]
+    for name in errors:
+        cls = getattr(dispatchcore, name)
+        if issubclass(cls, DispatchError) and cls.__module__ == DispatchError.__module__:
+            assert name in tree, name
+            builtins = [b for b in cls.__mro__ if issubclass(b, BaseException) and not issubclass(b, DispatchError)]
+            assert cls is DispatchError or builtins[0] not in (Exception, BaseException), f"{name}: no builtin"
+
+
+# -- 5. exits and deaths ---------------------------------------------------------------------------
 
 
 def test_sys_exit_in_a_worker_is_a_worker_error(group: WorkerGroup[Echo]) -> None:

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from dispatchcore import DispatchError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
     FREE_ROWS_METHOD,
     LOOPBACK,
@@ -101,7 +101,7 @@ class RayExecutor(Executor):
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
         if self._pool is not None and not isinstance(self._pool, RayResourcePool):
-            raise TypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
+            raise DispatchTypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
         self.poll_interval = None if opts["poll_interval"] is None else float(opts["poll_interval"])
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
@@ -281,12 +281,12 @@ class RayExecutor(Executor):
         per_rank = []
         if self._pool is not None:
             if self._pool.world_size != spec.world_size:
-                raise ValueError(
+                raise DispatchValueError(
                     f"world_size={spec.world_size} but the resource pool has {self._pool.world_size} ranks; "
                     "use a pool of that size or pool.split([...])"
                 )
             if opts["detached"] and not self._pool.detached:
-                raise ValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
+                raise DispatchValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             num_cpus, num_gpus = self._pool.actor_resources(opts["num_gpus"])
@@ -378,7 +378,7 @@ class RayExecutor(Executor):
         """Use running rank actors of other groups (one identity round trip); shutdown only lets go of them."""
         group = self._rank_actors
         if len(handles) != self.spec.world_size:
-            raise ValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
+            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
         group.actors.extend(handles)
         deadline = time.monotonic() + self._start_timeout
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in handles]
@@ -606,17 +606,17 @@ class RayExecutor(Executor):
 def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:
     """The compiled graph's idle bound, or ``None`` without one; checked before Ray is reached."""
     if not isinstance(compiled, bool):
-        raise TypeError(f"compiled must be True or False, got {compiled!r}")
+        raise DispatchTypeError(f"compiled must be True or False, got {compiled!r}")
     if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s <= 0:
-        raise ValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
+        raise DispatchValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
     return float(idle_s) if compiled else None
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"spare_ranks must be an int >= 0, got {value!r}")
+        raise DispatchValueError(f"spare_ranks must be an int >= 0, got {value!r}")
     if value and (pooled or detached):
-        raise ValueError(
+        raise DispatchValueError(
             "spare_ranks works for groups without a resource_pool and not detached (a pool's bundles are its "
             "ranks'); leave spare_ranks=0 there: replacing a rank then starts a new actor in the dead one's bundle"
         )
@@ -628,11 +628,11 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, Mapping):
-        raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
+        raise DispatchTypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
     rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
     ray_local = sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env))
     if ray_local:
-        raise ValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
+        raise DispatchValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
 
 

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
     FREE_ROWS_METHOD,
     LOOPBACK,
@@ -112,7 +112,7 @@ class TorchrunExecutor(Executor):
         transport_timeout = float(options["transport_timeout"])
         spares = options["spare_ranks"]
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
-            raise ValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
+            raise DispatchValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
         self._closed = False
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
         self._local: RankThread | None = None
@@ -123,7 +123,7 @@ class TorchrunExecutor(Executor):
         ranks = _check_ranks(options["ranks"], spec.world_size)
         if _env.under_torchrun():
             if spares:
-                raise ValueError(
+                raise DispatchValueError(
                     "spare_ranks needs self-started ranks: under the torchrun launcher its agent owns every "
                     "process; run the driver without torchrun to have spares"
                 )
@@ -131,7 +131,7 @@ class TorchrunExecutor(Executor):
             self._hub: Hub = torchrun_hub(start_timeout=start_timeout, transport_timeout=transport_timeout)
             self._packed_spec = _pack_spec(spec)  # here: the launch's other ranks serve from the line above
             if max(ranks) >= size:
-                raise ValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
+                raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
             #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
             self._world_identity = torchrun_identity()
@@ -401,12 +401,12 @@ def _check_ranks(ranks: Any, world_size: int) -> list[int]:
     if ranks is None:
         return list(range(world_size))
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
-        raise TypeError(f"ranks must be a list of ints, got {ranks!r}")
+        raise DispatchTypeError(f"ranks must be a list of ints, got {ranks!r}")
     out = list(ranks)
     if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in out) or len(set(out)) != len(out):
-        raise ValueError(f"ranks must be distinct ints >= 0, got {ranks!r}")
+        raise DispatchValueError(f"ranks must be distinct ints >= 0, got {ranks!r}")
     if len(out) != world_size:
-        raise ValueError(
+        raise DispatchValueError(
             f"ranks {out} name {len(out)} processes but world_size is {world_size}; pass world_size=len(ranks)"
         )
     return out

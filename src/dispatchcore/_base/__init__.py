@@ -1,4 +1,5 @@
-"""The floor every layer stands on: the exception tree, the one-shot latch, backend option checks, old module paths.
+"""The floor every layer stands on: the exception tree, did-you-mean hints, the one-shot latch, backend option checks,
+old module paths.
 
 Imports nothing of dispatchcore.
 """
@@ -8,14 +9,20 @@ from ._errors import (
     BatchSizeError,
     CallCancelledError,
     CallInterrupted,
+    DispatchAttributeError,
     DispatchError,
+    DispatchIndexError,
+    DispatchKeyError,
     DispatchTimeoutError,
+    DispatchTypeError,
+    DispatchValueError,
     MemoryBudgetError,
     RegistrationError,
     UnpicklableError,
     WorkerDiedError,
     WorkerError,
 )
+from ._hints import did_you_mean, nearest
 from ._latch import Latch
 from ._options import check_options
 
@@ -24,8 +31,13 @@ __all__ = [
     "BatchSizeError",
     "CallCancelledError",
     "CallInterrupted",
+    "DispatchAttributeError",
     "DispatchError",
+    "DispatchIndexError",
+    "DispatchKeyError",
     "DispatchTimeoutError",
+    "DispatchTypeError",
+    "DispatchValueError",
     "Latch",
     "MemoryBudgetError",
     "RegistrationError",
@@ -33,4 +45,6 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "check_options",
+    "did_you_mean",
+    "nearest",
 ]

@@ -7,10 +7,17 @@ caller can catch either::
     DispatchError (Exception)
     ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
     ├── BatchSizeError (ValueError)         a batch that cannot be split as asked
-    ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
-    ├── UnpicklableError (TypeError)        a value the ranks need cannot be pickled (nothing was sent)
+    ├── BackendNotFoundError (LookupError)  unknown backend (with a did-you-mean) or missing extra
+    ├── DispatchValueError (ValueError)     a bad value: world_size=0, a timeout <= 0, a rank named twice
+    ├── DispatchTypeError (TypeError)       a wrong type or an unknown option name
+    │   └── UnpicklableError                a value the ranks need cannot be pickled (nothing was sent)
+    ├── DispatchKeyError (KeyError)         an unknown role of a colocated group
+    ├── DispatchIndexError (IndexError)     a rank out of range in wg[i] / wg.ranks([...])
+    ├── DispatchAttributeError (AttributeError)  no such method on a group (with a did-you-mean),
+    │                                       or one not decorated with @register
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
+    ├── MemoryBudgetError (MemoryError)     a rank would keep more lazy rows than its budget
     ├── DispatchTimeoutError (TimeoutError) a call outlived its timeout
     └── CallCancelledError (CancelledError) a call was cancelled
 
@@ -42,7 +49,33 @@ class BackendNotFoundError(DispatchError, LookupError):
     """The requested backend is unknown or its extra is not installed."""
 
 
-class UnpicklableError(DispatchError, TypeError):
+class DispatchValueError(DispatchError, ValueError):
+    """An argument or option has a bad value (``world_size=0``, ``call_timeout=-1``, ``wg.ranks([9])``)."""
+
+
+class DispatchTypeError(DispatchError, TypeError):
+    """An argument or option has the wrong type, or a backend option's name is unknown."""
+
+
+class DispatchKeyError(DispatchError, KeyError):
+    """A name looked up in a table that does not hold it (a colocated group's role)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()  # no KeyError repr quotes
+
+
+class DispatchIndexError(DispatchError, IndexError):
+    """A position out of range (``wg[7]`` on a group of four)."""
+
+
+class DispatchAttributeError(DispatchError, AttributeError):
+    """A group has no such method (the message suggests the nearest), or the method lacks ``@register``.
+
+    Still an ``AttributeError``: ``hasattr(wg, name)`` and ``getattr(wg, name, default)`` keep working.
+    """
+
+
+class UnpicklableError(DispatchTypeError):
     """A worker class, init argument or call argument cannot be pickled for the ranks; nothing was sent.
 
     ``where`` is the path to the object at fault (``argument 'cfg' →

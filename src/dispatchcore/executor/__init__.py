@@ -16,7 +16,9 @@ bytes move and how death is seen.  Subclass :class:`Executor`, set ``name``:
   (``host.start()`` runs the worker's ``__init__`` with ``rank`` and
   ``world_size`` set; it returns a :class:`RemoteFailure` instead of raising).
   Read your options with :func:`check_options`; give process ranks
-  :func:`rank_environment`.
+  :func:`rank_environment`.  Refuse a bad option value with
+  :class:`~dispatchcore.DispatchValueError` / :class:`~dispatchcore.DispatchTypeError`
+  (also ``ValueError`` / ``TypeError``), as every built-in backend does.
 * ``submit(call)``: send the call to its ranks at once and return a
   :class:`RankCallHandle` (subclass it or use it as is).  On the rank, run
   ``host.run(call.method, args, kwargs, call.instructions)`` and send back
