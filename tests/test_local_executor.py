@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from dispatchcore import DataProto, Dispatch, Worker, WorkerError, WorkerGroup, register
+from dispatchcore import DataProto, Dispatch, UnpicklableError, Worker, WorkerGroup, register
 from executors_local._executor import DRIVER_COPY_BYTES
 
 
@@ -90,10 +90,12 @@ def test_dp_chunks_are_private_copies_at_every_size(rows: int) -> None:
     assert len(pointers) == 2 and x.data_ptr() not in pointers
 
 
-def test_small_argument_that_cannot_be_copied_fails_that_call_only() -> None:
-    unpicklable = DataProto.from_dict({"x": torch.arange(4)}, meta_info={"lock": threading.Lock()})
+@pytest.mark.parametrize("rows", [4, 2 * DRIVER_COPY_BYTES // 8], ids=["copied on the driver", "copied on the ranks"])
+def test_argument_that_cannot_be_copied_is_refused_before_any_rank_runs(rows: int) -> None:
+    """Refused at submit, as on process backends, whether the driver or the ranks would have copied it."""
+    unpicklable = DataProto.from_dict({"x": torch.arange(rows)}, meta_info={"lock": threading.Lock()})
     with WorkerGroup(Mutator, 2) as wg:
-        with pytest.raises(WorkerError, match="cannot be pickled for isolation"):
+        with pytest.raises(UnpicklableError, match=r"argument 'data' of rank 0 → data\.meta_info\['lock'\]"):
             wg.add_one(unpicklable)
         assert wg.add_one(DataProto.from_dict({"x": torch.arange(4)})).batch["x"].tolist() == [0, 1, 2, 3]
 

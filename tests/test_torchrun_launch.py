@@ -168,3 +168,52 @@ def test_dead_rank_exits_the_driver_nonzero_naming_it(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "unreachable" not in result.stdout
     assert "WorkerDiedError: worker rank 1 died" in result.stderr
+
+
+UNPICKLABLE = textwrap.dedent(
+    """
+    import threading
+    from dispatchcore import Dispatch, UnpicklableError, Worker, WorkerGroup, register
+
+
+    class Registry:
+        lock = threading.Lock()
+
+
+    class UsesRegistry(Worker):
+        @register(Dispatch.ONE_TO_ALL)
+        def step(self):
+            return Registry.__name__
+
+
+    class Plain(Worker):
+        @register(Dispatch.RANK_ZERO)
+        def zero(self, cfg):
+            return 1
+
+
+    try:
+        WorkerGroup(UsesRegistry, 2, backend="torchrun")
+    except UnpicklableError as exc:
+        print("refused:", exc)
+    wg = WorkerGroup(Plain, 2, backend="torchrun")
+    try:
+        wg.zero({"x": threading.Event()})  # worker 0 lives in the driver: its copy is checked first
+    except UnpicklableError as exc:
+        print("refused:", exc)
+    print("after:", wg.zero(1))
+    """
+)
+
+
+def test_unpicklable_worker_class_and_arguments_are_refused_by_the_driver_only(tmp_path: Path) -> None:
+    """Under the launcher the other ranks serve from the first ``WorkerGroup(...)``: only the driver refuses."""
+    script = tmp_path / "unpicklable.py"
+    script.write_text(UNPICKLABLE)
+    result = torchrun(script, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = [line for line in result.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refused) == 2, result.stdout
+    assert "worker class UsesRegistry → UsesRegistry.step → Registry.lock cannot be pickled" in refused[0]
+    assert "call 'zero' was not sent: argument 'cfg' → cfg['x'] cannot be pickled" in refused[1]
+    assert "after: 1" in result.stdout

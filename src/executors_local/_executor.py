@@ -8,7 +8,14 @@ would (copied on the rank's own thread, so copies run in parallel), and
 Small arguments are copied on the driver instead, before any rank wakes:
 every torch call releases the GIL, and a rank thread retaking it behind
 the driver or another rank costs far more than the copy itself.
-A rank whose thread exited is reported dead.  Lazy results stay in this
+What cannot be pickled is refused before anything is queued, as on every
+backend: the worker class and init arguments as a process backend would
+pickle them (:func:`~dispatchcore.executor.check_spec_picklable`), a call's
+arguments as the copy would (:func:`~dispatchcore.executor.check_copyable`);
+with ``isolate=False`` nothing is pickled and nothing refused.
+A rank whose thread exited is reported dead; a worker calling ``os._exit``
+ends this whole process, the driver's (a thread cannot die alone: plant
+deaths with the ``faulty`` backend to test them).  Lazy results stay in this
 process, so a consuming rank reads a producer's rows directly (copying them
 once, as isolation asks).
 """
@@ -33,14 +40,16 @@ from dispatchcore.executor import (
     Instructions,
     RankCallHandle,
     RankThread,
-    RemoteFailure,
     ThreadCollective,
     WorkerHost,
     cancel_in_process,
+    check_copyable,
     check_options,
+    check_spec_picklable,
     isolated_copy,
     run_isolated,
     thread_stacks,
+    unpicklable_error,
 )
 
 from ._transfer import LINK
@@ -76,6 +85,8 @@ class LocalExecutor(Executor):
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
         options = check_options(self.name, spec.options, _DEFAULTS)
+        if spec.isolate:  # refused as a process backend would refuse it; isolate=False shares it uncopied
+            check_spec_picklable(spec)
         self._closed = False
         #: Calls not known to be finished (see ``shutdown``).
         self._calls: weakref.WeakSet[RankCallHandle] = weakref.WeakSet()
@@ -103,24 +114,28 @@ class LocalExecutor(Executor):
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this local group is shut down")
-        handle = _LocalCallHandle(self, call)
-        self._calls.add(handle)
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
         method, instructions, threads = call.method, call.instructions, self.rank_threads
         # Nothing to copy (no arguments at all): neither here nor on the ranks.
         bare = not any(call.args) and not any(call.kwargs)
         copy_here = isolate and not bare and _small_arguments(call)
+        # Copied (or, for the ranks to copy, checked) before anything is queued: an argument that
+        # cannot be pickled is refused as on every backend, with no rank having started the call.
+        if copy_here:
+            per_rank = [
+                _copy_arguments(method, args, kwargs) for args, kwargs in zip(call.args, call.kwargs, strict=True)
+            ]
+        else:
+            per_rank = list(zip(call.args, call.kwargs, strict=True))
+            if isolate and not bare:
+                _check_arguments(call)
+        handle = _LocalCallHandle(self, call)
+        self._calls.add(handle)
         # Every task is built before the first is queued: a woken rank then competes with the driver
         # for the GIL only while the driver queues the rest and starts waiting.
         tasks = []
-        for position, (rank, args, kwargs) in enumerate(zip(call.ranks, call.args, call.kwargs, strict=True)):
-            if copy_here:
-                copied = _copy_arguments(rank, method, args, kwargs)
-                if isinstance(copied, RemoteFailure):
-                    handle.deliver(position, False, copied)
-                    continue
-                args, kwargs = copied
+        for position, (rank, (args, kwargs)) in enumerate(zip(call.ranks, per_rank, strict=True)):
             run = functools.partial(
                 _run,
                 handle,
@@ -195,13 +210,22 @@ def _small_arguments(call: Call) -> bool:
 
 
 def _copy_arguments(
-    rank: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]] | RemoteFailure:
-    """Private copies of one rank's arguments (as ``run_isolated`` makes them), or the failure to report."""
+    method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Private copies of one rank's arguments (as ``run_isolated`` makes them), or the one unpicklable error."""
     try:
         return tuple([isolated_copy(a) for a in args]), {k: isolated_copy(v) for k, v in kwargs.items()}
-    except Exception as exc:  # noqa: BLE001 - that rank's failure; Ctrl-C stops the submit, nothing queued yet
-        return RemoteFailure.unpicklable(rank, method, "arguments", exc, in_process=True)
+    except Exception as exc:
+        raise unpicklable_error(method, (args, kwargs), exc, in_process=True) from exc
+
+
+def _check_arguments(call: Call) -> None:
+    """Refuse, before any rank copies them, arguments whose copy would fail (each distinct object once)."""
+    for value in call.unique_values().values:
+        try:
+            check_copyable(value)
+        except Exception as exc:
+            raise unpicklable_error(call.method, value, exc, in_process=True) from exc
 
 
 def _run(

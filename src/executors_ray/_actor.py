@@ -174,7 +174,7 @@ class RankActor:
         try:
             kind, payload = _payload.encode_result(value)
         except BaseException as exc:  # noqa: BLE001
-            return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False)
+            return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False, value=value)
         return payload if kind == RAW else (OK_PACKED, payload)
 
     def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from dispatchcore import DispatchError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
     COLLECTIVE_STORE_ENV,
     FREE_ROWS_METHOD,
@@ -53,6 +53,7 @@ from dispatchcore.executor import (
     local_ranks,
     rank_environment,
     unpicklable_error,
+    unpicklable_spec_error,
 )
 
 from . import _payload
@@ -102,7 +103,7 @@ class RayExecutor(Executor):
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
         if self._pool is not None and not isinstance(self._pool, RayResourcePool):
-            raise TypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
+            raise DispatchTypeError(f"resource_pool must be a RayResourcePool, got {type(self._pool).__name__}")
         self.poll_interval = None if opts["poll_interval"] is None else float(opts["poll_interval"])
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
@@ -121,6 +122,8 @@ class RayExecutor(Executor):
 
         self._pool_acquired = False
         compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
+        # Pickled before Ray or any actor starts, so what cannot be pickled is refused with nothing sent.
+        self._spec_payload = _pack_spec(spec) if opts["actors"] is None and not opts["attach"] else None
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
@@ -159,6 +162,7 @@ class RayExecutor(Executor):
     def _launch(self) -> None:
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
+        packed_spec = self._packed_spec = ray.put(self._spec_payload)
         actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class(spec.methods)
         for options in actor_opts:
@@ -171,9 +175,6 @@ class RayExecutor(Executor):
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
-        packed_spec = self._packed_spec = ray.put(
-            _payload.pack((spec.worker_cls, spec.init_args, dict(spec.init_kwargs)))
-        )
         refs = [
             a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name, spec.death_timeout)
             for rank, a in enumerate(group.actors)
@@ -284,12 +285,12 @@ class RayExecutor(Executor):
         per_rank = []
         if self._pool is not None:
             if self._pool.world_size != spec.world_size:
-                raise ValueError(
+                raise DispatchValueError(
                     f"world_size={spec.world_size} but the resource pool has {self._pool.world_size} ranks; "
                     "use a pool of that size or pool.split([...])"
                 )
             if opts["detached"] and not self._pool.detached:
-                raise ValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
+                raise DispatchValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             num_cpus, num_gpus = self._pool.actor_resources(opts["num_gpus"])
@@ -392,7 +393,7 @@ class RayExecutor(Executor):
         """Use running rank actors of other groups (one identity round trip); shutdown only lets go of them."""
         group = self._rank_actors
         if len(handles) != self.spec.world_size:
-            raise ValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
+            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
         group.actors.extend(handles)
         deadline = time.monotonic() + self._start_timeout
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in handles]
@@ -628,17 +629,17 @@ class RayExecutor(Executor):
 def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:
     """The compiled graph's idle bound, or ``None`` without one; checked before Ray is reached."""
     if not isinstance(compiled, bool):
-        raise TypeError(f"compiled must be True or False, got {compiled!r}")
+        raise DispatchTypeError(f"compiled must be True or False, got {compiled!r}")
     if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s <= 0:
-        raise ValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
+        raise DispatchValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
     return float(idle_s) if compiled else None
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"spare_ranks must be an int >= 0, got {value!r}")
+        raise DispatchValueError(f"spare_ranks must be an int >= 0, got {value!r}")
     if value and (pooled or detached):
-        raise ValueError(
+        raise DispatchValueError(
             "spare_ranks works for groups without a resource_pool and not detached (a pool's bundles are its "
             "ranks'); leave spare_ranks=0 there: replacing a rank then starts a new actor in the dead one's bundle"
         )
@@ -650,9 +651,17 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, Mapping):
-        raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
+        raise DispatchTypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
     rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
     ray_local = sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env))
     if ray_local:
-        raise ValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
+        raise DispatchValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
+
+
+def _pack_spec(spec: GroupSpec) -> Any:
+    """The worker class and init arguments packed for the ranks, or the one error naming what cannot be pickled."""
+    try:
+        return _payload.pack((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatchcore import DispatchError
+from dispatchcore import DispatchError, DispatchValueError
 
 from ._runtime import ip_sort_key
 
@@ -77,11 +77,11 @@ class RayResourcePool:
     ) -> None:
         nodes = [int(n) for n in (process_on_nodes if process_on_nodes is not None else [1])]
         if not nodes or any(n < 1 for n in nodes):
-            raise ValueError(f"process_on_nodes must list >= 1 process per node, got {process_on_nodes!r}")
+            raise DispatchValueError(f"process_on_nodes must list >= 1 process per node, got {process_on_nodes!r}")
         if int(max_colocate_count) < 1:
-            raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count!r}")
+            raise DispatchValueError(f"max_colocate_count must be >= 1, got {max_colocate_count!r}")
         if cpus_per_process <= 0 and not use_gpu:
-            raise ValueError("a CPU-only pool needs cpus_per_process > 0 (Ray refuses empty bundles)")
+            raise DispatchValueError("a CPU-only pool needs cpus_per_process > 0 (Ray refuses empty bundles)")
         self.store = nodes
         self.use_gpu = bool(use_gpu)
         self.max_colocate_count = int(max_colocate_count)
@@ -118,9 +118,9 @@ class RayResourcePool:
     def add_node(self, process_count: int) -> None:
         """One more node of ``process_count`` ranks (verl's method; before the pool is placed)."""
         if self._root is not self or self._slots is not None:
-            raise ValueError("add_node works on an unplaced, unsplit pool; make a new RayResourcePool instead")
+            raise DispatchValueError("add_node works on an unplaced, unsplit pool; make a new RayResourcePool instead")
         if int(process_count) < 1:
-            raise ValueError(f"process_count must be >= 1, got {process_count!r}")
+            raise DispatchValueError(f"process_count must be >= 1, got {process_count!r}")
         self.store.append(int(process_count))
         self._size += int(process_count)
 
@@ -149,7 +149,7 @@ class RayResourcePool:
         root = self._root
         with root._lock:
             if root._slots is not None or root._created:
-                raise ValueError("this pool is placed already; set pgs on a new RayResourcePool")
+                raise DispatchValueError("this pool is placed already; set pgs on a new RayResourcePool")
             root._adopted = None if groups is None else list(groups)
 
     def get_placement_groups(
@@ -169,7 +169,9 @@ class RayResourcePool:
     def prefer_strategy(self, strategy: str) -> None:
         """Use ``strategy`` (``STRICT_PACK``, ``PACK``, ...) if the pool is not placed yet."""
         if strategy not in ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"):
-            raise ValueError(f"unknown placement strategy {strategy!r}; use STRICT_PACK, PACK, SPREAD or STRICT_SPREAD")
+            raise DispatchValueError(
+                f"unknown placement strategy {strategy!r}; use STRICT_PACK, PACK, SPREAD or STRICT_SPREAD"
+            )
         root = self._root
         with root._lock:
             if root._slots is None:
@@ -191,16 +193,18 @@ class RayResourcePool:
         share = 1.0 / self.max_colocate_count
         gpus = (share if self.use_gpu else 0.0) if num_gpus is None else float(num_gpus)
         if gpus and not self.use_gpu:
-            raise ValueError(f"num_gpus={num_gpus} on a pool made with use_gpu=False; make it with use_gpu=True")
+            raise DispatchValueError(
+                f"num_gpus={num_gpus} on a pool made with use_gpu=False; make it with use_gpu=True"
+            )
         if self.use_gpu and gpus > 1.0:
-            raise ValueError(f"num_gpus={num_gpus} exceeds the one GPU of a bundle")
+            raise DispatchValueError(f"num_gpus={num_gpus} exceeds the one GPU of a bundle")
         return self.cpus_per_process * share, gpus
 
     def split(self, sizes: Sequence[int]) -> list[SubRayResourcePool]:
         """Consecutive sub-pools of ``sizes`` ranks each, sharing these placement groups."""
         sizes = [int(s) for s in sizes]
         if any(s < 1 for s in sizes) or sum(sizes) != self._size:
-            raise ValueError(f"split sizes {sizes} must be >= 1 and add up to the pool's {self._size} ranks")
+            raise DispatchValueError(f"split sizes {sizes} must be >= 1 and add up to the pool's {self._size} ranks")
         parts: list[SubRayResourcePool] = []
         offset = self._offset
         for size in sizes:
@@ -335,7 +339,7 @@ class SubRayResourcePool(RayResourcePool):
         super().__init__(**kwargs)
         start, size = int(start_bundle_index), int(subgroup_world_size)
         if start < 0 or size < 1:
-            raise ValueError(f"need start_bundle_index >= 0 and subgroup_world_size >= 1, got {start}, {size}")
+            raise DispatchValueError(f"need start_bundle_index >= 0 and subgroup_world_size >= 1, got {start}, {size}")
         self.pgs = placement_groups
         self._offset, self._size = start, size
 
@@ -351,7 +355,7 @@ class SubRayResourcePool(RayResourcePool):
     def slots(self, timeout: float) -> list[Slot]:
         found = super().slots(timeout)
         if len(found) < self._size:
-            raise ValueError(
+            raise DispatchValueError(
                 f"SubRayResourcePool(start_bundle_index={self._offset}, subgroup_world_size={self._size}) "
                 f"runs past the {len(self._root._slots or [])} bundles of its placement groups"
             )
@@ -421,6 +425,6 @@ def split_resource_pool(pool: RayResourcePool, split_size: int | Sequence[int]) 
     """verl's helper: equal parts of ``split_size`` ranks, or parts of the listed sizes."""
     if isinstance(split_size, int):
         if split_size < 1 or pool.world_size % split_size:
-            raise ValueError(f"cannot split a pool of {pool.world_size} ranks into parts of {split_size}")
+            raise DispatchValueError(f"cannot split a pool of {pool.world_size} ranks into parts of {split_size}")
         return pool.split([split_size] * (pool.world_size // split_size))
     return pool.split(list(split_size))

@@ -34,7 +34,13 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dispatchcore import ClassWithInitArgs, WorkerGroup, create_colocated_worker_raw_cls
+from dispatchcore import (
+    ClassWithInitArgs,
+    DispatchTypeError,
+    DispatchValueError,
+    WorkerGroup,
+    create_colocated_worker_raw_cls,
+)
 
 from ._detached import detached_world_size
 from ._executor import OPTIONS, RayExecutor
@@ -73,7 +79,7 @@ def plain_class(cls: Any) -> type:
         return inner
     if isinstance(cls, type):
         return cls
-    raise TypeError(f"expected a worker class or a ray.remote(worker class), got {cls!r}")
+    raise DispatchTypeError(f"expected a worker class or a ray.remote(worker class), got {cls!r}")
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
@@ -90,13 +96,15 @@ class RayClassWithInitArgs(ClassWithInitArgs):
     def update_options(self, options: dict[str, Any]) -> None:
         """Extra ``ActorClass.options(...)`` for every rank (verl's method)."""
         if not isinstance(options, Mapping):
-            raise TypeError(f"update_options takes a dict of ActorClass.options(...), got {type(options).__name__}")
+            raise DispatchTypeError(
+                f"update_options takes a dict of ActorClass.options(...), got {type(options).__name__}"
+            )
         self._options.update(options)
 
     def set_additional_resource(self, additional_resource: dict[str, Any]) -> None:
         """More ``ActorClass.options(...)`` (verl's method; e.g. ``{"resources": {"my_tag": 1}}``)."""
         if not isinstance(additional_resource, Mapping):
-            raise TypeError(f"set_additional_resource takes a dict, got {type(additional_resource).__name__}")
+            raise DispatchTypeError(f"set_additional_resource takes a dict, got {type(additional_resource).__name__}")
         self._additional_resource = dict(additional_resource)
 
     def backend_options(self) -> dict[str, Any]:
@@ -111,7 +119,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         runtime_env = actor.pop("runtime_env", None)
         if runtime_env is not None:
             if not isinstance(runtime_env, Mapping):
-                raise TypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
+                raise DispatchTypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
             env_vars = runtime_env.get("env_vars") or {}
             if set(runtime_env) <= {"env_vars"}:
                 out["env"] = dict(env_vars)
@@ -161,7 +169,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         **options: Any,
     ) -> None:
         if ray_cls_with_init is None:
-            raise TypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
+            raise DispatchTypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
         spec = (
             ray_cls_with_init
             if isinstance(ray_cls_with_init, ClassWithInitArgs)
@@ -174,13 +182,13 @@ class RayWorkerGroup(WorkerGroup[Any]):
         self.name_prefix = name_prefix
         if resource_pool is not None:
             if world_size is not None and world_size != resource_pool.world_size:
-                raise ValueError(f"world_size={world_size} but the pool has {resource_pool.world_size} ranks")
+                raise DispatchValueError(f"world_size={world_size} but the pool has {resource_pool.world_size} ranks")
             world_size = resource_pool.world_size
             options["resource_pool"] = resource_pool
         if worker_handles is not None:
             handles = list(worker_handles)
             if world_size is not None and world_size != len(handles):
-                raise ValueError(f"world_size={world_size} but {len(handles)} worker_handles were given")
+                raise DispatchValueError(f"world_size={world_size} but {len(handles)} worker_handles were given")
             world_size, options["actors"] = len(handles), handles
         elif worker_names is not None:
             options["attach"] = True
@@ -210,7 +218,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         options.setdefault("start_timeout", float(wait))
         if pool is not None:
             if self.use_gpu and not pool.use_gpu:
-                raise ValueError(
+                raise DispatchValueError(
                     "use_gpu=True but the resource pool was made with use_gpu=False; make the pool with "
                     "use_gpu=True, or pass use_gpu=False"
                 )
@@ -243,7 +251,9 @@ class RayWorkerGroup(WorkerGroup[Any]):
         if "runtime_env" in from_class and options.get("runtime_env") is None:
             options["runtime_env"] = from_class["runtime_env"]
         if worker_env is not None and not isinstance(worker_env, Mapping):
-            raise TypeError(f"worker_env must be a dict of variable names to values, got {type(worker_env).__name__}")
+            raise DispatchTypeError(
+                f"worker_env must be a dict of variable names to values, got {type(worker_env).__name__}"
+            )
         env = {**from_class.get("env", {}), **(options.get("env") or {}), **(worker_env or {})}
         if env:
             options["env"] = env
@@ -311,7 +321,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         """Attach to a detached group another driver made (by its ``name_prefix``)."""
         if name_prefix is None:
             if not worker_names:
-                raise TypeError("from_detached needs name_prefix (the detached group's name)")
+                raise DispatchTypeError("from_detached needs name_prefix (the detached group's name)")
             name_prefix = str(worker_names[0]).rsplit("-rank", 1)[0]
         if world_size is None:
             world_size = (
@@ -331,7 +341,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         views = self.spawn(prefix_set)
         for role in views:
             if hasattr(type(self), role) or role in self.__dict__:
-                raise ValueError(
+                raise DispatchValueError(
                     f"fuse: role {role!r} would hide {type(self).__name__}.{role}; rename the role, or use "
                     f"wg.spawn({sorted(views)})[{role!r}]"
                 )
@@ -342,7 +352,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         """The :class:`RayExecutor` behind this group (and every view ``spawn`` made of it)."""
         executor = self.executor
         if not isinstance(executor, RayExecutor):
-            raise TypeError(f"RayWorkerGroup runs on the ray backend, not {executor.name!r}")
+            raise DispatchTypeError(f"RayWorkerGroup runs on the ray backend, not {executor.name!r}")
         return executor
 
     @property

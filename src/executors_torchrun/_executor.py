@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
     FREE_ROWS_METHOD,
     LOOPBACK,
@@ -45,12 +45,14 @@ from dispatchcore.executor import (
     RemoteFailure,
     WorkerHost,
     cancel_in_process,
+    check_copyable,
     check_options,
     free_port,
     rank_environment,
     run_isolated,
     thread_stacks,
     unpicklable_error,
+    unpicklable_spec_error,
 )
 from dispatchcore.wire import RowBuffers
 
@@ -101,8 +103,7 @@ class TorchrunExecutor(Executor):
     """
 
     name = "torchrun"
-    extra = "torchrun"
-    requires = ("cloudpickle",)
+    # torch.distributed comes with torch and cloudpickle with the core: a plain install runs it.
 
     @classmethod
     def launch_world_size(cls) -> int | None:
@@ -115,7 +116,7 @@ class TorchrunExecutor(Executor):
         transport_timeout = float(options["transport_timeout"])
         spares = options["spare_ranks"]
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
-            raise ValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
+            raise DispatchValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
         self._closed = False
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
         self._local: RankThread | None = None
@@ -126,18 +127,22 @@ class TorchrunExecutor(Executor):
         ranks = _check_ranks(options["ranks"], spec.world_size)
         if _env.under_torchrun():
             if spares:
-                raise ValueError(
+                raise DispatchValueError(
                     "spare_ranks needs self-started ranks: under the torchrun launcher its agent owns every "
                     "process; run the driver without torchrun to have spares"
                 )
             size = int(_env.torchrun_world_size() or 0)
             self._hub: Hub = torchrun_hub(start_timeout=start_timeout, transport_timeout=transport_timeout)
+            self._packed_spec = _pack_spec(spec)  # here: the launch's other ranks serve from the line above
             if max(ranks) >= size:
-                raise ValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
+                raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {size} processes")
             #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
             self._world_identity = torchrun_identity()
         else:
+            #: The worker class and init arguments as every rank gets them, pickled before any process
+            #: starts: one that cannot be pickled is refused with nothing started or sent.
+            self._packed_spec = _pack_spec(spec)
             self._world = SpawnedWorld(
                 spec.world_size,
                 start_timeout=start_timeout,
@@ -188,7 +193,7 @@ class TorchrunExecutor(Executor):
             self._world.assign(d, g)
         positions = tuple(taken)
         handle = _Handle(self, Call("__init__", positions, [()] * len(positions), [{}] * len(positions)))
-        packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
+        packed = self._packed_spec
         with self._submit_lock:
             for p, (g, d) in enumerate(taken.items()):
                 env = rank_environment(g, spec.world_size, master_addr=LOOPBACK, master_port=port)
@@ -213,10 +218,9 @@ class TorchrunExecutor(Executor):
             self._local.put(lambda: _start_local(handle, rank, host))
         remote = [g for g, d in enumerate(self._data_ranks) if d != 0]
         if remote:
-            packed = _pack_or_explain((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)), "__init__")
             with self._submit_lock:
                 for g in remote:
-                    self._send_start(packed, g, self._data_ranks[g], None, (handle, g))
+                    self._send_start(self._packed_spec, g, self._data_ranks[g], None, (handle, g))
         handle.result(timeout)
 
     def _send_start(self, packed: Any, g: int, d: int, env: dict[str, str] | None, slot: Any) -> None:
@@ -251,6 +255,9 @@ class TorchrunExecutor(Executor):
             for slot in slots:
                 if slot not in packed:
                     packed[slot] = _pack_or_explain(unique.values[slot], call.method)
+        local = [p for p, g in enumerate(call.ranks) if self._data_ranks[g] == 0]
+        if local and self.spec.isolate:  # worker 0's copy is made on its thread: refuse what it would fail on
+            _check_copyable(call, local[0])
         with self._submit_lock:
             for p, d in remote:
                 works: list[Any] = []
@@ -269,9 +276,8 @@ class TorchrunExecutor(Executor):
                     call.instructions,
                 )
                 self._hub.command(d, message, (handle, p), cid, (works, packed))
-        for p, g in enumerate(call.ranks):
-            if self._data_ranks[g] == 0:
-                self._run_local(call, handle, p)
+        for p in local:
+            self._run_local(call, handle, p)
         return handle
 
     def _read_rows(self, rows: RowPlane, call: Call) -> RankCallHandle:
@@ -411,19 +417,37 @@ def _check_ranks(ranks: Any, world_size: int) -> list[int]:
     if ranks is None:
         return list(range(world_size))
     if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
-        raise TypeError(f"ranks must be a list of ints, got {ranks!r}")
+        raise DispatchTypeError(f"ranks must be a list of ints, got {ranks!r}")
     out = list(ranks)
     if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in out) or len(set(out)) != len(out):
-        raise ValueError(f"ranks must be distinct ints >= 0, got {ranks!r}")
+        raise DispatchValueError(f"ranks must be distinct ints >= 0, got {ranks!r}")
     if len(out) != world_size:
-        raise ValueError(
+        raise DispatchValueError(
             f"ranks {out} name {len(out)} processes but world_size is {world_size}; pass world_size=len(ranks)"
         )
     return out
 
 
 def _pack_or_explain(value: Any, method: str) -> Packed:
+    """``pack(value)``, or the one error for an argument that cannot be pickled (the core names the argument)."""
     try:
         return pack(value)
     except Exception as exc:
         raise unpicklable_error(method, value, exc) from exc
+
+
+def _pack_spec(spec: GroupSpec) -> Packed:
+    """The worker class and init arguments packed for the ranks, or the one error naming what cannot be pickled."""
+    try:
+        return pack((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc
+
+
+def _check_copyable(call: Call, position: int) -> None:
+    """Refuse worker 0's arguments (copied on its thread, in this process) if their copy would fail."""
+    for value in (*call.args[position], *call.kwargs[position].values()):
+        try:
+            check_copyable(value)
+        except Exception as exc:
+            raise unpicklable_error(call.method, value, exc, in_process=True) from exc

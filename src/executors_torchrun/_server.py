@@ -154,7 +154,7 @@ class Server:
         try:
             packed = pack(value)
         except BaseException as exc:  # noqa: BLE001
-            failure = RemoteFailure.unpicklable(rank, method, "result", exc, in_process=False)
+            failure = RemoteFailure.unpicklable(rank, method, "result", exc, in_process=False, value=value)
             self._status(("done", cid, False, failure, 0))
             return
         first = self._transport.sent.take(packed.header.tags)

@@ -1,4 +1,5 @@
-"""The floor every layer stands on: the exception tree, the one-shot latch, backend option checks, old module paths.
+"""The floor every layer stands on: the exception tree, did-you-mean hints, the one-shot latch, backend option checks,
+old module paths.
 
 Imports nothing of dispatchcore.
 """
@@ -9,13 +10,20 @@ from ._errors import (
     CallCancelledError,
     CallInterrupted,
     CallSignatureError,
+    DispatchAttributeError,
     DispatchError,
+    DispatchIndexError,
+    DispatchKeyError,
     DispatchTimeoutError,
+    DispatchTypeError,
+    DispatchValueError,
     MemoryBudgetError,
     RegistrationError,
+    UnpicklableError,
     WorkerDiedError,
     WorkerError,
 )
+from ._hints import did_you_mean, nearest
 from ._latch import Latch
 from ._options import check_options
 
@@ -25,12 +33,20 @@ __all__ = [
     "CallCancelledError",
     "CallInterrupted",
     "CallSignatureError",
+    "DispatchAttributeError",
     "DispatchError",
+    "DispatchIndexError",
+    "DispatchKeyError",
     "DispatchTimeoutError",
+    "DispatchTypeError",
+    "DispatchValueError",
     "Latch",
     "MemoryBudgetError",
     "RegistrationError",
+    "UnpicklableError",
     "WorkerDiedError",
     "WorkerError",
     "check_options",
+    "did_you_mean",
+    "nearest",
 ]

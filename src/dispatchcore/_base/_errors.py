@@ -7,10 +7,18 @@ caller can catch either::
     DispatchError (Exception)
     ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
     ├── BatchSizeError (ValueError)         a batch that cannot be split as asked
-    ├── BackendNotFoundError (LookupError)  unknown backend or missing extra
+    ├── BackendNotFoundError (LookupError)  unknown backend (with a did-you-mean) or missing extra
     ├── CallSignatureError (TypeError)      a call's arguments do not fit the worker method
+    ├── DispatchValueError (ValueError)     a bad value: world_size=0, a timeout <= 0, a rank named twice
+    ├── DispatchTypeError (TypeError)       a wrong type or an unknown option name
+    │   └── UnpicklableError                a value the ranks need cannot be pickled (nothing was sent)
+    ├── DispatchKeyError (KeyError)         an unknown role of a colocated group
+    ├── DispatchIndexError (IndexError)     a rank out of range in wg[i] / wg.ranks([...])
+    ├── DispatchAttributeError (AttributeError)  no such method on a group (with a did-you-mean),
+    │                                       or one not decorated with @register
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
+    ├── MemoryBudgetError (MemoryError)     a rank would keep more lazy rows than its budget
     ├── DispatchTimeoutError (TimeoutError) a call outlived its timeout
     └── CallCancelledError (CancelledError) a call was cancelled
 
@@ -52,6 +60,51 @@ class CallSignatureError(DispatchError, TypeError):
 
     method: str | None = None
     parameter: str | None = None
+
+
+class DispatchValueError(DispatchError, ValueError):
+    """An argument or option has a bad value (``world_size=0``, ``call_timeout=-1``, ``wg.ranks([9])``)."""
+
+
+class DispatchTypeError(DispatchError, TypeError):
+    """An argument or option has the wrong type, or a backend option's name is unknown."""
+
+
+class DispatchKeyError(DispatchError, KeyError):
+    """A name looked up in a table that does not hold it (a colocated group's role)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()  # no KeyError repr quotes
+
+
+class DispatchIndexError(DispatchError, IndexError):
+    """A position out of range (``wg[7]`` on a group of four)."""
+
+
+class DispatchAttributeError(DispatchError, AttributeError):
+    """A group has no such method (the message suggests the nearest), or the method lacks ``@register``.
+
+    Still an ``AttributeError``: ``hasattr(wg, name)`` and ``getattr(wg, name, default)`` keep working.
+    """
+
+
+class UnpicklableError(DispatchTypeError):
+    """A worker class, init argument or call argument cannot be pickled for the ranks; nothing was sent.
+
+    ``where`` is the path to the object at fault (``argument 'cfg' →
+    cfg['callback']``, ``worker class W → Registry.lock``); ``in_process``
+    says the pickling was for isolation inside this process (``local``),
+    where callables and classes are shared, not pickled.
+    """
+
+    def __init__(self, message: str, *, where: str = "", method: str | None = None, in_process: bool = False) -> None:
+        super().__init__(message)
+        self.where = where
+        self.method = method
+        self.in_process = in_process
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unpicklable_error, (str(self), self.where, self.method, self.in_process))
 
 
 class WorkerError(DispatchError, RuntimeError):
@@ -155,6 +208,10 @@ class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thr
     are, so that a worker's ``except Exception`` does not swallow it.  Catch it
     only to clean up, then re-raise.
     """
+
+
+def _unpicklable_error(message: str, where: str, method: str | None, in_process: bool) -> UnpicklableError:
+    return UnpicklableError(message, where=where, method=method, in_process=in_process)
 
 
 def _cancelled_error(message: str, method: str | None, ranks: tuple[int, ...]) -> CallCancelledError:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._base import DispatchError
+from .._base import DispatchError, UnpicklableError
+from .._runtime import unpicklable_call_error
 from .._spi import Call, CallHandle, Executor
 
 
@@ -46,15 +47,31 @@ def submit_call(executor: Executor, call: Call, backend: str) -> CallHandle:
     """``executor.submit(call)``; a backend's own exception (usually its pickler's) becomes a DispatchError.
 
     Nothing was sent when ``submit`` raises (executors serialize every
-    argument before the first send), so the group stays usable.
+    argument before the first send), so the group stays usable.  An argument
+    that cannot be pickled is named, with the path to the object at fault,
+    in one :class:`~dispatchcore.UnpicklableError` wording on every backend.
     """
     try:
         return executor.submit(call)
+    except UnpicklableError as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        named = unpicklable_call_error(call, _worker_cls(executor), cause, in_process=exc.in_process)
+        if named is None:
+            raise
+        raise named from cause
     except DispatchError:
         raise
     except Exception as exc:
+        named = unpicklable_call_error(call, _worker_cls(executor), exc)
+        if named is not None:
+            raise named from exc
         raise DispatchError(
             f"backend {backend!r} could not send the arguments of call {call.method!r} to its ranks "
             f"({_kind(exc)}: {exc}). Arguments must survive pickling to reach another process: pass plain "
             "data, tensors, numpy arrays or DataProto, not locks, open files, sockets or generators"
         ) from exc
+
+
+def _worker_cls(executor: Executor) -> type | None:
+    spec = getattr(executor, "spec", None)
+    return getattr(spec, "worker_cls", None)

@@ -25,7 +25,7 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base import DispatchError, WorkerDiedError
+from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
 from .._spi import CallHandle, remaining
 from ._call_checks import submit_call
@@ -157,9 +157,11 @@ class MethodNamespace:
             return proxy
         if callable(getattr(group.worker_cls, name, None)):
             group.__getattr__(name)  # raises: "decorate it with @register"
-        raise AttributeError(
+        if name.startswith("__"):  # protocol lookups (copy, pickle): the plain answer
+            raise AttributeError(name)
+        raise DispatchAttributeError(
             f"{group.worker_cls.__name__} has no @register method {name!r}; its registered methods are "
-            f"{group.method_names}"
+            f"{group.method_names}{did_you_mean(name, group.method_names)}"
         )
 
     def __dir__(self) -> list[str]:

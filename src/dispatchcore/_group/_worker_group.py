@@ -15,7 +15,15 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-from .._base import DispatchError, RegistrationError
+from .._base import (
+    DispatchAttributeError,
+    DispatchError,
+    DispatchKeyError,
+    DispatchTypeError,
+    DispatchValueError,
+    RegistrationError,
+    did_you_mean,
+)
 from .._dispatch import CallContext, Registration, call_context, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Executor, GroupSpec, get_executor_class
@@ -42,31 +50,31 @@ def _check_world_size(executor_cls: type[Executor], backend: str, worker_cls: ty
     if world_size is None:
         world_size = executor_cls.launch_world_size()
         if world_size is None:
-            raise ValueError(
+            raise DispatchValueError(
                 f"world_size is required for backend {backend!r} (it is implied only under torchrun); "
                 f"pass WorkerGroup({worker_cls.__name__}, world_size=N)"
             )
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        raise DispatchValueError(f"world_size must be an int >= 1, got {world_size!r}")
     return world_size
 
 
 def _check_flags(isolate: Any, init_args: Any, on_rank_death: Any, lazy: Any, lazy_budget_bytes: Any) -> None:
     if not isinstance(isolate, bool):
-        raise TypeError(f"isolate must be True or False, got {isolate!r}")
+        raise DispatchTypeError(f"isolate must be True or False, got {isolate!r}")
     if not isinstance(init_args, (tuple, list)):
-        raise TypeError(f"init_args must be a tuple, got {type(init_args).__name__}")
+        raise DispatchTypeError(f"init_args must be a tuple, got {type(init_args).__name__}")
     if on_rank_death not in ON_RANK_DEATH:
-        raise ValueError(
+        raise DispatchValueError(
             f"on_rank_death must be one of {list(ON_RANK_DEATH)}, got {on_rank_death!r}; 'replace' "
             "starts a new rank in place of a dead one (backends that can: ray) and retries retry=True calls"
         )
     if not isinstance(lazy, bool):
-        raise TypeError(f"lazy must be True or False, got {lazy!r}")
+        raise DispatchTypeError(f"lazy must be True or False, got {lazy!r}")
     if lazy_budget_bytes is not None and (
         isinstance(lazy_budget_bytes, bool) or not isinstance(lazy_budget_bytes, int) or lazy_budget_bytes < 0
     ):
-        raise ValueError(f"lazy_budget_bytes must be a number of bytes >= 0 or None, got {lazy_budget_bytes!r}")
+        raise DispatchValueError(f"lazy_budget_bytes must be a number of bytes >= 0 or None, got {lazy_budget_bytes!r}")
 
 
 def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | None:
@@ -74,7 +82,7 @@ def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | N
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         allowed = " or None" if allow_none else ""
-        raise ValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
+        raise DispatchValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
     return float(value)
 
 
@@ -102,7 +110,7 @@ class WorkerGroup(Generic[W]):
         **backend_options: Any,
     ) -> None:
         if not isinstance(worker_cls, type):
-            raise TypeError(f"worker_cls must be a class, got {worker_cls!r}")
+            raise DispatchTypeError(f"worker_cls must be a class, got {worker_cls!r}")
         name = resolve_backend(backend)
         executor_cls = get_executor_class(name)
         world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
@@ -174,7 +182,7 @@ class WorkerGroup(Generic[W]):
         keyword arguments win over the config.
         """
         if not isinstance(config, Mapping) and not hasattr(config, "get"):
-            raise TypeError(f"config must be a mapping (dict, OmegaConf), got {type(config).__name__}")
+            raise DispatchTypeError(f"config must be a mapping (dict, OmegaConf), got {type(config).__name__}")
         backend = resolve_backend(kwargs.pop("backend", None), config)
         for key in ("world_size", "call_timeout", "death_timeout", "isolate", "init_kwargs"):
             if key not in kwargs and config.get(key) is not None:
@@ -182,7 +190,9 @@ class WorkerGroup(Generic[W]):
         section = config.get(backend)
         options = plain_config(section) if section is not None else {}
         if not isinstance(options, dict):
-            raise TypeError(f"config[{backend!r}] must be a mapping of backend options, got {type(section).__name__}")
+            raise DispatchTypeError(
+                f"config[{backend!r}] must be a mapping of backend options, got {type(section).__name__}"
+            )
         return cls(worker_cls, backend=backend, **{**options, **kwargs})
 
     def spawn(self, prefix_set: Any) -> dict[str, WorkerGroup[Any]]:
@@ -196,7 +206,7 @@ class WorkerGroup(Generic[W]):
         wanted = list(prefix_set)
         unknown = [r for r in wanted if r not in roles]
         if unknown:
-            raise KeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
+            raise DispatchKeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
         site = self._site
         return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
@@ -278,7 +288,7 @@ class WorkerGroup(Generic[W]):
         size = site.world_size
         bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size]
         if not ranks or bad:
-            raise ValueError(f"replace_rank needs rank numbers in 0..{size - 1}, got {list(ranks)}")
+            raise DispatchValueError(f"replace_rank needs rank numbers in 0..{size - 1}, got {list(ranks)}")
         wanted = tuple(sorted({site.ranks[r] for r in ranks}))  # a view's ranks are positions in it
         root = self._parent or self
         return site.shared.membership.replace(root, wanted)
@@ -368,13 +378,19 @@ class WorkerGroup(Generic[W]):
 
     def __getattr__(self, name: str) -> Any:
         worker_cls = self.__dict__.get("_worker_cls")
-        if worker_cls is not None and not name.startswith("__") and callable(getattr(worker_cls, name, None)):
-            raise AttributeError(
+        if worker_cls is None or name.startswith("_"):  # protocol and private lookups: the plain answer
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        if callable(getattr(worker_cls, name, None)):
+            raise DispatchAttributeError(
                 f"{worker_cls.__name__}.{name} is not decorated with @register, so the group has no "
                 f"proxy for it. Decorate it with @register(dispatch_mode=...) or call "
                 f"wg.execute_all({name!r}, ...)"
             )
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        known = [*self.__dict__.get("_methods", ()), *(n for n in dir(type(self)) if not n.startswith("_"))]
+        raise DispatchAttributeError(
+            f"{worker_cls.__name__} has no @register method {name!r} (nor has the {type(self).__name__} such an "
+            f"attribute); its registered methods are {self.method_names}{did_you_mean(name, known)}"
+        )
 
     def shutdown(self) -> None:
         """Release every rank; idempotent; views leave the shared ranks to their parent."""

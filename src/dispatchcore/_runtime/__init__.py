@@ -3,11 +3,12 @@ that owns every time bound."""
 
 from ._call_handle import RankCallHandle, liveness_poll
 from ._cancel import INTERRUPT_AFTER_S, cancel_in_process
-from ._isolation import ATOMS, isolated_copy
+from ._isolation import ATOMS, check_copyable, isolated_copy
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import stacks_note, thread_stacks
 from ._timeout_wording import timeout_error
-from ._worker_host import RemoteFailure, WorkerHost, first_failure, unpicklable_error
+from ._unpicklable import check_spec_picklable, unpicklable_call_error, unpicklable_error, unpicklable_spec_error
+from ._worker_host import RemoteFailure, WorkerHost, first_failure
 
 __all__ = [
     "ATOMS",
@@ -17,6 +18,8 @@ __all__ = [
     "RemoteFailure",
     "WorkerHost",
     "cancel_in_process",
+    "check_copyable",
+    "check_spec_picklable",
     "first_failure",
     "isolated_copy",
     "liveness_poll",
@@ -24,5 +27,7 @@ __all__ = [
     "stacks_note",
     "thread_stacks",
     "timeout_error",
+    "unpicklable_call_error",
     "unpicklable_error",
+    "unpicklable_spec_error",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .._data import DataProto, TensorBatch
-from .._wire import round_trip
+from .._wire import dumps, round_trip
 
 #: Immutable values: a round trip gives an equal object, so the same one will do.
 ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis)})
@@ -40,6 +40,40 @@ def isolated_copy(obj: Any) -> Any:
     if isinstance(obj, _BY_REFERENCE):
         return obj
     return round_trip(obj)
+
+
+def check_copyable(obj: Any) -> None:
+    """Raise what :func:`isolated_copy` of ``obj`` would raise, without copying.
+
+    A driver-side check before a call is queued whose copies the ranks make
+    on their own threads: only what the copy would pickle is pickled (and
+    thrown away), so tensors, arrays and containers of them cost a walk.
+    """
+    kind = type(obj)
+    if kind in ATOMS or kind is torch.Tensor or kind is TensorBatch:
+        return
+    if kind is np.ndarray:
+        if obj.dtype == object and not set(map(type, obj.ravel())) <= _IMMUTABLE_ITEMS:
+            for item in obj.ravel():
+                check_copyable(item)
+        return
+    if kind is DataProto:
+        for array in obj.non_tensor_batch.values():
+            check_copyable(array)
+        check_copyable(obj.meta_info)
+        return
+    if kind is dict:
+        for key, value in obj.items():
+            check_copyable(key)
+            check_copyable(value)
+        return
+    if kind in (list, tuple, set, frozenset):
+        for value in obj:
+            check_copyable(value)
+        return
+    if kind in _copiers or isinstance(obj, _BY_REFERENCE):
+        return
+    dumps(obj, share_callables=True)
 
 
 def _copy_tensor(t: torch.Tensor) -> torch.Tensor:

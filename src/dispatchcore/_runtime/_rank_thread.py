@@ -42,13 +42,15 @@ def run_isolated(
             args = tuple(isolated_copy(a) for a in args)
             kwargs = {k: isolated_copy(v) for k, v in kwargs.items()}
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            return False, RemoteFailure.unpicklable(host.rank, method, "arguments", exc, in_process=True)
+            return False, RemoteFailure.unpicklable(
+                host.rank, method, "arguments", exc, in_process=True, value=(args, kwargs)
+            )
     ok, value = host.run(method, args, kwargs, instructions, timed=timed)
     if ok and isolate_result and type(value) not in ATOMS:
         try:
             value = isolated_copy(value)
         except Exception as exc:  # noqa: BLE001
-            return False, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=True)
+            return False, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=True, value=value)
     return ok, value
 
 

@@ -16,18 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import CallInterrupted, DispatchError, WorkerDiedError, WorkerError
+from .._base import CallInterrupted, WorkerDiedError, WorkerError
 from .._data import DataProto
 from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
 from .._spi import PLAIN, Instructions
 from .._trace import TimedResult, now_us
 from .._transfer import TRANSFER_METHOD, TensorLink
 from .._transfer import run_step as run_transfer_step
+from .._wire import find_unpicklable
 from .._worker import CollectiveLink, rank_context, swap_cancel_flag, swap_collective
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
+from ._unpicklable import wording
 
-#: What to do about arguments that cannot be pickled.
-_ARGUMENT_FIX = "pass picklable values (plain data, tensors, numpy arrays, DataProto; not locks, open files or sockets)"
+#: ``RemoteFailure.unpicklable`` without the value that failed.
+_UNSET: Any = object()
 
 #: Result types that are never awaitable (skips the awaitable check).
 _PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, dict})
@@ -54,14 +56,18 @@ class RemoteFailure:
         return cls(rank, method, type(exc).__qualname__, str(exc), text)
 
     @classmethod
-    def unpicklable(cls, rank: int, method: str, part: str, exc: BaseException, *, in_process: bool) -> RemoteFailure:
-        """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled."""
+    def unpicklable(
+        cls, rank: int, method: str, part: str, exc: BaseException, *, in_process: bool, value: Any = _UNSET
+    ) -> RemoteFailure:
+        """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled.
+
+        With ``value`` (what failed to pickle) the message names the path to the object at fault.
+        """
         failure = cls.capture(rank, method, exc)
-        why = "for isolation" if in_process else "to cross to another process"
-        fix = "return picklable values" if part == "result" else _ARGUMENT_FIX
-        if part != "result" and in_process:
-            fix += ", or WorkerGroup(..., isolate=False) to share them uncopied"
-        failure.message = f"its {part} cannot be pickled {why} ({exc}); {fix}"
+        culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
+        where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
+        fix = "return picklable values" if part == "result" else None
+        failure.message = wording(where, culprit, exc, fix)
         return failure
 
     def to_error(self) -> WorkerError | WorkerDiedError:
@@ -71,14 +77,6 @@ class RemoteFailure:
             error.seen_by = self.rank
             return error
         return WorkerError(self.rank, self.method, self.traceback, self.exc_type, self.message)
-
-
-def unpicklable_error(method: str, value: Any, exc: BaseException) -> DispatchError:
-    """Driver side: an argument of ``method`` that cannot be pickled for the ranks (same wording as the ranks')."""
-    return DispatchError(
-        f"an argument of {method!r} ({type(value).__name__}) cannot be pickled to cross to another process "
-        f"({exc}); {_ARGUMENT_FIX}"
-    )
 
 
 def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError | WorkerDiedError:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._base import DispatchValueError
+
 
 @dataclass(frozen=True)
 class Instructions:
@@ -53,7 +55,7 @@ class Call:
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.args) or len(self.args) != len(self.kwargs):
-            raise ValueError(
+            raise DispatchValueError(
                 f"Call {self.method!r}: {len(self.ranks)} ranks but {len(self.args)} "
                 f"argument tuples and {len(self.kwargs)} keyword dicts"
             )

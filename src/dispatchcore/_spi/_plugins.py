@@ -18,7 +18,7 @@ from typing import Any
 
 import pluggy
 
-from .._base import BackendNotFoundError, RegistrationError
+from .._base import BackendNotFoundError, RegistrationError, did_you_mean
 from ._executor_base import Executor
 from ._hookspecs import PROJECT, ExecutorHookSpecs
 
@@ -141,9 +141,10 @@ class PluginRegistry:
         if info is not None and info.available and info.executor_cls is not None:
             return info.executor_cls
         if info is None:
+            known = [*self.backends, *(b.name for b in self.failed_plugins)]
             raise BackendNotFoundError(
-                f"no backend named {name!r}; available backends: {available}. Install a plugin that "
-                f"provides it (entry-point group {PROJECT!r}) or pick one of those"
+                f"no backend named {name!r}{did_you_mean(str(name), known)}; available backends: {available}. "
+                f"Install a plugin that provides it (entry-point group {PROJECT!r}) or pick one of those"
             )
         if info.missing and not info.disabled and info.error is None:
             needs = ", ".join(info.missing)

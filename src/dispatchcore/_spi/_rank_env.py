@@ -12,6 +12,8 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 
+from .._base import DispatchValueError
+
 #: Variables the executor sets per rank; user-given worker env may not override them.
 RANK_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -35,7 +37,7 @@ def rank_environment(
     """
     clash = sorted(set(extra or {}) & set(RANK_ENV_KEYS))
     if clash:
-        raise ValueError(f"worker environment may not set {clash}: the executor sets them per rank")
+        raise DispatchValueError(f"worker environment may not set {clash}: the executor sets them per rank")
     env = {str(k): str(v) for k, v in (extra or {}).items()}
     env.update(
         {

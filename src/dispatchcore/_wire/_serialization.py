@@ -23,19 +23,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle  # a core dependency: it ships functions and classes of ``__main__`` by value
 import numpy as np
 import torch
 
 from ._buffers import BUFFERS
 from ._tensor_pickle import reduce_tensor
-
-try:  # cloudpickle ships functions and classes from ``__main__`` by value.
-    import cloudpickle as _cloudpickle
-
-    _BasePickler: type[pickle.Pickler] = _cloudpickle.CloudPickler
-except ImportError:  # pragma: no cover - cloudpickle comes with the ray/torchrun extras
-    _cloudpickle = None
-    _BasePickler = pickle.Pickler
 
 PROTOCOL = 5
 
@@ -56,7 +49,7 @@ def _is_plain_tensor(obj: Any) -> bool:
 INLINE_LIMIT = 64 * 1024
 
 
-class _Pickler(_BasePickler):  # type: ignore[misc, valid-type]
+class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
     """Protocol-5 pickler: tensors out of band, optionally callables by reference."""
 
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], shared: list[Any] | None):

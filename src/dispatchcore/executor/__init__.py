@@ -16,7 +16,9 @@ bytes move and how death is seen.  Subclass :class:`Executor`, set ``name``:
   (``host.start()`` runs the worker's ``__init__`` with ``rank`` and
   ``world_size`` set; it returns a :class:`RemoteFailure` instead of raising).
   Read your options with :func:`check_options`; give process ranks
-  :func:`rank_environment`.
+  :func:`rank_environment`.  Refuse a bad option value with
+  :class:`~dispatchcore.DispatchValueError` / :class:`~dispatchcore.DispatchTypeError`
+  (also ``ValueError`` / ``TypeError``), as every built-in backend does.
 * ``submit(call)``: send the call to its ranks at once and return a
   :class:`RankCallHandle` (subclass it or use it as is).  On the rank, run
   ``host.run(call.method, args, kwargs, call.instructions)`` and send back
@@ -38,9 +40,15 @@ Isolation (``docs/design.md``, "Invariants"): what a worker receives must equal 
 of what was sent.  Across processes :func:`dispatchcore.wire.loads` does it;
 in this process use :func:`run_isolated` on a :class:`RankThread`.
 ``call.results_are_copied`` says the collect step copies results anyway.
-A value that cannot be pickled is reported in one wording everywhere:
-:meth:`RemoteFailure.unpicklable` on a rank, :func:`unpicklable_error` on
-the driver.
+A value that cannot be pickled is reported in one wording everywhere, naming
+the path to the object at fault, before anything is sent: at start-up
+:func:`unpicklable_spec_error` where your pickling of the worker class and
+init arguments fails (or :func:`check_spec_picklable` if you pickle nothing
+but isolate); in ``submit`` :func:`unpicklable_error` where an argument's
+pickling fails (the core rewords it with the argument's name; an in-process
+rank checks its arguments first with :func:`check_copyable`); on a rank
+:meth:`RemoteFailure.unpicklable` for a result.  Pickle every argument
+before the first send, so that a refused call sent nothing.
 
 Optional hooks, with defaults that decline:
 
@@ -101,6 +109,8 @@ from .._runtime import (
     RemoteFailure,
     WorkerHost,
     cancel_in_process,
+    check_copyable,
+    check_spec_picklable,
     first_failure,
     isolated_copy,
     liveness_poll,
@@ -108,6 +118,7 @@ from .._runtime import (
     thread_stacks,
     timeout_error,
     unpicklable_error,
+    unpicklable_spec_error,
 )
 from .._spi import (
     LOOPBACK,
@@ -173,7 +184,9 @@ __all__ = [
     "WorkerHost",
     "assemble_chunk",
     "cancel_in_process",
+    "check_copyable",
     "check_options",
+    "check_spec_picklable",
     "cpu_thread_environment",
     "first_failure",
     "free_kept_rows",
@@ -196,4 +209,5 @@ __all__ = [
     "thread_stacks",
     "timeout_error",
     "unpicklable_error",
+    "unpicklable_spec_error",
 ]

@@ -52,6 +52,8 @@ from typing import Any, ClassVar, Literal
 from dispatchcore import (
     DispatchError,
     DispatchTimeoutError,
+    DispatchTypeError,
+    DispatchValueError,
     RemoteFailure,
     WorkerDiedError,
     WorkerError,
@@ -91,21 +93,23 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"Fault kind must be one of {KINDS}, got {self.kind!r}")
+            raise DispatchValueError(f"Fault kind must be one of {KINDS}, got {self.kind!r}")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ValueError(f"Fault rank must be an int >= 0, got {self.rank!r}")
+            raise DispatchValueError(f"Fault rank must be an int >= 0, got {self.rank!r}")
         if not isinstance(self.method, str) or not self.method:
-            raise ValueError(f"Fault method must be a method name, got {self.method!r}")
+            raise DispatchValueError(f"Fault method must be a method name, got {self.method!r}")
         if self.call is not None and (isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 1):
-            raise ValueError(
+            raise DispatchValueError(
                 f"Fault call must be an int >= 1 (the k-th call, from 1) or None (every call), got {self.call!r}"
             )
         if self.kind == "slow" and (
             isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or self.seconds <= 0
         ):
-            raise ValueError(f"Fault.slow needs seconds > 0, got {self.seconds!r}")
+            raise DispatchValueError(f"Fault.slow needs seconds > 0, got {self.seconds!r}")
         if self.error is not None and not isinstance(self.error, BaseException):
-            raise TypeError(f"Fault error must be an exception instance, e.g. ValueError('bad'), got {self.error!r}")
+            raise DispatchTypeError(
+                f"Fault error must be an exception instance, e.g. ValueError('bad'), got {self.error!r}"
+            )
 
     @classmethod
     def raise_on(cls, rank: int, method: str, call: int | None = 1, error: BaseException | None = None) -> Fault:
@@ -283,12 +287,12 @@ class FaultyExecutor(Executor):
         inner = options["inner"] or os.environ.get(BACKEND_ENV) or "local"
         if inner == self.name:
             if options["inner"]:
-                raise ValueError(
+                raise DispatchValueError(
                     "backend='faulty' wraps another backend; pass inner='local' (or 'ray', 'torchrun', ...)"
                 )
             inner = "local"  # DISPATCHCORE_BACKEND=faulty: wrap the default
         if not isinstance(options["inner_options"], dict):
-            raise TypeError(
+            raise DispatchTypeError(
                 f"inner_options must be a dict of the {inner!r} backend's options, got {options['inner_options']!r}"
             )
         self.inner_backend: str = inner
@@ -320,7 +324,7 @@ class FaultyExecutor(Executor):
         """The faulty executor behind ``group`` (built with ``backend="faulty"``)."""
         executor = group.executor
         if not isinstance(executor, cls):
-            raise TypeError(
+            raise DispatchTypeError(
                 f"{group!r} runs on backend {group.backend!r}, not 'faulty'; build it with "
                 "WorkerGroup(..., backend='faulty', inner=..., faults=[...])"
             )
@@ -331,19 +335,23 @@ class FaultyExecutor(Executor):
         """Add faults; a call count refers to calls since the group started."""
         for fault in faults:
             if not isinstance(fault, Fault):
-                raise TypeError(f"faults must be Fault objects (Fault.raise_on(...), Fault.die(...)), got {fault!r}")
+                raise DispatchTypeError(
+                    f"faults must be Fault objects (Fault.raise_on(...), Fault.die(...)), got {fault!r}"
+                )
             if fault.rank >= self.spec.world_size:
-                raise ValueError(f"{fault!r}: rank {fault.rank} is outside this group of {self.spec.world_size} ranks")
+                raise DispatchValueError(
+                    f"{fault!r}: rank {fault.rank} is outside this group of {self.spec.world_size} ranks"
+                )
             if self.spec.methods and fault.method not in self.spec.methods:
                 near = difflib.get_close_matches(fault.method, self.spec.methods, n=3)
                 hint = f"; did you mean {near}?" if near else f"; known: {sorted(self.spec.methods)}"
-                raise ValueError(
+                raise DispatchValueError(
                     f"{fault!r}: {self.spec.worker_cls.__name__} has no method {fault.method!r} a call can run{hint}"
                 )
             with self._lock:
                 clash = next((f for f in self._faults if _overlap(f, fault)), None)
                 if clash is not None:
-                    raise ValueError(
+                    raise DispatchValueError(
                         f"{fault!r} fires on the same call as {clash!r}; plant one fault per rank and call"
                     )
                 self._faults.append(fault)
@@ -461,7 +469,7 @@ def _as_faults(faults: Any) -> list[Fault]:
     if isinstance(faults, Fault):
         return [faults]
     if not isinstance(faults, Sequence) or isinstance(faults, str):
-        raise TypeError(f"faults must be a list of Fault objects, got {faults!r}")
+        raise DispatchTypeError(f"faults must be a list of Fault objects, got {faults!r}")
     return list(faults)
 
 

@@ -7,10 +7,17 @@ back goes through :func:`dumps` / :func:`loads`:
   out-of-band buffers of exactly their own bytes (a view never drags its
   whole storage along), rebuilt without a copy on the other side;
 * functions and classes defined in the driver script travel by value
-  (cloudpickle, when installed: the ``ray`` and ``torchrun`` extras have it);
+  (cloudpickle, a core dependency), with their class attributes, closures
+  and the globals they use;
 * :attr:`Serialized.data` plus :attr:`Serialized.buffers` is all there is to
   move; payloads whose total size is at most :data:`INLINE_LIMIT` are worth
   sending in one message with the control data, larger ones as raw buffers.
+
+When something cannot be pickled, :func:`find_unpicklable` finds the object
+at fault and the path to it (``cfg['callback']``, ``W.score → Registry.lock``);
+:func:`dispatchcore.executor.unpicklable_error` and
+:func:`~dispatchcore.executor.unpicklable_spec_error` turn it into the one
+:class:`~dispatchcore.UnpicklableError` wording every backend raises.
 
 Receive side: allocate large buffers with :func:`numpy_tensor` /
 :func:`receive_buffer` (numpy memory page-faults far less than torch's), and
@@ -30,11 +37,13 @@ from .._wire import (
     INLINE_LIMIT,
     NUMPY_ALLOC_BYTES,
     PROTOCOL,
+    Culprit,
     RowBuffers,
     Serialized,
     adopting,
     cat_rows,
     dumps,
+    find_unpicklable,
     loads,
     numpy_tensor,
     rebuild_tensor,
@@ -47,11 +56,13 @@ __all__ = [
     "INLINE_LIMIT",
     "NUMPY_ALLOC_BYTES",
     "PROTOCOL",
+    "Culprit",
     "RowBuffers",
     "Serialized",
     "adopting",
     "cat_rows",
     "dumps",
+    "find_unpicklable",
     "loads",
     "numpy_tensor",
     "rebuild_tensor",

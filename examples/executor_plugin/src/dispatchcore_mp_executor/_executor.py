@@ -41,6 +41,8 @@ from dispatchcore.executor import (
     check_options,
     free_port,
     rank_environment,
+    unpicklable_error,
+    unpicklable_spec_error,
 )
 
 from . import _pipe
@@ -100,6 +102,9 @@ class MultiprocessExecutor(Executor):
         self._retired: list[_Rank] = []
         #: dispatchcore.collective's store: held here, so it outlives a replaced rank; a port of its own.
         self._collective: tuple[Any, str] | None = None
+        #: The worker class and init arguments as every rank gets them: pickled before any process
+        #: starts, so one that cannot be pickled is refused with nothing started or sent.
+        self._boot = _pickle_spec(spec)
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
         try:
             self._collective = StoreCollective.serve(LOOPBACK)
@@ -112,8 +117,7 @@ class MultiprocessExecutor(Executor):
 
     def _start_workers(self, ranks: tuple[int, ...]) -> None:
         """Build the worker on ``ranks`` (its ``__init__``), bounded by ``start_timeout``."""
-        spec = self.spec
-        boot = wire.dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+        boot = self._boot
         started = self._send(
             Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)), START, lambda p: ([boot], (), {})
         )
@@ -160,7 +164,7 @@ class MultiprocessExecutor(Executor):
         if self._closed:
             raise DispatchError("this multiprocess group is shut down")
         unique = call.unique_values()  # an object sent to several ranks is pickled once
-        parts = [wire.dumps(value) for value in unique.values]
+        parts = [_pickle_argument(value, call.method) for value in unique.values]  # all before the first send
 
         def message(position: int) -> _Message:
             used = sorted({*unique.arg_slots[position], *unique.kwarg_slots[position].values()})
@@ -313,3 +317,19 @@ class MultiprocessExecutor(Executor):
 def _exited(proc: BaseProcess) -> str:
     code = proc.exitcode
     return "its process is no longer running" if code is None else f"its process exited with code {code}"
+
+
+def _pickle_spec(spec: GroupSpec) -> wire.Serialized:
+    """The worker class and init arguments, pickled; the core's one error naming what cannot be."""
+    try:
+        return wire.dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc
+
+
+def _pickle_argument(value: Any, method: str) -> wire.Serialized:
+    """One argument, pickled; the core's one error (it names the argument and the path to the culprit)."""
+    try:
+        return wire.dumps(value)
+    except Exception as exc:
+        raise unpicklable_error(method, value, exc) from exc

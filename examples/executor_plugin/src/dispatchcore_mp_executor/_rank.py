@@ -80,8 +80,7 @@ def _reply(conn: Connection, rank: int, method: str, call_id: int, ok: bool, val
     try:
         part = wire.dumps(value)
     except BaseException as exc:  # noqa: BLE001 - an unpicklable result fails the call, not the rank
-        failure = RemoteFailure.capture(rank, method, exc)
-        failure.message = f"its result could not be pickled: {failure.message}"
+        failure = RemoteFailure.unpicklable(rank, method, "result", exc, in_process=False, value=value)
         ok, part = False, wire.dumps(failure)
     try:
         with _SEND_LOCK:
