@@ -119,7 +119,6 @@ class RayExecutor(Executor):
         self._packed_spec: Any = None
         #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
         self._collective: tuple[Any, str] | None = None
-
         self._pool_acquired = False
         compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
         # Pickled before Ray or any actor starts, so what cannot be pickled is refused with nothing sent.
@@ -129,19 +128,11 @@ class RayExecutor(Executor):
         self.job_id = self.ray.get_runtime_context().get_job_id()
         #: The rank actors, their names and nodes, and whether the group is shut down: all that its
         #: call handles and compiled graph see of it (kept current here, in place).
-        self._rank_actors = RankActors(
-            ray=self.ray,
-            job_id=self.job_id,
-            world_size=spec.world_size,
-            death_timeout=spec.death_timeout,
-            isolate=spec.isolate,
-            poll_interval=self.poll_interval,
-            mark_broken=self.mark_broken,
-            names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
+        self._rank_actors = self._new_rank_actors(spec)
+        # The graph, if asked for, runs what it cannot serve as plain calls.
+        self.compiled = (
+            None if compiled_idle_s is None else CompiledGraph(self._rank_actors, compiled_idle_s, self.submit_plain)
         )
-        self.compiled: CompiledGraph | None = None
-        if compiled_idle_s is not None:  # the graph runs what it cannot serve as plain calls
-            self.compiled = CompiledGraph(self._rank_actors, compiled_idle_s, self.submit_plain)
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
@@ -159,6 +150,18 @@ class RayExecutor(Executor):
             raise
 
     # -- start-up ----------------------------------------------------------------
+    def _new_rank_actors(self, spec: GroupSpec) -> RankActors:
+        return RankActors(
+            ray=self.ray,
+            job_id=self.job_id,
+            world_size=spec.world_size,
+            death_timeout=spec.death_timeout,
+            isolate=spec.isolate,
+            poll_interval=self.poll_interval,
+            mark_broken=self.mark_broken,
+            names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
+        )
+
     def _launch(self) -> None:
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
