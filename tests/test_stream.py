@@ -46,15 +46,19 @@ class Streamer(Worker):
         return batch
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def rank_or_forever(self, answering: int) -> int:
-        """Rank ``answering`` answers; the others nap until the call is cancelled."""
+    def rank_or_forever(self, answering: int, started: str) -> int:
+        """Rank ``answering`` answers once the others are in; they nap until the call is cancelled."""
+        if self.rank == answering:
+            while len(list(Path(started).parent.glob(Path(started).name + "*"))) < self.world_size - 1:
+                time.sleep(0.01)
+            return self.rank
+        Path(f"{started}{self.rank}").touch()
         try:
-            while self.rank != answering:
+            while True:
                 time.sleep(0.02)
         except CallInterrupted:
             self.interrupted += 1
             raise
-        return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def raise_on(self, rank: int) -> int:
@@ -118,9 +122,9 @@ def test_a_view_streams_its_own_ranks(group: WorkerGroup[Any]) -> None:
     assert part.value.batch["y"].tolist() == [0.0, 2.0, 4.0]
 
 
-def test_leaving_the_loop_cancels_the_ranks_still_running(group: WorkerGroup[Any]) -> None:
+def test_leaving_the_loop_cancels_the_ranks_still_running(group: WorkerGroup[Any], tmp_path: Path) -> None:
     before = group.interrupts()
-    for part in group.rank_or_forever.stream(0):
+    for part in group.rank_or_forever.stream(0, str(tmp_path / "in-")):
         assert part.ranks == (0,) and part.value == 0
         break
     # The next call waits for rank 1 to leave the cancelled call; it was interrupted there.

@@ -24,7 +24,7 @@ from typing import Any
 from .._base import DispatchError
 from .._dispatch import CallContext, CallFuture, DispatchSpec, Execute, Registration, enter_call, leave_call
 from .._rows import RemoteRows, send_lazy_arguments
-from .._spi import PLAIN, Call, Instructions
+from .._spi import PLAIN, Call, Instructions, call_instructions
 from ._bind import bind_call
 from ._call_checks import per_rank_values
 from ._planned import PlannedCall
@@ -64,7 +64,7 @@ def plan_call(
     bind_call(site, group, name, per_rank_args, per_rank_kwargs, spec.name)  # before anything is sent
     per_rank_args, per_rank_kwargs, read_sources = _send_data(site, per_rank_args, per_rank_kwargs)
     keep = f"{os.getpid()}-{next(_keep_tokens)}" if lazy else None
-    instructions = Instructions(keep_rows=keep, call_id=next(_call_ids))
+    instructions = call_instructions(keep, next(_call_ids))
     call = build_call(
         site,
         name,

@@ -81,8 +81,8 @@ class RankCallHandle(CallHandle):
         self._lock = threading.Lock()
         #: Set when the call ends: every rank answered, one died or raised, or it was cancelled.
         self._event = Latch()
-        #: Set when every rank answered (or is gone): nothing of the call runs any more.
-        self._settled = Latch()
+        #: Set when every rank answered (or is gone); made only when someone waits for that (``wait_settled``).
+        self._settled: Latch | None = None
         #: When the gather after a raise ends (``time.monotonic()``), once a rank raised.
         self._gather_until: float | None = None
         self._cancelled = False
@@ -92,7 +92,6 @@ class RankCallHandle(CallHandle):
         self.streaming = False
         if not n:
             self._event.set()
-            self._settled.set()
 
     # -- what backends call -------------------------------------------------
     def deliver(self, position: int, ok: bool, value: Any) -> None:
@@ -129,7 +128,8 @@ class RankCallHandle(CallHandle):
         self._pending -= 1
         if self._pending == 0:
             self._event.set()
-            self._settled.set()
+            if self._settled is not None:
+                self._settled.set()
 
     def cancel(self) -> bool:
         """End the call now as cancelled (the core then stops its ranks); ``False`` if it had ended."""
@@ -211,17 +211,27 @@ class RankCallHandle(CallHandle):
 
     def settled(self) -> bool:
         """Whether every rank of the call has answered or is gone (done can be earlier: fail fast, cancel)."""
-        return self._settled.is_set()
+        return self._pending == 0
+
+    def settled_latch(self) -> Latch:
+        """A latch set once every rank answered or is gone (made on first use: most calls never ask)."""
+        with self._lock:
+            if self._settled is None:
+                self._settled = Latch()
+                if self._pending == 0:
+                    self._settled.set()
+            return self._settled
 
     def wait_settled(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every rank to answer or be seen gone; whether they did."""
         deadline = time.monotonic() + timeout
-        while not self._settled.is_set():
+        settled = self.settled_latch()
+        while not settled.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
-                self._settled.wait(min(left, self.poll))
+                settled.wait(min(left, self.poll))
             else:
                 self.wait_for_progress(min(left, self.poll))
             waiting = self.waiting_positions()

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import ctypes
 import threading
+from threading import get_ident
 from typing import Any
 
 from .._base import CallInterrupted
@@ -39,55 +40,68 @@ INTERRUPT_AFTER_S = 1.0
 _DOOMED_KEPT = 256
 
 
-class RunningCall:
-    """The call a rank runs now: its id, thread, flag, and its task when the method is a coroutine."""
+class RunningCall(CancelFlag):
+    """The call a rank runs now: its id, thread, whether it was cancelled, its task if a coroutine.
 
-    __slots__ = ("call_id", "flag", "interrupted", "loop", "task", "thread")
+    It is the flag ``Worker.cancelled()`` reads (``requested``), so entering a call makes one object.
+    """
 
-    def __init__(self, call_id: int) -> None:
+    __slots__ = ("call_id", "interrupted", "loop", "outer", "task", "thread")
+
+    def __init__(self, call_id: int, thread: int) -> None:
+        self.requested = False
         self.call_id = call_id
-        self.thread = threading.get_ident()
-        self.flag = CancelFlag()
+        self.thread = thread
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
         self.interrupted = False
+        #: The call this thread ran before this one began (a call made from inside a method), restored after.
+        self.outer: RunningCall | None = None
 
 
 class CallGate:
-    """The calls the ranks of one process run now (by call id), and the ids cancelled before they began.
+    """The call each thread of this process runs now, and the ids of calls cancelled before they began.
 
     One per process (:data:`GATE`): a cancel names a call, not a rank, so the
     path that receives it (a rank's control thread, a local group's driver)
-    stops every rank of that call living in the process.
+    stops every rank of that call living in the process.  Entering and
+    leaving a call, on every call of every rank, take no lock (a dict write
+    under the GIL); a cancel, which is rare, scans the threads' calls and
+    takes the lock that orders an interrupt against the method's return.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[int, list[RunningCall]] = {}
-        self._doomed: collections.deque[int] = collections.deque(maxlen=_DOOMED_KEPT)
+        self._by_thread: dict[int, RunningCall] = {}
+        self._doomed: set[int] = set()
+        self._doomed_order: collections.deque[int] = collections.deque()
 
     def enter(self, call_id: int) -> RunningCall | None:
         """Mark ``call_id`` running on this thread; ``None`` when it was cancelled before it began."""
-        running = RunningCall(call_id)
-        if not call_id:
-            return running
-        with self._lock:
-            if call_id in self._doomed:
-                return None
-            self._running.setdefault(call_id, []).append(running)
+        thread = get_ident()
+        running = RunningCall(call_id, thread)
+        running.outer = self._by_thread.get(thread)
+        self._by_thread[thread] = running  # published before the doomed check: a cancel sees one or the other
+        if call_id and call_id in self._doomed:
+            self._restore(running)
+            return None
         return running
 
     def leave(self, running: RunningCall) -> None:
         """The method returned: no interrupt may reach this thread any more (idempotent)."""
-        with self._lock:
-            calls = self._running.get(running.call_id)
-            if calls is not None and running in calls:
-                calls.remove(running)
-                if not calls:
-                    del self._running[running.call_id]
-            if running.interrupted:
-                running.interrupted = False
-                _set_async_exc(running.thread, None)  # drop an interrupt not yet raised
+        if self._by_thread.get(running.thread) is running:
+            self._restore(running)
+        if running.requested:  # a cancel came: order against its interrupt, drop one not yet raised
+            with self._lock:
+                if running.interrupted:
+                    running.interrupted = False
+                    _set_async_exc(running.thread, None)
+
+    def _restore(self, running: RunningCall) -> None:
+        if running.outer is None:
+            self._by_thread.pop(running.thread, None)
+        else:
+            self._by_thread[running.thread] = running.outer
 
     def cancel(self, call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) -> int:
         """Ask every rank here running call ``call_id`` to stop; how many were; later ones skip it."""
@@ -95,10 +109,17 @@ class CallGate:
             return 0
         with self._lock:
             if call_id not in self._doomed:
-                self._doomed.append(call_id)
-            found = list(self._running.get(call_id, ()))
-            for running in found:
-                running.flag.requested = True
+                self._doomed.add(call_id)
+                self._doomed_order.append(call_id)
+                if len(self._doomed_order) > _DOOMED_KEPT:
+                    self._doomed.discard(self._doomed_order.popleft())
+            found = []
+            for running in list(self._by_thread.values()):
+                while running is not None:  # a call made from inside a method: its outer calls too
+                    if running.call_id == call_id:
+                        running.requested = True
+                        found.append(running)
+                    running = running.outer
         for running in found:
             loop, task = running.loop, running.task
             if loop is not None and task is not None:
@@ -114,8 +135,8 @@ class CallGate:
 
     def _interrupt(self, running: RunningCall) -> None:
         with self._lock:
-            if running not in self._running.get(running.call_id, ()) or running.interrupted:
-                return
+            if self._by_thread.get(running.thread) is not running or running.interrupted:
+                return  # it returned (or a call it made runs now: interrupt only the innermost call)
             running.interrupted = True
             _set_async_exc(running.thread, CallInterrupted)
 

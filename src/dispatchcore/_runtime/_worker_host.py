@@ -117,6 +117,7 @@ class WorkerHost:
         #: Set by an executor for an ``isolate=False`` group: rows kept in this process reach a consuming
         #: worker without a copy (shared memory, as ``isolate=False`` promises not to write).
         self.share_kept_rows = False
+        self._collective_context: tuple[Any, int, int] | None = None
         #: The executor's rank-to-rank path for weight transfers (``None``: through the driver).
         self.tensor_link: TensorLink | None = None
         #: Weight transfers under way on this rank, by id (``_transfer``).
@@ -168,7 +169,7 @@ class WorkerHost:
         except CallInterrupted:  # an interrupt that landed just as the method returned
             return False, _cancelled(self.rank, method, "as it returned")
         finally:
-            GATE.leave(running)
+            _leave(running)
 
     def cancel(self, call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) -> bool:
         """Stop call ``call_id`` wherever it runs in this process (see :func:`cancel_in_process`)."""
@@ -197,8 +198,11 @@ class WorkerHost:
             args, kwargs = resolve_lazy_arguments(
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
-            previous = swap_cancel_flag(running.flag)
-            outer = swap_collective((self.collective, self.rank, self.world_size))
+            previous = swap_cancel_flag(running)
+            context = self._collective_context
+            if context is None or context[0] is not self.collective:  # built once (and again if relinked)
+                context = self._collective_context = (self.collective, self.rank, self.world_size)
+            outer = swap_collective(context)
             try:
                 value = fn(*args, **kwargs)
                 if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
@@ -227,7 +231,7 @@ class WorkerHost:
         loop = self._event_loop()
         task = loop.create_task(_await(awaitable))
         running.loop, running.task = loop, task
-        if running.flag.requested:  # cancelled between the call and here
+        if running.requested:  # cancelled between the call and here
             task.cancel()
         return loop.run_until_complete(task)
 
@@ -241,6 +245,16 @@ class WorkerHost:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.close()
         self._loop = None
+
+
+def _leave(running: RunningCall) -> None:
+    """Leave the gate, even if an interrupt that landed as the method returned fires in here."""
+    while True:
+        try:
+            GATE.leave(running)
+            return
+        except CallInterrupted:
+            continue
 
 
 def _cancelled(rank: int, method: str, when: str) -> RemoteFailure:

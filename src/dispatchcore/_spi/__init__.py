@@ -4,7 +4,7 @@ plans, rank environment, plugins.
 The public face is :mod:`dispatchcore.executor`.  Imports ``_base``, ``_wire``, ``_data``.
 """
 
-from ._call import PLAIN, Call, Instructions, UniqueValues
+from ._call import PLAIN, Call, Instructions, UniqueValues, call_instructions
 from ._executor_base import CallHandle, Executor, GroupSpec, remaining
 from ._forward_plan import assemble_chunk, plan_forward
 from ._hookspecs import hookimpl, hookspec
@@ -28,6 +28,7 @@ __all__ = [
     "UniqueValues",
     "assemble_chunk",
     "available_backends",
+    "call_instructions",
     "cpu_thread_environment",
     "free_port",
     "get_executor_class",

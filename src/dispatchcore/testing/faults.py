@@ -228,9 +228,10 @@ class _FaultyCallHandle(RankCallHandle):
     def wait_settled(self, timeout: float) -> bool:
         """Pull the inner outcomes on past the call's end (cancel, fail fast) until every rank answered."""
         deadline = time.monotonic() + timeout
-        while not self._settled.is_set() and (left := deadline - time.monotonic()) > 0:
-            self._pump(min(left, self.poll), self._settled)
-        return self._settled.is_set()
+        settled = self.settled_latch()
+        while not settled.is_set() and (left := deadline - time.monotonic()) > 0:
+            self._pump(min(left, self.poll), settled)
+        return settled.is_set()
 
     def _pump(self, seconds: float, until: Any) -> None:
         """Move outcomes from the inner handle for up to ``seconds``, or until ``until`` is set."""
