@@ -43,20 +43,22 @@ _DOOMED_KEPT = 256
 class RunningCall(CancelFlag):
     """The call a rank runs now: its id, thread, whether it was cancelled, its task if a coroutine.
 
-    It is the flag ``Worker.cancelled()`` reads (``requested``), so entering a call makes one object.
+    It is the flag ``Worker.cancelled()`` reads (``requested``), so entering a call makes one object;
+    what only a cancel or a coroutine sets starts as a class default, not set on every call.
     """
 
-    __slots__ = ("call_id", "interrupted", "loop", "outer", "task", "thread")
+    __slots__ = ("__dict__",)
 
-    def __init__(self, call_id: int, thread: int) -> None:
-        self.requested = False
+    requested = False
+    interrupted = False
+    loop: asyncio.AbstractEventLoop | None = None
+    task: asyncio.Task[Any] | None = None
+
+    def __init__(self, call_id: int, thread: int, outer: RunningCall | None) -> None:
         self.call_id = call_id
         self.thread = thread
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.interrupted = False
         #: The call this thread ran before this one began (a call made from inside a method), restored after.
-        self.outer: RunningCall | None = None
+        self.outer = outer
 
 
 class CallGate:
@@ -79,9 +81,9 @@ class CallGate:
     def enter(self, call_id: int) -> RunningCall | None:
         """Mark ``call_id`` running on this thread; ``None`` when it was cancelled before it began."""
         thread = get_ident()
-        running = RunningCall(call_id, thread)
-        running.outer = self._by_thread.get(thread)
-        self._by_thread[thread] = running  # published before the doomed check: a cancel sees one or the other
+        by_thread = self._by_thread
+        running = RunningCall(call_id, thread, by_thread.get(thread))
+        by_thread[thread] = running  # published before the doomed check: a cancel sees one or the other
         if call_id and call_id in self._doomed:
             self._restore(running)
             return None

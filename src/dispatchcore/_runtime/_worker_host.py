@@ -24,7 +24,7 @@ from .._trace import TimedResult, now_us
 from .._transfer import TRANSFER_METHOD, TensorLink
 from .._transfer import run_step as run_transfer_step
 from .._wire import find_unpicklable
-from .._worker import CollectiveLink, rank_context, swap_cancel_flag, swap_collective
+from .._worker import CollectiveLink, enter_method, leave_method, rank_context, swap_collective
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 from ._unpicklable import wording
 
@@ -198,18 +198,16 @@ class WorkerHost:
             args, kwargs = resolve_lazy_arguments(
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
-            previous = swap_cancel_flag(running)
             context = self._collective_context
             if context is None or context[0] is not self.collective:  # built once (and again if relinked)
                 context = self._collective_context = (self.collective, self.rank, self.world_size)
-            outer = swap_collective(context)
+            previous = enter_method(running, context)
             try:
                 value = fn(*args, **kwargs)
                 if value is not None and type(value) not in _PLAIN and inspect.isawaitable(value):
                     value = self._await(value, running)
             finally:
-                swap_cancel_flag(previous)
-                swap_collective(outer)
+                leave_method(previous)
             if keep is not None and isinstance(value, DataProto):
                 value = ROW_STORE.keep(f"{keep}/{self.rank}", value)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver

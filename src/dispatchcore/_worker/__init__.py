@@ -9,7 +9,15 @@ from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
 from ._method_names import method_names
-from ._rank_context import CancelFlag, call_cancelled, rank_context, swap_cancel_flag, swap_collective
+from ._rank_context import (
+    CancelFlag,
+    call_cancelled,
+    enter_method,
+    leave_method,
+    rank_context,
+    swap_cancel_flag,
+    swap_collective,
+)
 from ._rejoin import REJOIN_METHOD, MembershipChange
 from ._worker import Worker
 
@@ -32,6 +40,8 @@ __all__ = [
     "colocate",
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
+    "enter_method",
+    "leave_method",
     "method_names",
     "rank_context",
     "rank_info",
