@@ -15,7 +15,6 @@ from ._rank_context import (
     enter_method,
     leave_method,
     rank_context,
-    swap_cancel_flag,
     swap_collective,
 )
 from ._rejoin import REJOIN_METHOD, MembershipChange
@@ -45,6 +44,5 @@ __all__ = [
     "method_names",
     "rank_context",
     "rank_info",
-    "swap_cancel_flag",
     "swap_collective",
 ]

@@ -64,16 +64,6 @@ class CancelFlag:
         self.requested = False
 
 
-def swap_cancel_flag(flag: CancelFlag | None) -> CancelFlag | None:
-    """Make :func:`call_cancelled` on this thread read ``flag`` (while a method runs); the flag it read before.
-
-    A plain function, not a context manager: it runs around every call on every rank.
-    """
-    previous: CancelFlag | None = getattr(_context, "cancel", None)
-    _context.cancel = flag
-    return previous
-
-
 def call_cancelled() -> bool:
     """Whether the call this thread runs was cancelled; ``False`` outside a call."""
     flag: CancelFlag | None = getattr(_context, "cancel", None)
