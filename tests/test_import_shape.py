@@ -20,6 +20,7 @@ PACKAGES = ("dispatchcore", "executors_local", "executors_ray", "executors_torch
 #: The core's layers, lowest first: a module may import its own layer and the ones before it only.
 LAYERS = (
     "_base",
+    "_lane",
     "_wire",
     "_data",
     "_trace",

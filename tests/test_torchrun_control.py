@@ -1,6 +1,7 @@
-"""Unit test of an internal part (the torchrun hub's control links): imports executors_torchrun._control directly.
+"""Unit test of an internal part (torchrun's directory for the control lane): imports executors_torchrun._control.
 
-Who may connect, sends that never block, deaths behind a forked child.
+Ranks find the lane through the world's store; a death behind a forked child.  The lane itself is
+tested once, in ``test_lane.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 import torch.distributed as dist
 
 from dispatchcore import Dispatch, Worker, WorkerDiedError, WorkerGroup, register
-from executors_torchrun._control import CONTROL_KEY, ControlLink, accept_ranks, connect_to_hub
+from dispatchcore.executor import LaneAddress, LaneLink
+from executors_torchrun._control import CONTROL_KEY, accept_ranks, connect_to_hub
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,11 +33,12 @@ def client(store: dist.TCPStore) -> dist.Store:
 
 
 def test_only_the_worlds_ranks_get_a_link_and_messages_keep_their_order(store: dist.TCPStore) -> None:
-    links: dict[int, ControlLink] = {}
+    links: dict[int, LaneLink] = {}
     accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1, 2], "127.0.0.1", 30.0)))
     accepting.start()
     theirs = client(store)
-    host, port, _ = theirs.get(CONTROL_KEY).decode().split()
+    address = LaneAddress.decode(theirs.get(CONTROL_KEY))
+    host, port = address.host, address.port
     stranger = socket.create_connection((host, int(port)))
     stranger.sendall((1).to_bytes(4, "little") + b"\0" * 16)  # claims rank 1 without the token
     ranks = {rank: connect_to_hub(theirs, rank) for rank in (1, 2)}
@@ -53,34 +56,6 @@ def test_only_the_worlds_ranks_get_a_link_and_messages_keep_their_order(store: d
         links[1].recv()
     for link in (*links.values(), ranks[2]):
         link.close()
-
-
-@pytest.mark.timeout(30)  # a send that blocked would wait forever for this test to read
-def test_sending_to_a_peer_that_is_not_reading_never_blocks(store: dist.TCPStore) -> None:
-    links: dict[int, ControlLink] = {}
-    accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1], "127.0.0.1", 30.0)))
-    accepting.start()
-    rank = connect_to_hub(client(store), 1)
-    accepting.join(30)
-    big = os.urandom(1 << 20)
-    for n in range(64):  # 64 MiB, far past what the socket buffers hold, before anything is read
-        links[1].send(n.to_bytes(4, "little") + big)
-    for n in range(64):
-        message = rank.recv()
-        assert message[:4] == n.to_bytes(4, "little") and message[4:] == big
-    links[1].close()
-    rank.close()
-
-
-@pytest.mark.timeout(30)  # the accept timeout (600 s) would end it with a TimeoutError instead
-def test_a_rank_that_dies_before_connecting_fails_start_up_at_once(store: dist.Store) -> None:
-    with pytest.raises(RuntimeError, match="rank process 2 never connected to the driver: it crashed"):
-        accept_ranks(store, [1, 2], "127.0.0.1", 600.0, gone=lambda rank: "it crashed" if rank == 2 else None)
-
-
-def test_connecting_too_late_is_a_timeout_naming_the_ranks(store: dist.Store) -> None:
-    with pytest.raises(TimeoutError, match=r"rank processes \[3\] did not connect to the driver within 0.5 s"):
-        accept_ranks(store, [3], "127.0.0.1", 0.5)
 
 
 class Forker(Worker):

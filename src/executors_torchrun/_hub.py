@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import torch.distributed as dist
 
 from dispatchcore import DispatchError
-from dispatchcore.executor import liveness_poll
+from dispatchcore.executor import LaneLink, liveness_poll
 
-from ._control import ControlLink, accept_ranks
+from ._control import accept_ranks
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key
 from ._row_plane import RowPlane
 from ._transport import TagCounter, Transport
@@ -108,7 +108,7 @@ class Hub:
         self._exited = {d: threading.Event() for d in self.remote}
         #: (host, pid) each stopping rank reported, to see its process end on this host.
         self._processes_seen: dict[int, tuple[str, int]] = {}
-        self._links: dict[int, ControlLink] = accept_ranks(
+        self._links: dict[int, LaneLink] = accept_ranks(
             store, self.remote, host, connect_timeout, gone=self._exit_reason
         )
         self._canary_threads = [

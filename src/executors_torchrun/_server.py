@@ -19,11 +19,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore.executor import Instructions, RemoteFailure, WorkerHost, keep_freed_memory
+from dispatchcore.executor import Instructions, LaneLink, RemoteFailure, WorkerHost, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
 from ._collective import collective_link
-from ._control import ControlLink, connect_to_hub
+from ._control import connect_to_hub
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, decode, encode, heartbeat_key
 from ._row_plane import RowPlane
@@ -48,7 +48,7 @@ class Server:
         self._hub_tags = TagCounter(0)
         self._done = threading.Event()
         self._rows: RowPlane | None = None
-        self._link: ControlLink | None = None
+        self._link: LaneLink | None = None
         #: Weight transfers to and from this process's workers (bridges built on demand).
         self._bridge = Bridge(store)
 

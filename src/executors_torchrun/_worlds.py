@@ -39,11 +39,10 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from dispatchcore import WorkerDiedError
-from dispatchcore.executor import LOOPBACK
+from dispatchcore.executor import LOOPBACK, address_toward
 
 from . import _env
 from ._bridge import Bridge
-from ._control import address_toward
 from ._hub import Hub
 from ._protocol import FOREVER_S, READY_KEY
 from ._row_plane import RowPlane

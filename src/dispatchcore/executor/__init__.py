@@ -92,6 +92,7 @@ directly.
 from __future__ import annotations
 
 from .._base import check_options
+from .._lane import LaneAddress, LaneDirectory, LaneDoor, LaneLink, address_toward, connect_lane, open_lane
 from .._rows import (
     FREE_ROWS_METHOD,
     TAKE_ROWS_METHOD,
@@ -167,6 +168,10 @@ __all__ = [
     "GroupSpec",
     "HeldRows",
     "Instructions",
+    "LaneAddress",
+    "LaneDirectory",
+    "LaneDoor",
+    "LaneLink",
     "RankCallHandle",
     "RankThread",
     "RemoteFailure",
@@ -182,11 +187,13 @@ __all__ = [
     "TransferPlan",
     "UniqueValues",
     "WorkerHost",
+    "address_toward",
     "assemble_chunk",
     "cancel_in_process",
     "check_copyable",
     "check_options",
     "check_spec_picklable",
+    "connect_lane",
     "cpu_thread_environment",
     "first_failure",
     "free_kept_rows",
@@ -198,6 +205,7 @@ __all__ = [
     "liveness_poll",
     "local_ranks",
     "method_names",
+    "open_lane",
     "plan_forward",
     "plan_transfer",
     "rank_environment",
