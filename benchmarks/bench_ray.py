@@ -233,6 +233,85 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- the control lane against the old path, raw Ray, torchrun's lane and compiled graphs ------------------
+LANE_VARIANTS = ("lane", "old path", "raw Ray", "torchrun lane", "compiled")
+
+
+def bench_lane(ray: Any, n: int, sizes: dict[str, int], repeats: dict[str, int]) -> list[dict[str, Any]]:
+    """Empty call and DP echo per size, every variant in the same rounds (so noise hits them alike)."""
+    raw = Raw(ray, n)
+    groups = {
+        "lane": WorkerGroup(BenchWorker, n, backend="ray"),
+        "old path": WorkerGroup(BenchWorker, n, backend="ray", lane=False),
+        "torchrun lane": WorkerGroup(BenchWorker, n, backend="torchrun"),
+    }
+    assert groups["lane"].executor._lane is not None, "the lane did not come up"  # noqa: SLF001 - a benchmark check
+    rows = []
+    try:
+        cases: dict[str, dict[str, Callable[[], Any]]] = {
+            "empty call": {**{k: g.noop for k, g in groups.items()}, "raw Ray": raw.empty}
+        }
+        for label, cols in sizes.items():
+            x = torch.arange(ROWS * cols, dtype=torch.int64).reshape(ROWS, cols)
+            data = DataProto.from_dict({"input_ids": x})
+            assert torch.equal(groups["lane"].echo(data).batch["input_ids"], x)
+            echo = {k: (lambda g=g, d=data: g.echo(d)) for k, g in groups.items()}
+            cases[f"echo {label}"] = {**echo, "raw Ray": lambda x=x: raw.numpy_views(x, True)}
+        for case, fns in cases.items():
+            reps = repeats["empty"] if case == "empty call" else repeats.get(case[5:], 3)
+            rows.append({"n": n, "case": case, **_rounds(fns, reps, big="64" in case or "256" in case)})
+    finally:
+        for group in groups.values():
+            group.shutdown()
+        raw.close()
+    compiled = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)  # alone: its actors spin a core each
+    try:
+        for row in rows:
+            if row["case"] in ("empty call", "echo 8 KB", "echo 1 MB"):
+                cols = SIZES.get(row["case"][5:], 0)
+                data = DataProto.from_dict({"input_ids": torch.zeros(ROWS, max(cols, 1), dtype=torch.int64)})
+                fn = compiled.noop if cols == 0 else (lambda d=data: compiled.echo(d))
+                row["compiled"] = median_ms(fn, repeats["empty"] if cols == 0 else 10, 5)
+    finally:
+        compiled.shutdown()
+    return rows
+
+
+def _rounds(fns: dict[str, Callable[[], Any]], reps: int, big: bool) -> dict[str, float]:
+    """Median ms of each function, measured in alternating rounds of ``reps`` calls."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(5 if not big else 2):
+        for key, fn in fns.items():
+            times[key].append(median_ms(fn, max(1, reps // 5) if not big else reps, 0, collect=big))
+    return {key: statistics.median(v) for key, v in times.items()}
+
+
+def lane_table(rows: list[dict[str, Any]]) -> str:
+    """The lane's goals at N = 2 and 4, each marked met or not."""
+    head = "| N | case | lane (ms) | old path | raw Ray | torchrun lane | compiled | goal | met |"
+    lines = [head, "|" + " --- |" * 9]
+    for r in rows:
+        goal, met = _lane_goal(r)
+        cells = [f"{r[k]:.2f}" if k in r else "-" for k in LANE_VARIANTS]
+        lines.append(
+            f"| {r['n']} | {r['case']} | " + " | ".join(cells) + f" | {goal} | {'met' if met else 'NOT met'} |"
+        )
+    lines.append("")
+    lines.append("Medians of alternating rounds in one run; raw Ray = numpy views per chunk with the copy on receipt.")
+    return "\n".join(lines)
+
+
+def _lane_goal(r: dict[str, Any]) -> tuple[str, bool]:
+    lane = r["lane"]
+    if r["case"] == "empty call":
+        return "<= 0.3 ms and >= 3x faster than raw Ray", lane <= 0.3 and r["raw Ray"] / lane >= 3
+    if r["case"] == "echo 8 KB":
+        return "within 1.2x of torchrun's lane", lane <= 1.2 * r["torchrun lane"]
+    return "no slower than raw Ray", lane <= r["raw Ray"]
+
+
 # -- the opt-in compiled path ------------------------------------------------------------
 def bench_compiled(ray: Any, n: int, repeats: dict[str, int]) -> list[dict[str, Any]]:
     """Empty call and 1 MB echo: plain calls, then the same group compiled (then shut down: it spins cores)."""
@@ -365,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--num-cpus", type=int, default=4)
+    parser.add_argument("--lane-only", action="store_true", help="only the control lane's table")
     args = parser.parse_args(argv)
     import ray
 
@@ -387,8 +467,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     verl_rows: list[dict[str, Any]] = []
     compiled_rows: list[dict[str, Any]] = []
+    lane_rows: list[dict[str, Any]] = []
+    lane_sizes = {k: v for k, v in sizes.items() if k != "256 MB"}
     try:
         for n in args.ranks:
+            lane_rows += bench_lane(ray, n, lane_sizes, repeats)
+            if args.lane_only:
+                continue
             compiled_rows += bench_compiled(ray, n, repeats)
             rows += bench_n(ray, n, sizes, repeats)
             if have_verl:
@@ -397,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if started:
             ray.shutdown()
+    print(lane_table(lane_rows))
+    print()
+    if args.lane_only:
+        return 0
     print(table(rows))
     print()
     print(compiled_table(compiled_rows))

@@ -104,14 +104,22 @@ def test_isolation_rank_zero_mutates(data2):
     assert int(big[0]) == 0
 
 
-def test_isolate_false_hands_shared_buffers(groups):
-    wg = groups(DataWorker, 2, isolate=False)
+#: Both ways a call reaches the actors: the lane with large values in the object store (as the default does
+#: past 1 MiB; a small bound here keeps the test cheap), and every call a Ray task (``lane=False``).
+PATHS = [pytest.param({"lane_inline_bytes": 1024}, id="lane"), pytest.param({"lane": False}, id="ray-tasks")]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_isolate_false_hands_shared_buffers(groups, path):
+    wg = groups(DataWorker, 2, isolate=False, **path)
     big = torch.zeros(64 * 1024, dtype=torch.int64)
     assert wg.shared_write(big) == [7, 7]  # one object-store copy seen by both ranks: do not write
     assert int(big[0]) == 0
 
 
-def test_broadcast_is_put_once(data2, monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_broadcast_is_put_once(groups, path, monkeypatch):
+    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **path)
     executor = data2.executor
     puts = []
     real_put = executor.ray.put
@@ -121,7 +129,9 @@ def test_broadcast_is_put_once(data2, monkeypatch):
     assert len(puts) == 1
 
 
-def test_large_chunks_share_one_put_and_stay_isolated(data2, monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_large_chunks_share_one_put_and_stay_isolated(groups, path, monkeypatch):
+    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **path)
     executor = data2.executor
     assert executor._same_node  # a local Ray: every rank on the driver's node
     puts = []

@@ -125,8 +125,9 @@ def test_verl_shaped_driver():
 
 
 def test_future_forwarded_between_groups_without_the_driver(monkeypatch):
-    producer = WorkerGroup(EchoWorker, 3, backend="ray")
-    consumer = WorkerGroup(EchoWorker, 2, backend="ray")
+    """On the Ray-task path (``lane=False``); on the lane, results come to the driver as they land (below)."""
+    producer = WorkerGroup(EchoWorker, 3, backend="ray", lane=False)
+    consumer = WorkerGroup(EchoWorker, 2, backend="ray", lane=False)
     try:
         forwarded = []
         real = consumer.executor.forward_chunk
@@ -146,3 +147,11 @@ def test_future_forwarded_between_groups_without_the_driver(monkeypatch):
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+def test_future_passed_between_lane_groups_is_resolved_on_the_driver():
+    with WorkerGroup(EchoWorker, 3, backend="ray") as producer, WorkerGroup(EchoWorker, 2, backend="ray") as consumer:
+        data = batch(7, padding=True)
+        out = consumer.echo(producer.echo_later(data))
+        assert torch.equal(out.batch["x"], data.batch["x"])
+        assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])

@@ -39,6 +39,8 @@ from dispatchcore.executor import (
 )
 
 from . import _forward, _payload
+from ._lane_rank import RankLane
+from ._method_thread import MethodThread
 from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index, node_ip
 from ._tags import (
@@ -68,6 +70,9 @@ class RankActor:
         self._cls_name = ""
         #: The thread worker methods run on (the actor's default group), for :meth:`stacks`.
         self._method_thread: int | None = None
+        #: With the control lane: the one thread every worker method runs on, whichever way it came.
+        self._methods: MethodThread | None = None
+        self._lane: RankLane | None = None
 
     # -- start-up (driver calls these in order) --------------------------------
     def describe(self, want_port: bool = False) -> dict[str, Any]:
@@ -93,13 +98,27 @@ class RankActor:
         isolate: bool,
         group: str,
         death_timeout: float = 60.0,
+        lane: bool = False,
     ) -> RemoteFailure | None:
         """Set the environment and device, then build the worker (failures returned).
 
         ``death_timeout`` bounds this rank's wait on other actors for the rows it fetches.
+        With ``lane`` the worker is built on the method thread that will run
+        every call (see ``_method_thread``); the driver then joins the lane.
         """
         os.environ.update(env)
         self._rank, self._world_size, self._isolate, self._group = rank, world_size, isolate, group
+        if lane and self._methods is None:
+            self._methods = MethodThread()
+            self._lane = RankLane(self._run, self._methods)
+        if self._methods is not None:
+            self._method_thread = self._methods.ident
+            return self._methods.run(self._build, packed_spec, rank, world_size, isolate, death_timeout)  # type: ignore[no-any-return]
+        return self._build(packed_spec, rank, world_size, isolate, death_timeout)
+
+    def _build(
+        self, packed_spec: Any, rank: int, world_size: int, isolate: bool, death_timeout: float
+    ) -> RemoteFailure | None:
         try:
             keep_freed_memory()  # this actor's process is the rank's own
             worker_cls, init_args, init_kwargs = _payload.unpack(packed_spec, copy=True)
@@ -113,6 +132,28 @@ class RankActor:
         self._host.tensor_link = RayTensorLink(death_timeout)  # weight transfers through the object store
         self._host.collective = StoreCollective.from_environment("ray", os.environ)  # the driver's store
         return self._host.start()
+
+    # -- the control lane ----------------------------------------------------------
+    def join_lane(self, address: str, rank: int, timeout: float, inline_max: int) -> str | None:
+        """Connect to the driver's lane (control group); ``None``, or why it could not."""
+        if self._lane is None:
+            return "this actor was started without the lane"
+        self._lane.isolate = self._isolate
+        try:
+            self._lane.join(address, rank, timeout, inline_max)
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def take_result(self, key: Any) -> Any:
+        """A lane call's result that is an object reference (``rows`` group)."""
+        assert self._lane is not None  # noqa: S101 - only lane groups keep results
+        return self._lane.take_result(key)
+
+    def stash(self, key: Any, *values: Any) -> None:
+        """A lane call's values that hold object references, resolved by Ray (``rows`` group)."""
+        assert self._lane is not None  # noqa: S101 - only lane groups send stashes
+        self._lane.stash(key, values)
 
     @staticmethod
     def _select_device() -> None:
@@ -136,7 +177,13 @@ class RankActor:
         ``(OK_PACKED, payload)`` and a failure as ``(FAILED, RemoteFailure)``:
         the driver tells them apart by ``type(result) is tuple``.
         """
+        if self._methods is not None:
+            return self._methods.run(self._run, method, layout, values, self._isolate)
         return self._run(method, layout, values, self._isolate)
+
+    def call_beside(self, method: str, layout: Layout = NO_ARGS, *values: Any) -> Any:
+        """The core's row reads and frees, run in the ``rows`` group itself: never behind a running call."""
+        return self._run(method, layout, values, self._isolate, beside=True)
 
     def compiled_call(self, task: Any) -> Any:
         """One rank's step of a compiled graph (``_compiled``): ``task`` is ``(method, layout, values)``,
@@ -145,10 +192,13 @@ class RankActor:
         if task is None:
             return None
         method, layout, values = task
+        if self._methods is not None:
+            return self._methods.run(self._run, method, layout, values, True)
         return self._run(method, layout, values, True)
 
-    def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool) -> Any:
-        self._method_thread = threading.get_ident()
+    def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool, beside: bool = False) -> Any:
+        if not beside:
+            self._method_thread = threading.get_ident()  # the Ray default group's thread, or the method thread
         host = self._host
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -181,7 +231,10 @@ class RankActor:
         """verl's ``execute_*_async``: the value itself in the object store, errors raised."""
         if self._host is None:
             raise RuntimeError("worker was not started")
-        ok, value = self._host.run(method, args, kwargs)
+        if self._methods is not None:
+            ok, value = self._methods.run(self._host.run, method, args, kwargs)
+        else:
+            ok, value = self._host.run(method, args, kwargs)
         if not ok:
             raise value.to_error()
         return value
@@ -223,7 +276,10 @@ class RankActor:
 
     def close(self) -> None:
         if self._host is not None:
-            self._host.close()
+            if self._methods is not None:
+                self._methods.run(self._host.close)
+            else:
+                self._host.close()
 
 
 def _locate(source: Any, inline: Any, values: tuple[Any, ...]) -> Any:

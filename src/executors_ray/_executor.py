@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -60,11 +61,12 @@ from . import _payload
 from ._actor import actor_class
 from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
+from ._lane import RayLane
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, Forwarded, bare_layout
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, NO_ARGS, ROWS_GROUP, Forwarded, bare_layout
 from ._task_layout import rank_task
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
@@ -86,7 +88,15 @@ OPTIONS: dict[str, Any] = {
     "spare_ranks": 0,  # actors started ahead, to replace dead ranks without waiting for a process
     "compiled": False,  # serve calls through a Ray Compiled Graph (opt-in hot path, see _compiled)
     "compiled_idle_s": 30.0,  # tear the compiled graph down after this long without a call
+    "lane": True,  # calls and small results on the control lane (False: every call is a Ray task)
+    "lane_inline_bytes": None,  # values and results up to this size ride the lane, larger ones the object store
 }
+
+#: Values and results up to this many bytes ride the lane; larger ones the object store (measured: bench_ray.py).
+LANE_INLINE_BYTES = 1 << 20
+#: How long actors may take to connect to the driver's lane before calls fall back to Ray tasks.
+LANE_CONNECT_S = 30.0
+_log = logging.getLogger("dispatchcore.ray")
 
 
 class RayExecutor(Executor):
@@ -138,6 +148,10 @@ class RayExecutor(Executor):
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
+        #: The control lane, once the actors joined it (``None``: calls are Ray tasks).
+        self._lane: RayLane | None = None
+        self._lane_wanted = _lane_wanted(opts["lane"], self.ray, spec.name)
+        self._lane_inline = _inline_bytes(opts["lane_inline_bytes"])
         try:
             if opts["actors"] is not None:
                 self._attach_handles(list(opts["actors"]))
@@ -145,6 +159,7 @@ class RayExecutor(Executor):
                 self._attach()
             else:
                 self._launch()
+            self._join_lane(range(spec.world_size))
         except BaseException:
             self._release(kill=True)
             raise
@@ -179,7 +194,16 @@ class RayExecutor(Executor):
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
         refs = [
-            a.start.remote(packed_spec, rank, spec.world_size, env[rank], spec.isolate, spec.name, spec.death_timeout)
+            a.start.remote(
+                packed_spec,
+                rank,
+                spec.world_size,
+                env[rank],
+                spec.isolate,
+                spec.name,
+                spec.death_timeout,
+                self._lane_wanted,
+            )
             for rank, a in enumerate(group.actors)
         ]
         failures = self._wait(refs, deadline, "build the workers (__init__)")
@@ -189,6 +213,35 @@ class RayExecutor(Executor):
             if len(errors) > 1:
                 error.add_note(f"rank(s) {[f.rank for f in errors[1:]]} failed to start too")
             raise error
+
+    # -- the control lane ------------------------------------------------------------
+    def _join_lane(self, ranks: Sequence[int]) -> None:
+        """Have ``ranks``' actors join the lane; if they cannot, calls stay Ray tasks (said in a log line)."""
+        if not self._lane_wanted:
+            return
+        try:
+            if self._lane is None:
+                self._lane = RayLane(self._rank_actors, self._lane_host(), LANE_CONNECT_S, self._lane_inline)
+            self._lane.connect(list(ranks))
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            _log.warning(
+                "ray group %r: its actors could not join the driver's control lane (%s); its calls go as Ray tasks",
+                self.spec.name,
+                exc,
+            )
+            if self._lane is not None:
+                self._lane.close()
+            self._lane, self._lane_wanted = None, False
+
+    def _lane_host(self) -> str:
+        """Loopback when every actor shares the driver's node; else the address Ray knows this node by."""
+        here = self.ray.get_runtime_context().get_node_id()
+        infos = self._rank_actors.infos
+        if infos and all(info.get("node_id") == here for info in infos):
+            return LOOPBACK
+        if not infos and len([n for n in self.ray.nodes() if n.get("Alive")]) == 1:
+            return LOOPBACK
+        return str(self.ray.util.get_node_ip_address())
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
@@ -213,6 +266,8 @@ class RayExecutor(Executor):
             self.compiled.close("ranks replaced", wait=self.spec.death_timeout)
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
+        if self._lane is not None:
+            self._lane.close(ranks)
         for rank in ranks:
             try:
                 ray.kill(group.actors[rank], no_restart=True)
@@ -247,12 +302,15 @@ class RayExecutor(Executor):
         env = self._rank_env(group.infos)
         packed, n = self._packed_spec, spec.world_size
         refs = [
-            group.actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout)
+            group.actors[r].start.remote(
+                packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout, self._lane_wanted
+            )
             for r in ranks
         ]
         failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
         if failures:
             raise failures[0].to_error()
+        self._join_lane(ranks)
         if used_spares:
             self._add_spares(used_spares)
         return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
@@ -436,7 +494,10 @@ class RayExecutor(Executor):
         return self.submit_plain(call)
 
     def submit_plain(self, call: Call) -> CallHandle:
-        """``call`` as one Ray task per rank (the path every call takes unless ``compiled=True``)."""
+        """``call`` on the lane, or as one Ray task per rank (``lane=False``, or actors that could not join)."""
+        lane = self._lane
+        if lane is not None and lane.has(call.ranks):
+            return self._submit_lane(lane, call)
         if not any(call.args) and not any(call.kwargs):
             # No arguments anywhere: no task argument either (the common control call).
             if call.instructions != PLAIN:  # traced or lazy: the instructions are the one task argument
@@ -456,6 +517,19 @@ class RayExecutor(Executor):
             layout, tops = rank_task(call, unique, encoded, position)
             refs.append(self._method(rank, call.method)(layout, *tops))
         return RayCallHandle(self._rank_actors, call, refs)
+
+    def _submit_lane(self, lane: RayLane, call: Call) -> CallHandle:
+        """Each rank's layout and values in one lane message (values holding references by a stash task)."""
+        if not any(call.args) and not any(call.kwargs):
+            layout = NO_ARGS if call.instructions == PLAIN else bare_layout(call.instructions)
+            return lane.submit(call, [(layout, [])] * len(call.ranks))
+        unique = call.unique_values()
+        try:
+            encoded = _payload.encode_for_lane(unique.values, self.ray.put, self._same_node, self._lane_inline)
+        except _payload.EncodeError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise unpicklable_error(call.method, exc.value, cause) from cause
+        return lane.submit(call, [rank_task(call, unique, encoded, p) for p in range(len(call.ranks))])
 
     def _submit_rows(self, call: Call) -> CallHandle:
         """The core's row read or free, run in the ranks' ``rows`` concurrency group.
@@ -478,7 +552,7 @@ class RayExecutor(Executor):
         remote = cache.get(ROWS_GROUP)
         if remote is None:
             actor = self._rank_actors.actors[rank]
-            remote = cache[ROWS_GROUP] = actor.call.options(concurrency_group=ROWS_GROUP).remote
+            remote = cache[ROWS_GROUP] = actor.call_beside.options(concurrency_group=ROWS_GROUP).remote
         return remote
 
     def _method(self, rank: int, method: str) -> Any:
@@ -574,8 +648,10 @@ class RayExecutor(Executor):
         """Each rank's actor stops the call from its control group, beside the running call (not waited for)."""
         if self.closed:
             return False
-        for rank in ranks:
-            self.actor(rank).cancel.options(concurrency_group=CONTROL_GROUP).remote(call.instructions.call_id)
+        call_id = call.instructions.call_id
+        missed = list(ranks) if self._lane is None else self._lane.cancel(ranks, call_id)
+        for rank in missed:
+            self.actor(rank).cancel.options(concurrency_group=CONTROL_GROUP).remote(call_id)
         return True
 
     def can_replace_ranks(self) -> bool:
@@ -611,6 +687,9 @@ class RayExecutor(Executor):
         compiled = getattr(self, "compiled", None)
         # A graph still serving a hung call is ended by killing its actors below (its channels close).
         gone = compiled is None or compiled.close("shutdown", wait=0 if self.broken else 5.0)
+        lane, self._lane = getattr(self, "_lane", None), None
+        if lane is not None:
+            lane.close()
         actors, self._rank_actors.actors = self._rank_actors.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
@@ -627,6 +706,24 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+
+def _lane_wanted(lane: Any, ray: Any, name: str) -> bool:
+    """Whether to try the lane: asked for, and not over Ray Client (its actors cannot reach this driver)."""
+    if not isinstance(lane, bool):
+        raise DispatchTypeError(f"lane must be True or False, got {lane!r}")
+    if lane and ray.util.client.ray.is_connected():
+        _log.warning("ray group %r: connected through Ray Client, so its calls go as Ray tasks (no control lane)", name)
+        return False
+    return lane
+
+
+def _inline_bytes(value: Any) -> int:
+    if value is None:
+        return LANE_INLINE_BYTES
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DispatchValueError(f"lane_inline_bytes must be an int >= 0 (bytes), got {value!r}")
+    return value
 
 
 def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:

@@ -67,7 +67,7 @@ def pack(value: Any) -> Packed:
 
 
 def packed_nbytes(packed: Packed) -> int:
-    return len(packed[0]) + sum(int(b.nbytes) for b in packed[1])
+    return len(packed[0]) + sum(len(b) if isinstance(b, bytes) else int(b.nbytes) for b in packed[1])
 
 
 def unpack(packed: Packed, copy: bool) -> Any:
@@ -121,6 +121,46 @@ def encode_all(values: list[Any], put: Callable[[Any], Any], bundle: bool) -> li
             raise EncodeError(value) from exc
         if packed_nbytes(packed) < INLINE_LIMIT:
             out.append((PACKED, None, _as_bytes(packed)))
+        else:
+            large.append(len(out))
+            out.append((PACKED, None, packed))
+    if len(large) > 1 and bundle:
+        ref = put(tuple(out[i][2] for i in large))
+        for member, i in enumerate(large):
+            out[i] = (PACKED, (ref, member), None)
+    else:
+        for i in large:
+            out[i] = (PACKED, (put(out[i][2]), None), None)
+    return out
+
+
+def encode_for_lane(values: list[Any], put: Callable[[Any], Any], bundle: bool, inline_max: int) -> list[Encoded]:
+    """Each distinct argument of a call on the control lane (``_lane``).
+
+    Values under ``inline_max`` bytes travel in the lane message (arrays out
+    of band, from their own memory).  Larger ones go to the object store as
+    on the Ray path (one put, shared by every rank that reads them; one put
+    for all of them when ``bundle``), and values holding object references
+    (a forwarded chunk, an ``ObjectRef`` argument) can only be handed over by
+    Ray: those become the top-level values of the call's stash task, a
+    reference wrapped in a 1-tuple so that Ray passes it on unresolved, as
+    the Ray path does.
+    """
+    out: list[Encoded] = []
+    large: list[int] = []
+    for value in values:
+        if isinstance(value, Forwarded):
+            out.append((FORWARD, (value, None), None))
+            continue
+        try:
+            if is_raw(value):
+                out.append((RAW, None, value) if type(value) in ATOMS else (RAW, ((value,), 0), None))
+                continue
+            packed = pack(value)
+        except Exception as exc:
+            raise EncodeError(value) from exc
+        if packed_nbytes(packed) <= inline_max:
+            out.append((PACKED, None, packed))
         else:
             large.append(len(out))
             out.append((PACKED, None, packed))

@@ -14,6 +14,9 @@ import socket
 import struct
 import threading
 from collections.abc import Sequence
+from typing import Any
+
+from ._framing import frame_object, unframe_object
 
 _LENGTH = struct.Struct("<Q")
 
@@ -65,6 +68,14 @@ class LaneLink:
             if rest:
                 self._backlog.extend(rest)
                 threading.Thread(target=self._drain, name="dispatchcore-lane-writer", daemon=True).start()
+
+    def send_object(self, obj: Any) -> None:
+        """Send ``obj`` pickled, its large buffers (numpy arrays) straight from their memory."""
+        self.send_parts(frame_object(obj))
+
+    def recv_object(self) -> Any:
+        """The next object :meth:`send_object` sent; its arrays are private, writable memory."""
+        return unframe_object(self.recv())
 
     def _drain(self) -> None:
         """Send the backlog in order (blocking); exits once it is empty."""

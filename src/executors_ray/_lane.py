@@ -1,0 +1,261 @@
+"""The driver's end of a Ray group's control lane: calls and small results on one socket per rank actor.
+
+Every Ray actor call costs about 1 ms (task submission, scheduling, the
+result's round trip through the owner), so a small ``wg.m()`` on Ray cost
+what a Ray call costs.  Once a group's actors are up, each joins the lane
+(:mod:`dispatchcore.executor`'s shared part): the driver opens a door on the
+interface Ray itself uses (loopback when every actor shares the driver's
+node), hands each actor the address and token as the argument of one Ray
+call (Ray is the :class:`~dispatchcore.executor.LaneDirectory` here), and
+from then on calls go out as framed objects on the link and results come
+back the same way (arrays out of band, into private memory: no copy for
+isolation).  Ray keeps placement, resources, lifetimes, rows served actor
+to actor and weight transfers.  Values holding object references (a
+forwarded future's chunk, an ``ObjectRef`` argument) ride a Ray task of
+their own (``stash``) that Ray resolves; the call itself still goes on the
+lane, so calls keep their order.
+
+Liveness: a link that ends fails every call waiting on that rank at once
+(the actor's process is gone); a rank that stops answering lane pings for
+``death_timeout`` is given up, as on the Ray path.  One door per group,
+open only while its actors connect; each group's links are its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dispatchcore.executor import Call, LaneLink, RankCallHandle, open_lane
+
+from . import _payload
+from ._rank_actors import RankActors
+from ._tags import CONTROL_GROUP, ROWS_GROUP, Layout
+
+
+class LaneCallHandle(RankCallHandle):
+    """One call on the lane: the rank links' readers deliver; the base owns every bound."""
+
+    def __init__(self, lane: RayLane, call: Call) -> None:
+        super().__init__(call, death_timeout=lane.rank_actors.death_timeout, on_broken=lane.rank_actors.mark_broken)
+        if lane.rank_actors.poll_interval is not None:
+            self.poll = min(self.poll, lane.rank_actors.poll_interval)
+        self.lane = lane
+        #: The stash tasks of this call's ranks (position -> (key, ref)), watched for failure.
+        self.stashes: dict[int, tuple[Any, Any]] = {}
+
+    def accept(self, position: int, result: Any, from_store: bool = False) -> None:
+        """A rank's answer as ``RankActor.call`` returns it; the lane's is private memory, the store's is shared."""
+        copy = from_store and self.lane.rank_actors.isolate and not self.call.results_are_copied
+        ok, value = _payload.decode_result(result, copy=copy, rank=self.call.ranks[position], method=self.call.method)
+        self.deliver(position, ok, value)
+
+    def check_alive(self, waiting: list[int]) -> None:
+        if self.stashes:
+            self.lane.watch_stashes(self, waiting)
+        for position in waiting:
+            detail = self.lane.silent(self.call.ranks[position], self.death_timeout)
+            if detail is not None:
+                self.rank_died(position, detail)
+
+
+class _RankLink:
+    """One rank's link, its calls awaiting answers and what its pings say."""
+
+    def __init__(self, link: LaneLink) -> None:
+        self.link = link
+        self.pending: dict[int, tuple[LaneCallHandle, int]] = {}
+        self.lock = threading.Lock()
+        self.ended: str | None = None
+        self.unanswered_since: float | None = None
+        self.last_ping = 0.0
+        self.pings = itertools.count()
+
+
+class RayLane:
+    """A Ray group's lane: a link per rank actor, a reader thread per link."""
+
+    def __init__(self, rank_actors: RankActors, host: str, connect_timeout: float, inline_max: int) -> None:
+        self.rank_actors = rank_actors
+        self.host = host
+        self._inline_max = inline_max
+        self._connect_timeout = connect_timeout
+        self._links: dict[int, _RankLink] = {}
+        self._cids = itertools.count()
+        #: Names this driver's stash keys apart from another driver's on a shared (detached) actor.
+        self._id = secrets.token_hex(4)
+
+    # -- joining -------------------------------------------------------------------
+    def connect(self, ranks: Sequence[int]) -> None:
+        """Have each of ``ranks``' actors join; raises ``RuntimeError``/``TimeoutError`` if one cannot."""
+        ray, actors = self.rank_actors.ray, self.rank_actors.actors
+        with open_lane(self.host) as door:
+            address = door.address.encode()
+            joins = {
+                rank: actors[rank]
+                .join_lane.options(concurrency_group=CONTROL_GROUP)
+                .remote(address, rank, self._connect_timeout, self._inline_max)
+                for rank in ranks
+            }
+
+            def gone(rank: int) -> str | None:
+                ready, _ = ray.wait([joins[rank]], timeout=0)
+                if not ready:
+                    return None
+                try:
+                    return ray.get(ready[0]) or None
+                except Exception as exc:  # noqa: BLE001 - the actor died
+                    return f"{type(exc).__name__}: {exc}"
+
+            links = door.accept(ranks, self._connect_timeout, gone)
+        for rank, link in links.items():
+            old = self._links.get(rank)
+            entry = self._links[rank] = _RankLink(link)
+            if old is not None:
+                old.link.close()
+            name = f"dispatchcore-ray-lane{rank}"
+            threading.Thread(target=self._read, args=(rank, entry), name=name, daemon=True).start()
+
+    def has(self, ranks: Sequence[int]) -> bool:
+        return all(rank in self._links for rank in ranks)
+
+    # -- calls ---------------------------------------------------------------------
+    def submit(self, call: Call, tasks: Sequence[tuple[Layout, list[Any]]]) -> LaneCallHandle:
+        """Send each rank its ``(layout, top-level values)``; values holding references go by a stash task."""
+        handle = LaneCallHandle(self, call)
+        cid = next(self._cids)
+        for position, (rank, (layout, tops)) in enumerate(zip(call.ranks, tasks, strict=True)):
+            stash = None
+            if tops:
+                stash = (self._id, cid, position)
+                actor = self.rank_actors.actors[rank]
+                ref = actor.stash.options(concurrency_group=ROWS_GROUP).remote(stash, *tops)  # Ray resolves top refs
+                handle.stashes[position] = (stash, ref)
+            self._send(rank, cid, handle, position, ("call", cid, call.method, layout, None if tops else (), stash))
+        return handle
+
+    def _send(self, rank: int, cid: int, handle: LaneCallHandle, position: int, message: tuple[Any, ...]) -> None:
+        entry = self._links[rank]
+        with entry.lock:
+            ended = entry.ended
+            if ended is None:
+                entry.pending[cid] = (handle, position)
+        if ended is not None:
+            handle.rank_died(position, ended)
+            return
+        try:
+            entry.link.send_object(message)
+        except OSError:
+            pass  # the reader sees the link end and fails the call
+
+    def cancel(self, ranks: Sequence[int], call_id: int) -> list[int]:
+        """Ask ``ranks`` to stop call ``call_id`` on their links; the ranks that could not be asked."""
+        missed = []
+        for rank in ranks:
+            entry = self._links.get(rank)
+            try:
+                if entry is None or entry.ended is not None:
+                    raise OSError
+                entry.link.send_object(("cancel", call_id))
+            except OSError:
+                missed.append(rank)
+        return missed
+
+    # -- liveness ------------------------------------------------------------------
+    def silent(self, rank: int, death_timeout: float) -> str | None:
+        """Why ``rank`` counts as gone (its link ended, or no pong for ``death_timeout``), else ``None``."""
+        entry = self._links.get(rank)
+        if entry is None:
+            return None
+        if entry.ended is not None:
+            return entry.ended
+        now = time.monotonic()
+        since = entry.unanswered_since
+        if since is not None and now - since > death_timeout:
+            name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
+            return (
+                f"its Ray actor {name!r} on {node} has not answered a lane ping for {death_timeout:g} s (death_timeout)"
+            )
+        if now - entry.last_ping >= max(0.01, death_timeout / 4):
+            entry.last_ping = now
+            if since is None:
+                entry.unanswered_since = now
+            try:
+                entry.link.send_object(("ping", next(entry.pings)))
+            except OSError:
+                pass
+        return None
+
+    def watch_stashes(self, handle: LaneCallHandle, waiting: list[int]) -> None:
+        """Tell a rank when the task bringing its call's values failed (it waits for them otherwise)."""
+        ray = self.rank_actors.ray
+        for position in waiting:
+            stash = handle.stashes.get(position)
+            if stash is None:
+                continue
+            key, ref = stash
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            del handle.stashes[position]
+            try:
+                ray.get(ready[0])
+            except Exception as exc:  # noqa: BLE001 - e.g. a forwarded reference whose producer died
+                entry = self._links.get(handle.call.ranks[position])
+                if entry is not None:
+                    try:
+                        entry.link.send_object(("unstash", key, f"{type(exc).__name__}: {exc}"))
+                    except OSError:
+                        pass
+
+    def _read(self, rank: int, entry: _RankLink) -> None:
+        """Deliver ``rank``'s answers in order; when its link ends, fail what still waits on it."""
+        link = entry.link
+        while True:
+            try:
+                message = link.recv_object()
+            except (ConnectionError, OSError):
+                break
+            if message[0] == "done":
+                with entry.lock:
+                    waiter = entry.pending.pop(message[1], None)
+                if waiter is not None:
+                    waiter[0].accept(waiter[1], message[2])
+            elif message[0] == "kept":
+                self._take_kept(rank, entry, message[1], message[2])
+            elif message[0] == "pong":
+                entry.unanswered_since = None
+        name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
+        with entry.lock:
+            entry.ended = f"its Ray actor {name!r} on {node} is gone (its lane link to the driver closed)"
+            pending, entry.pending = entry.pending, {}
+        for handle, position in pending.values():
+            handle.rank_died(position, entry.ended)
+
+    def _take_kept(self, rank: int, entry: _RankLink, cid: int, key: Any) -> None:
+        """Fetch a result only Ray can hand over (an object reference) with one task in the ``rows`` group."""
+        with entry.lock:
+            waiter = entry.pending.pop(cid, None)
+        if waiter is None:
+            return
+        handle, position = waiter
+        ray = self.rank_actors.ray
+        try:
+            ref = self.rank_actors.actors[rank].take_result.options(concurrency_group=ROWS_GROUP).remote(key)
+            value = ray.get(ref, timeout=self.rank_actors.death_timeout)
+        except Exception as exc:  # noqa: BLE001 - the actor died, or never answered
+            name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
+            handle.rank_died(position, f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__})")
+            return
+        handle.accept(position, value, from_store=True)
+
+    def close(self, ranks: Sequence[int] | None = None) -> None:
+        """Close the links of ``ranks`` (all by default); their readers fail what still waits."""
+        for rank in list(self._links) if ranks is None else ranks:
+            entry = self._links.pop(rank, None)
+            if entry is not None:
+                entry.link.close()

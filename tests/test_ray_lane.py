@@ -1,0 +1,114 @@
+"""Ray groups on the control lane: calls on one socket per actor, Ray for everything else.
+
+The lane itself (order, tokens, sends that never block) is tested once in
+``test_lane.py``; this file tests what the Ray executor builds on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import executors_ray._lane as ray_lane  # noqa: E402 - the door it opens, watched (a private module, on purpose)
+from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register  # noqa: E402
+from executors_ray.testing import ray_session  # noqa: E402, F401
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+
+# The worker class travels by value: Ray's worker processes cannot import this test module.
+for _pickler in (pytest.importorskip("cloudpickle"), pytest.importorskip("ray.cloudpickle")):
+    _pickler.register_pickle_by_value(sys.modules[__name__])
+
+
+class Threads(Worker):
+    """Records the thread its ``__init__`` ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.init_thread = threading.get_ident()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def threads(self) -> tuple[int, int]:
+        return self.init_thread, threading.get_ident()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def total(self, value: object) -> tuple[str, float]:
+        """What arrived, and its sum (a reference is read here, as on the Ray path)."""
+        kind = type(value).__name__
+        return kind, float((ray.get(value) if kind == "ObjectRef" else value).sum())  # type: ignore[attr-defined]
+
+    @register(Dispatch.ONE_TO_ALL)
+    def put_back(self, value: int) -> object:
+        return ray.put(value * 2)  # a result only Ray can hand over
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def echo(self, data: DataProto) -> DataProto:
+        return data
+
+
+def test_calls_on_the_lane_run_on_the_thread_init_ran_on() -> None:
+    with WorkerGroup(Threads, 2, backend="ray") as group:
+        assert group.executor._lane is not None  # noqa: SLF001 - the calls below come by the lane
+        for init_thread, call_thread in group.threads():
+            assert call_thread == init_thread  # CUDA's current device is per thread
+        x = DataProto.from_dict({"x": torch.arange(12).reshape(6, 2)})
+        assert torch.equal(group.echo(x).batch["x"], x.batch["x"])
+
+
+def test_references_and_large_values_take_ray_beside_the_lane() -> None:
+    with WorkerGroup(Threads, 2, backend="ray") as group:
+        ref = ray.put(torch.ones(3))
+        assert group.total(torch.ones(2)) == [("Tensor", 2.0)] * 2
+        assert group.total(ref) == [("ObjectRef", 3.0)] * 2  # handed over by Ray, unresolved as on the Ray path
+        assert group.total(torch.ones(300_000)) == [("Tensor", 300_000.0)] * 2  # past 1 MiB: the object store
+        assert group.put_back(4) == [8, 8]  # a returned reference is read, as on the Ray path
+        big = DataProto.from_dict({"x": torch.arange(600_000).reshape(6, -1)})  # results past 1 MiB, too
+        assert torch.equal(group.echo(big).batch["x"], big.batch["x"])
+
+
+def test_the_old_path_stays_behind_a_flag() -> None:
+    with WorkerGroup(Threads, 2, backend="ray", lane=False) as group:
+        assert group.executor._lane is None  # noqa: SLF001
+        assert len(group.threads()) == 2
+
+
+def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_are_in(monkeypatch) -> None:
+    doors, strangers = [], []
+    real_open = ray_lane.open_lane
+
+    def open_with_a_stranger(host: str):  # type: ignore[no-untyped-def]
+        door = real_open(host)
+        doors.append(door)
+        stranger = socket.create_connection((door.address.host, door.address.port))
+        stranger.sendall((0).to_bytes(4, "little") + b"x" * 16)  # claims rank 0 with a wrong token
+        strangers.append(stranger)
+        return door
+
+    monkeypatch.setattr(ray_lane, "open_lane", open_with_a_stranger)
+    with WorkerGroup(Threads, 2, backend="ray") as group:
+        assert len(group.threads()) == 2
+        (door,) = doors
+        assert door.strangers == 1
+        assert door.address.host == "127.0.0.1"  # every actor shares the driver's node: loopback only
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", door.address.port), timeout=5)
+        assert strangers[0].recv(1) == b""  # dropped
+        strangers[0].close()
+
+
+def test_a_driver_that_cannot_open_the_lane_falls_back_to_ray_tasks_with_a_log_line(monkeypatch, caplog) -> None:
+    from executors_ray._executor import RayExecutor
+
+    monkeypatch.setattr(RayExecutor, "_lane_host", lambda self: "192.0.2.1")  # not this machine's: bind fails
+    with caplog.at_level(logging.WARNING, logger="dispatchcore.ray"), WorkerGroup(Threads, 2, backend="ray") as group:
+        assert group.executor._lane is None  # noqa: SLF001
+        for init_thread, call_thread in group.threads():
+            assert call_thread == init_thread  # the Ray path hands calls to the same method thread
+    assert "could not join the driver's control lane" in caplog.text
