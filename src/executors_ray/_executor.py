@@ -180,7 +180,7 @@ class RayExecutor(Executor):
     def _launch(self) -> None:
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
-        packed_spec = self._packed_spec = ray.put(self._spec_payload)
+        self._packed_spec = ray.put(self._spec_payload)
         actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class(spec.methods)
         for options in actor_opts:
@@ -193,19 +193,7 @@ class RayExecutor(Executor):
         here = ray.get_runtime_context().get_node_id()
         self._same_node = all(info["node_id"] == here for info in infos)
         env = self._rank_env(infos)
-        refs = [
-            a.start.remote(
-                packed_spec,
-                rank,
-                spec.world_size,
-                env[rank],
-                spec.isolate,
-                spec.name,
-                spec.death_timeout,
-                self._lane_wanted,
-            )
-            for rank, a in enumerate(group.actors)
-        ]
+        refs = self._start_workers(range(spec.world_size), env)
         failures = self._wait(refs, deadline, "build the workers (__init__)")
         errors = [f for f in failures if f is not None]
         if errors:
@@ -213,6 +201,15 @@ class RayExecutor(Executor):
             if len(errors) > 1:
                 error.add_note(f"rank(s) {[f.rank for f in errors[1:]]} failed to start too")
             raise error
+
+    def _start_workers(self, ranks: Sequence[int], env: list[dict[str, str]]) -> list[Any]:
+        """Build the worker of each of ``ranks`` in its actor (the references to wait on)."""
+        spec, actors = self.spec, self._rank_actors.actors
+        packed, n, lane = self._packed_spec, spec.world_size, self._lane_wanted
+        return [
+            actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout, lane)
+            for r in ranks
+        ]
 
     # -- the control lane ------------------------------------------------------------
     def _join_lane(self, ranks: Sequence[int]) -> None:
@@ -300,13 +297,7 @@ class RayExecutor(Executor):
         )[0]["port"]
         group.infos[0] = {**group.infos[0], "port": port}
         env = self._rank_env(group.infos)
-        packed, n = self._packed_spec, spec.world_size
-        refs = [
-            group.actors[r].start.remote(
-                packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout, self._lane_wanted
-            )
-            for r in ranks
-        ]
+        refs = self._start_workers(ranks, env)
         failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
         if failures:
             raise failures[0].to_error()
