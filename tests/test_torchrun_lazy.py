@@ -1,9 +1,9 @@
-"""Lazy results on the torchrun backend: rows move rank to rank inside one world, never through the driver.
+"""Lazy results on the torchrun backend: rows move rank to rank, never through the driver.
 
 Self-started worlds (``backend="torchrun"`` outside a launch): each group has
 its own processes, so two roles of a colocated class (``spawn``) are the way
-to have two groups in one world.  Groups of different worlds fall back to the
-driver reading the rows, with the same result.
+to have two groups in one world.  Groups of different self-started worlds
+move rows over bridges, with the same result.
 """
 
 from __future__ import annotations
@@ -138,15 +138,66 @@ def test_reading_a_column_on_the_driver_fetches_that_column_only(roles: dict[str
     assert moved.sent_bytes == 0
 
 
-def test_groups_of_different_worlds_fall_back_to_the_driver(roles: dict[str, Any]) -> None:
-    with WorkerGroup(Use, 1, backend="torchrun") as other:  # its own self-started world
-        batch = prompts(6, 64)
+def test_groups_of_different_worlds_move_rows_over_bridges(roles: dict[str, Any]) -> None:
+    """A group of its own self-started world fetches the roles' rows over bridges: none cross the driver."""
+    with WorkerGroup(Use, 3, backend="torchrun") as other:
+        batch = prompts(10, 1024)  # 2 x 5 rows made, 3 consumers of 4 rows (2 of them padding): 80 KiB
         lazy = roles["gen"].gen.options(lazy=True)(batch)
         before = driver_traffic()
         out = other.use(lazy)
         moved = driver_traffic() - before
         assert_same(out, other.use(roles["gen"].gen(batch)))
-        assert moved.sent_bytes >= len(lazy) * 64 * 8  # the rows went through the driver
+        assert moved.sent_bytes == 0, moved
+        assert moved.total < len(lazy) * 1024 * 8 / 4, moved  # only the small digests came back
+        # Again, in reverse and with a driver-side column: the bridges built by the first call are reused.
+        reverse = other.ranks([2, 1, 0])
+        lazy.batch["adv"] = torch.arange(len(lazy), dtype=torch.float32) * 3
+        plain = roles["gen"].gen(batch)
+        plain.batch["adv"] = torch.arange(len(plain), dtype=torch.float32) * 3
+        assert_same(reverse.use(lazy), reverse.use(plain))
+
+
+@pytest.mark.timeout(90)
+def test_a_producer_killed_while_another_world_fetches_is_named_and_replaced() -> None:
+    """SIGKILL a (frozen) producer while a consumer of another world waits on it: the call names it at once.
+
+    The consumer's ``death_timeout`` is far longer than the bound asserted, so only the producing
+    world's dead mark can end the fetch in time.  The replaced rank serves from a new process (new
+    bridges); once the producing group is shut down its rows cannot be read, and the error says so.
+    """
+    if "torchrun" not in available_backends():
+        pytest.skip("torchrun backend unavailable")
+    with WorkerGroup(Use, 1, backend="torchrun", death_timeout=60.0) as consumer:
+        with WorkerGroup(Gen, 2, backend="torchrun", spare_ranks=1) as producer:
+            batch = prompts(8, 32)
+            lazy = producer.gen.options(lazy=True)(batch)
+            assert_same(consumer.use(lazy), consumer.use(producer.gen(batch)))  # bridges to both producers
+            pid = producer.pid()[1]
+            os.kill(pid, signal.SIGSTOP)
+            outcome: dict[str, BaseException] = {}
+
+            def consume() -> None:
+                try:
+                    consumer.use(lazy)
+                except BaseException as exc:  # noqa: BLE001 - the outcome under test
+                    outcome["error"] = exc
+
+            caller = threading.Thread(target=consume, daemon=True)
+            caller.start()
+            caller.join(0.5)  # the fetch waits on the frozen producer
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            caller.join(20.0)
+            assert time.monotonic() - killed < 20.0, "the fetch did not end when its producer died"
+            error = outcome.get("error")
+            assert isinstance(error, WorkerDiedError), outcome
+            assert error.rank == 1
+            producer.replace_rank(1)
+            assert producer.pid()[1] != pid
+            fresh = producer.gen.options(lazy=True)(batch)
+            assert_same(consumer.use(fresh), consumer.use(producer.gen(batch)))
+        with pytest.raises(DispatchError):
+            consumer.use(fresh)
 
 
 @pytest.mark.timeout(90)

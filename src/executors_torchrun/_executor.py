@@ -18,9 +18,11 @@ pickle round trip would give it (:func:`~dispatchcore.executor.run_isolated`);
 self-started worlds (no torchrun) put every worker in a child process.
 
 Lazy results: a consuming rank fetches its rows straight from the processes
-keeping them (``_row_plane``), when both groups live in one world (the
-launch, or one self-started group with its colocated roles); otherwise the
-driver reads the rows and sends them on (``can_fetch_rows`` says which).
+keeping them (``_row_plane``): over the world's transport when both groups
+live in one world (the launch, or one self-started group with its colocated
+roles), over bridges when they are two self-started worlds
+(``_bridge_rows``); the driver reads the rows and sends them on only for a
+world that is gone or another backend's (``can_fetch_rows`` says which).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dispatchcore.wire import RowBuffers
 
 from . import _env
 from ._bridge import BridgeLink
+from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
 from ._collective import collective_link
 from ._hub import Hub
 from ._row_plane import RowPlane
@@ -139,6 +142,9 @@ class TorchrunExecutor(Executor):
             #: The world rank (data rank) hosting each group rank; 0 is this process.
             self._data_ranks = list(ranks)
             self._world_identity = torchrun_identity()
+            #: Where this world's store is, for consumers in other self-started worlds (``_bridge_rows``);
+            #: ``None``: the launch is the only world, nothing to bridge to.
+            self._world_store: WorldStore | None = None
         else:
             #: The worker class and init arguments as every rank gets them, pickled before any process
             #: starts: one that cannot be pickled is refused with nothing started or sent.
@@ -153,11 +159,14 @@ class TorchrunExecutor(Executor):
             self._hub = self._world.hub
             self._data_ranks = [self._world.data_rank(g) for g in range(spec.world_size)]
             self._world_identity = self._world.identity
+            self._world_store = WorldStore.of(self._hub.store, self._world.prefix)
         try:
             self._start(start_timeout)
         except BaseException:
             self.shutdown()
             raise
+        if self._world is not None:
+            world_started(self._world_identity)
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
@@ -329,12 +338,21 @@ class TorchrunExecutor(Executor):
 
     # -- lazy results: rows fetched process to process ----------------------------------
     def row_address(self, rank: int) -> Any:
-        """``(world, data rank)``: the process keeping rank ``rank``'s rows (the driver for worker 0 under torchrun)."""
-        return (self._world_identity, self._data_ranks[rank])
+        """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it.
+
+        The data rank is 0 for worker 0 under torchrun (the driver); the world
+        store is ``None`` under the launcher (one world), else the self-started
+        world's :class:`~._bridge_rows.WorldStore`.
+        """
+        return (self._world_identity, self._data_ranks[rank], self._world_store)
 
     def can_fetch_rows(self, address: Any) -> bool:
-        """Rows move between processes of one world only: the launch's, or one self-started group's."""
-        return isinstance(address, tuple) and len(address) == 2 and address[0] == self._world_identity
+        """Rows of this world move over its transport; another running self-started world's, over bridges."""
+        if not (isinstance(address, tuple) and len(address) == 3):
+            return False
+        if address[0] == self._world_identity:
+            return True
+        return self._world is not None and not self._closed and reachable(address)
 
     # -- weight transfers: bridges between the ranks involved (``_bridge``) ----------------
     def tensor_address(self) -> Any:
@@ -395,6 +413,8 @@ class TorchrunExecutor(Executor):
         if self._closed:
             return
         self._closed = True
+        if self._world is not None:
+            world_stopped(self._world_identity)  # its rows can no longer be fetched over bridges
         stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
         if self._world is not None:
             self._world.stop(wait=0.5 if stuck else 10.0)

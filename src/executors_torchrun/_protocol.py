@@ -36,6 +36,13 @@ Rows of lazy results, between any two processes of a world (``_row_plane``)::
                   ("dead", fetch_id, producer, detail)            pushed by the consumer's watcher
                   ("stopped", fetch_id)                           the world is stopping
     dead/<rank>   set by the hub once it knows that process is gone (its detail)
+
+Rows for a consumer in another self-started world (``_bridge_rows``), in the producing world's store::
+
+    rows/<rank>   ("bridge", bridge_id, generation, fetch_id, [RowRequest], timeout)
+    rowsbridge/<bridge_id>
+                  ("rows", fetch_id, producer, header, first_tag, generation)   sent over the pair's bridge
+                  ("failed" | "dead" | "stopped", ...)                           as above
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lazy results' rows, moved process to process inside one world, never through the driver.
+"""Lazy results' rows, moved process to process, never through the driver.
 
 Every process of a world that hosts workers (each rank's, and the torchrun
 driver's, which hosts worker 0) runs one :class:`RowPlane`:
@@ -22,6 +22,13 @@ driver's, which hosts worker 0) runs one :class:`RowPlane`:
   the command loop fetches anyway.
 
 Row payloads use their own tags (``RowTagCounter``), never the hub's.
+
+Another world's rows (a consumer of one self-started group fetching a
+producer of another): the same request, answer and watch, through a
+``BridgeLane`` (``_bridge_rows``) instead of this world's queues and
+transport: requests go to the producing world's store, answers come on a
+queue there named by this process's bridge id, and the rows over a bridge.
+The data thread serves such requests too (``("bridge", ...)``).
 
 Death: while a fetch waits for answers, a watcher thread reads each awaited
 producer's liveness from the store: the hub's ``dead/<rank>`` mark (set
@@ -56,6 +63,7 @@ from dispatchcore.executor import (
     thread_stacks,
 )
 
+from ._bridge_rows import BridgeLane, RowBridges, WorldStore, home_of
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
 from ._transport import RowTagCounter, SendReaper, Transport
@@ -79,8 +87,12 @@ class RowPlane:
         self._reaper = SendReaper(f"dispatchcore-row-reaper{self.rank}")
         self._fetch_lock = threading.Lock()
         self._fetch_ids = itertools.count()
-        self._replies: Any = None  # the store connection fetches wait on (made on first fetch)
-        self._watch: _Watch | None = None
+        #: ``(host, port)`` of this world's store: a row address naming another is another world's.
+        self._home = home_of(store)
+        #: Per world fetched from (``None``: this one): its lane and the watcher of its producers.
+        self._lanes: dict[WorldStore | None, tuple[Any, _Watch]] = {}
+        self._bridges: RowBridges | None = None
+        self._bridges_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"dispatchcore-rows{self.rank}", daemon=True)
         self._thread.start()
@@ -102,6 +114,12 @@ class RowPlane:
                 return
             if message[0] == "quit":
                 return
+            if message[0] == "bridge":  # a consumer in another world (``_bridge_rows``)
+                try:
+                    self.row_bridges().answer(store, message)
+                except Exception:  # noqa: BLE001, S110 - the requester (or the store) is gone
+                    pass
+                continue
             if message[0] == "free":
                 free_kept_rows(message[1])
                 continue
@@ -177,53 +195,106 @@ class RowPlane:
     def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
         """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them.
 
-        ``request.address`` is ``(world, data rank)``; ``death_timeout`` (the
+        ``request.address`` is ``(world, data rank, world store)``: a world
+        store other than this process's names another self-started world,
+        reached over bridges (``_bridge_rows``).  ``death_timeout`` (the
         consuming group's) bounds the wait on a silent producer.
         """
         out: list[DataProto | None] = [None] * len(requests)
-        by_process: dict[int, list[int]] = {}
+        plan: dict[WorldStore | None, dict[int, list[int]]] = {}
         for i, request in enumerate(requests):
-            if request.address[1] == self.rank:  # kept here after all (or freed: this raises saying so)
+            world, d = self._world_of(request.address), int(request.address[1])
+            if world is None and d == self.rank:  # kept here after all (or freed: this raises saying so)
                 out[i] = take_kept_rows(request)
             else:
-                by_process.setdefault(int(request.address[1]), []).append(i)
-        if not by_process:
-            return [part for part in out if part is not None]
-        # The producing group's rank of each process, for errors.
-        producers = {d: requests[index[0]].rank for d, index in by_process.items()}
-        with self._fetch_lock:
-            if self._closed:
-                raise DispatchError("this process is leaving: its torchrun world was stopped")
-            replies, watch = self._fetching()
-            fetch_id = next(self._fetch_ids)
-            for d, index in by_process.items():
-                message = ("fetch", self.rank, fetch_id, [requests[i] for i in index])
-                replies.queue_push(rows_key(d), encode(message))
-            watched = watch.begin(fetch_id, producers, death_timeout)
-            try:
-                answers = self._receive(replies, watched)
-            finally:
-                watch.end()
-        for d, index in by_process.items():
-            for i, part in zip(index, answers[d], strict=True):
-                out[i] = part
+                plan.setdefault(world, {}).setdefault(d, []).append(i)
+        if plan:
+            with self._fetch_lock:
+                if self._closed:
+                    raise DispatchError("this process is leaving: its torchrun world was stopped")
+                for world, by_process in plan.items():
+                    answers = self._fetch_from(world, requests, by_process, death_timeout)
+                    for d, index in by_process.items():
+                        for i, part in zip(index, answers[d], strict=True):
+                            out[i] = part
         return [part for part in out if part is not None]
 
-    def _fetching(self) -> tuple[Any, _Watch]:
-        if self._replies is None:
-            self._replies = self._store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
-        if self._watch is None:
-            self._watch = _Watch(self._store.clone(), rows_reply_key(self.rank))  # type: ignore[attr-defined]
-        return self._replies, self._watch
+    def _world_of(self, address: Any) -> WorldStore | None:
+        """The other world an address names, or ``None`` for this process's own world."""
+        world = address[2] if len(address) > 2 else None
+        if world is None or (world.host, world.port) == self._home:
+            return None
+        return world  # type: ignore[no-any-return]
 
-    def _receive(self, replies: Any, watched: _Watched) -> dict[int, list[DataProto]]:
+    def _fetch_from(
+        self, world: WorldStore | None, requests: Sequence[RowRequest], by_process: dict[int, list[int]], bound: float
+    ) -> dict[int, list[DataProto]]:
+        """One world's share of a fetch: a request to each producing process first, then every answer."""
+        producers = {d: requests[index[0]].rank for d, index in by_process.items()}  # group ranks, for errors
+        lane, watch = self._lane(world, producers, bound)
+        fetch_id = next(self._fetch_ids)
+        try:
+            for d, index in by_process.items():
+                lane.request(d, fetch_id, [requests[i] for i in index], bound)
+        except Exception as exc:  # noqa: BLE001 - the producing world's store is gone
+            self._drop_lane(world)
+            raise _unreachable(producers, exc) from exc
+        watched = watch.begin(fetch_id, producers, bound)
+        try:
+            return self._receive(lane, watched)
+        finally:
+            watch.end()
+
+    def _lane(self, world: WorldStore | None, producers: dict[int, int], bound: float) -> tuple[Any, _Watch]:
+        """The way to ``world``'s rows (made on first use) and the watcher of its producers."""
+        entry = self._lanes.get(world)
+        if entry is None:
+            lane: _HomeLane | BridgeLane
+            try:
+                if world is None:
+                    lane = _HomeLane(self)
+                    watch = _Watch(self._store.clone(), lane.key)  # type: ignore[attr-defined]
+                else:
+                    self._prune()
+                    lane = BridgeLane(self.row_bridges(), world, bound)
+                    watch = _Watch(lane.connect(), lane.key, home=self._store.clone())  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the store (this world's, or the producers') is gone
+                raise _unreachable(producers, exc) from exc
+            entry = self._lanes[world] = (lane, watch)
+        return entry
+
+    def _prune(self) -> None:
+        """Drop the lanes to other worlds that have stopped (their connections and watchers go with them)."""
+        for world, (lane, _) in list(self._lanes.items()):
+            if world is None:
+                continue
+            try:
+                gone = lane.store.check([STOPPING_KEY])
+            except Exception:  # noqa: BLE001 - its store is gone
+                gone = True
+            if gone:
+                self._drop_lane(world)
+
+    def _drop_lane(self, world: WorldStore | None) -> None:
+        entry = self._lanes.pop(world, None)
+        if entry is not None:
+            entry[1].close()
+            entry[0].close()
+
+    def row_bridges(self) -> RowBridges:
+        """This process's bridges to other worlds (serving and fetching), made on first use."""
+        with self._bridges_lock:
+            if self._bridges is None:
+                self._bridges = RowBridges(self.rank)
+            return self._bridges
+
+    def _receive(self, lane: Any, watched: _Watched) -> dict[int, list[DataProto]]:
         """Post the receives of each producer's rows as its answer comes; then wait for all of them."""
-        key = rows_reply_key(self.rank)
         posted: dict[int, tuple[Header, list[Any], list[Any], list[Any]]] = {}
         error: BaseException | None = None
         while watched.pending() and error is None:
             try:
-                message = decode(replies.queue_pop(key, True))
+                message = decode(lane.replies.queue_pop(lane.key, True))
             except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
                 continue
             except Exception as exc:  # noqa: BLE001 - the store is gone: the world is over
@@ -232,13 +303,14 @@ class RowPlane:
             kind, fetch_id = message[0], message[1]
             if fetch_id != watched.fetch_id:  # left over from a fetch that ended early
                 if kind == "rows":
-                    self._drain(*message[2:])
+                    _drain(lane, *message[2:])
                 continue
             if kind == "rows":
-                _, _, d, header, first = message
+                d, header, first, *extra = message[2:]
                 try:
-                    posted[d] = (header, *self._post_recv(header, d, first))
-                except Exception as exc:  # noqa: BLE001 - a torn connection
+                    posted[d] = (header, *lane.post_recv(d, header, first, *extra))
+                except Exception as exc:  # noqa: BLE001 - a torn connection (or a bridge never built)
+                    lane.failed(d)
                     error = _died(watched.producers[d], exc)
                 watched.answered(d)
             elif kind == "failed":
@@ -256,23 +328,11 @@ class RowPlane:
                     work.wait()
                 answers[d] = unpack(header, buffers, device)
             except Exception as exc:  # noqa: BLE001 - a torn connection: the producer died mid-transfer
+                lane.failed(d)
                 error = error or _died(watched.producers[d], exc)
         if error is not None:
             raise error
         return answers
-
-    def _post_recv(self, header: Header, d: int, first: int) -> tuple[list[Any], list[Any], list[Any]]:
-        return self._transport.post_recv(
-            header, d, first, self._tags, device_group=lambda: self._transport.rows_device_group(d, self.rank)
-        )
-
-    def _drain(self, d: int, header: Header, first: int) -> None:
-        """Receive and drop rows an abandoned fetch asked for, so their sender is not left waiting."""
-        try:
-            for work in self._post_recv(header, d, first)[2]:
-                work.wait()
-        except Exception:  # noqa: BLE001, S110 - the producer is gone
-            pass
 
     # -- stopping -----------------------------------------------------------------------
     def close(self, timeout: float = 1.0) -> None:
@@ -285,12 +345,51 @@ class RowPlane:
         except Exception:  # noqa: BLE001, S110 - the store is gone: so is the data thread's pop
             pass
         self._thread.join(timeout)
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
-        self._replies = None  # its store connection goes with it
+        for world in list(self._lanes):
+            self._drop_lane(world)  # their store connections go with them
         self._reaper.drain(timeout)
         self._reaper.close()
+        if self._bridges is not None:
+            self._bridges.close(timeout)
+
+
+class _HomeLane:
+    """This world's rows: a request on each producer's queue, answers on this process's, the world's transport."""
+
+    def __init__(self, plane: RowPlane) -> None:
+        self._plane = plane
+        self.key = rows_reply_key(plane.rank)
+        self.replies = plane._store.clone()  # type: ignore[attr-defined]  # the connection fetches wait on
+
+    def request(self, d: int, fetch_id: int, requests: list[RowRequest], death_timeout: float) -> None:
+        self._plane._store.queue_push(rows_key(d), encode(("fetch", self._plane.rank, fetch_id, requests)))
+
+    def post_recv(self, d: int, header: Header, first: int) -> tuple[list[Any], list[Any], list[Any]]:
+        plane = self._plane
+        transport = plane._transport
+        return transport.post_recv(
+            header, d, first, plane._tags, device_group=lambda: transport.rows_device_group(d, plane.rank)
+        )
+
+    def failed(self, d: int) -> None:
+        """Nothing to drop: the world's transport is shared, and a dead process is marked by the hub."""
+
+    def close(self) -> None:
+        self.replies = None
+
+
+def _drain(lane: Any, d: int, header: Header, first: int, *extra: Any) -> None:
+    """Receive and drop rows an abandoned fetch asked for, so their sender is not left waiting."""
+    try:
+        for work in lane.post_recv(d, header, first, *extra)[2]:
+            work.wait()
+    except Exception:  # noqa: BLE001 - the producer is gone
+        lane.failed(d)
+
+
+def _unreachable(producers: dict[int, int], exc: BaseException) -> DispatchError:
+    ranks = sorted(producers.values())
+    return DispatchError(f"cannot reach the torchrun world keeping the rows of rank(s) {ranks} (shut down?): {exc}")
 
 
 def _died(rank: int, exc: BaseException) -> WorkerDiedError:
@@ -329,8 +428,10 @@ class _Watched:
 class _Watch:
     """The watcher thread of one process: ends a fetch's wait when a producer it awaits is gone."""
 
-    def __init__(self, store: dist.Store, reply_key: str) -> None:
+    def __init__(self, store: dist.Store, reply_key: str, home: dist.Store | None = None) -> None:
+        """``store``: the producers' world's; ``home``: this process's own, when that is another world."""
         self._store = store
+        self._home = home
         self._reply_key = reply_key
         self._cond = threading.Condition()
         self._current: _Watched | None = None
@@ -383,7 +484,7 @@ class _Watch:
         """The message that ends ``watched``'s wait, or ``None`` while every awaited producer lives."""
         store = self._store
         try:
-            if store.check([STOPPING_KEY]):
+            if store.check([STOPPING_KEY]) or (self._home is not None and self._home.check([STOPPING_KEY])):
                 return ("stopped", watched.fetch_id)
             now = time.monotonic()
             for d in watched.awaited():

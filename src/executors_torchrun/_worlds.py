@@ -70,6 +70,8 @@ class SpawnedWorld:
         prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         #: Names this world in row addresses: only its own processes can move rows to one another.
         self.identity = f"spawned:{prefix}"
+        #: Prefixes every key of this world in its store (another world's ranks fetch rows under it too).
+        self.prefix = prefix
         store = dist.PrefixStore(prefix, master)
         self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
