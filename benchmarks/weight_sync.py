@@ -21,8 +21,16 @@ of it, copying every tensor into its preallocated parameters in its
   ``torchrun --standalone --nproc-per-node=4 benchmarks/weight_sync.py
   --backends torchrun`` for two groups in one world (ranks 0-1 and 2-3).
 
-Prints seconds, GB/s (weight-set bytes delivered to every rollout rank per
-second), bytes through the driver (``driver_traffic()``) and floor/ours.
+Each backend is measured twice on the same groups: the rollout copying
+every tensor into its parameters in ``load_weights`` (as vLLM does), and
+the rollout lending its parameters (``weight_buffers``) so the weights land
+in place.  Prints seconds, GB/s (weight-set bytes delivered to every
+rollout rank per second), floor/ours, bytes through the driver
+(``driver_traffic()``) and the peak extra memory of each rank process: its
+resident high-water mark over the repeats (reset with Linux ``clear_refs``
+just before) less its resident size just before, so buffers the process
+kept from earlier transfers (its buffer pool) count only if they grew.  On
+``local`` all four ranks share one process: one figure for all of them.
 """
 
 from __future__ import annotations
@@ -63,12 +71,42 @@ def weight_set(mib: int) -> Spec:
     return spec
 
 
+def mem_mark() -> int:
+    """Reset this process's resident high-water mark to now (Linux ``clear_refs``); resident bytes now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS")
+
+
+def mem_peak() -> int:
+    """This process's resident high-water mark since the last :func:`mem_mark`, in bytes."""
+    return _status("VmHWM")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) << 10
+    raise KeyError(key)
+
+
 def half(n: int, rank: int) -> tuple[int, int]:
     mid = (n + 1) // 2
     return (0, mid) if rank == 0 else (mid, n)
 
 
-class Trainer(Worker):
+class Memory(Worker):
+    @register(Dispatch.ONE_TO_ALL)
+    def mem_mark(self) -> int:
+        return mem_mark()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def mem_peak(self) -> int:
+        return mem_peak()
+
+
+class Trainer(Memory):
     def __init__(self, spec: Spec) -> None:
         self.shards = {}
         for name, (shape, dtype) in spec.items():
@@ -114,7 +152,7 @@ def _join(worker: Any, port: int, rank: int) -> int:
     return 0
 
 
-class Rollout(Worker):
+class Rollout(Memory):
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.params = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in spec.items()}
@@ -122,6 +160,10 @@ class Rollout(Worker):
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in weights:
             self.params[name].copy_(t)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.params.values()))
 
     @register(Dispatch.ONE_TO_ALL)
     def floor_get(self, first: Any, second: Any) -> int:
@@ -150,8 +192,12 @@ class Rollout(Worker):
         return 0
 
     @register(Dispatch.ONE_TO_ALL)
-    def checksum(self) -> float:
-        return float(sum(p.double().sum() for p in self.params.values()))
+    def set_lend(self, lend: bool) -> None:
+        self.lend = lend
+
+    def weight_buffers(self, shapes: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """With ``lend`` on, the parameters themselves: the weights land in place (no copy in ``load_weights``)."""
+        return self.params if getattr(self, "lend", False) else {}
 
 
 def local_floor(spec: Spec, shards: list[dict[str, Shard]], params: list[dict[str, torch.Tensor]]) -> None:
@@ -202,7 +248,17 @@ def torchrun_floor(src: Any, dst: Any, repeats: int) -> float:
     return floor
 
 
-def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]:
+def measured(fn: Any, repeats: int, marks: list[Any]) -> tuple[float, list[int]]:
+    """Median seconds of ``fn`` and each process's resident high-water mark over it, above the level before."""
+    before = [m[0]() for m in marks]
+    seconds = timed(fn, repeats)
+    return seconds, [
+        max(0, peak - base) for m, b in zip(marks, before, strict=True) for peak, base in zip(m[1](), b, strict=True)
+    ]
+
+
+def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[list[object]]:
+    """Rows for ``backend``: ours (copying in ``load_weights``), ours with lent parameters, against the floor."""
     nbytes = sum(s[1].itemsize * int(torch.Size(s[0]).numel()) for s in spec.values())
     launched = "TORCHELASTIC_RUN_ID" in os.environ
     placed: list[dict[str, Any]] = [{"ranks": [0, 1]}, {"ranks": [2, 3]}] if launched else [{}, {}]
@@ -210,10 +266,17 @@ def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]
         WorkerGroup(Trainer, 2, backend=backend, init_kwargs={"spec": spec}, **placed[0]) as src,
         WorkerGroup(Rollout, 2, backend=backend, init_kwargs={"spec": spec}, **placed[1]) as dst,
     ):
+        if backend == "local":  # one process: its high-water mark covers all four ranks
+            marks: list[Any] = [(lambda: [mem_mark()], lambda: [mem_peak()])]
+        else:
+            marks = [(wg.mem_mark, wg.mem_peak) for wg in (src, dst)]
         sync = WeightSync(src, dst, bucket_bytes=bucket_mib << 20)
-        before = driver_traffic()
-        ours = timed(lambda: sync(version=0), repeats)
-        crossed = (driver_traffic() - before).total
+        results = {}
+        for lend in (False, True):
+            dst.set_lend(lend)
+            before = driver_traffic()
+            ours, peaks = measured(lambda: sync(version=0), repeats, marks)
+            results[lend] = (ours, peaks, (driver_traffic() - before).total, dst.checksum())
         if backend == "local":
             executor: Any = src.executor
             shards = [executor.rank_threads[r].host.worker.shards for r in range(2)]
@@ -221,23 +284,25 @@ def run(backend: str, spec: Spec, repeats: int, bucket_mib: int) -> list[object]
             floor = timed(lambda: local_floor(spec, shards, params), repeats)
         elif backend == "torchrun":
             floor = torchrun_floor(src, dst, repeats)
-            backend = "torchrun, one world" if launched else "torchrun, two worlds"
+            backend = "torchrun, one launch" if launched else "torchrun, two worlds"
         else:
             floor = timed(lambda: dst.floor_get(*src.floor_put()), repeats)
-        sums = dst.checksum()
-    gbps = nbytes / ours / 1e9
-    ratio = floor / ours
-    return [
-        backend,
-        f"{nbytes / 2**20:.0f} MiB / {len(spec)}",
-        ours,
-        gbps,
-        floor,
-        nbytes / floor / 1e9,
-        crossed,
-        f"{ratio:.2f} ({'met' if ratio >= 0.8 else 'not met'})",
-        "ok" if sums[0] == sums[1] else "MISMATCH",
-    ]
+    rows = []
+    for lend, (ours, peaks, crossed, sums) in results.items():
+        ratio = floor / ours
+        rows.append([
+            backend,
+            f"{nbytes / 2**20:.0f} MiB / {len(spec)}",
+            "lent params" if lend else "copy in load_weights",
+            ours,
+            nbytes / ours / 1e9,
+            nbytes / floor / 1e9,
+            f"{ratio:.2f} ({'met' if ratio >= 0.8 else 'not met'})",
+            crossed,
+            " / ".join(f"{p / 2**20:.0f}" for p in peaks),
+            "ok" if sums[0] == sums[1] else "MISMATCH",
+        ])  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -256,16 +321,17 @@ def main() -> None:
 
             if not ray.is_initialized():
                 ray.init(include_dashboard=False, log_to_driver=False)
-        rows.append(run(backend, spec, repeats, args.bucket_mib))
+        rows.extend(run(backend, spec, repeats, args.bucket_mib))
     header = [
         "backend",
         "weights",
+        "destination",
         "ours s",
         "ours GB/s",
-        "floor s",
         "floor GB/s",
-        "driver bytes",
         "floor/ours",
+        "driver bytes",
+        "peak extra MiB per rank (trainer 0 / 1 / rollout 0 / 1)",
         "check",
     ]
     print_table(

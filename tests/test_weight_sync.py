@@ -75,12 +75,16 @@ def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: 
     shapes = {n: (s.full_shape, s.dtype) for n, s in tensors.items()}
     wants = [run_step(h, (("want", 1, "weight_slices", shapes),)) for h in dst]
     plan = plan_transfer(held, tensors, wants, bucket_bytes)
+    for s, h in enumerate(src):
+        run_step(h, (("sends", 1, {b.index: b for b in plan.buckets if b.source == s}),))
     for d, h in enumerate(dst):
-        run_step(h, (("begin", 1, plan.wanted[d], "load_weights", False),))
+        mine = {b.index: b for b in plan.buckets if d in b.destinations}
+        run_step(h, (("begin", 1, mine, plan.wanted[d], "load_weights", False, "weight_buffers"),))
     for bucket in plan.buckets:
-        token = run_step(src[bucket.source], (("pack", 1, bucket),))
+        token = run_step(src[bucket.source], (("pack", 1, bucket.index),))
         for d in bucket.destinations:
-            run_step(dst[d], (("apply", 1, bucket), token))
+            run_step(dst[d], (("fetch", 1, bucket.index), token))
+            run_step(dst[d], (("apply", 1, bucket.index),))
     for h in dst:
         assert run_step(h, (("commit", 1, version),)) == version
     return plan
@@ -292,3 +296,33 @@ def test_a_colocated_role_offers_and_applies_without_register() -> None:
         WeightSync(parts["trainer"], dst)(version=1)
         WeightSync(parts["trainer"], parts["sink"])(version=2)
         assert list(dst.seen()[0]) == ["t"] and list(parts["sink"].seen()[0]) == ["t"]
+
+
+class _Lender(_Pointers):
+    def __init__(self, shape: tuple[int, ...] = (3, 4)) -> None:
+        super().__init__()
+        self.param = torch.zeros(shape)
+
+    def weight_buffers(self, shapes: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {"t": self.param}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def lent(self) -> tuple[int, torch.Tensor]:
+        return self.param.data_ptr(), self.param.clone()
+
+
+def test_lent_buffers_are_filled_in_place_and_applied_as_themselves() -> None:
+    with WorkerGroup(_Holder, 1, backend="local") as src, WorkerGroup(_Lender, 2, backend="local") as dst:
+        WeightSync(src, dst, bucket_bytes=20)(version=1)  # several buckets, boundaries inside the tensor
+        for (pointer, value), seen in zip(dst.lent(), dst.seen(), strict=True):
+            assert seen["t"] == pointer and torch.equal(value, _HELD)
+
+
+def test_a_lent_buffer_of_the_wrong_shape_is_refused() -> None:
+    with (
+        WorkerGroup(_Holder, 1, backend="local") as src,
+        WorkerGroup(_Lender, 1, backend="local", init_kwargs={"shape": (4, 3)}) as dst,
+    ):
+        with pytest.raises(Exception, match="weight_buffers lends 't'"):
+            WeightSync(src, dst)(version=1)
+        assert dst.lent()[0][1].count_nonzero() == 0

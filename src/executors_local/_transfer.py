@@ -2,8 +2,9 @@
 
 A source rank publishes its pieces as views of the offered tensors (no
 copy; the core keeps the source dtype so the one copy also casts); each
-destination rank takes them and copies them once into its own buffers, or
-keeps a whole tensor as it is when its group is ``isolate=False``.  The
+destination rank copies them once into the places the core gives (its own
+buffers), or keeps a whole tensor as it is when its group is
+``isolate=False``.  The
 last reader drops the entry; a transfer that failed half way may leave an
 entry behind, which holds views only (no memory of its own).
 """
@@ -12,9 +13,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+#: What ``receive`` returns: wait for the bucket, get ``(tensors, shared)`` (``TensorLink``).
+Arrival = Callable[[], tuple[list[torch.Tensor], bool]]
 
 
 class LocalTensorLink:
@@ -34,14 +39,19 @@ class LocalTensorLink:
             self._held[key] = [tensors, readers]
         return key
 
-    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
-        """The views published under ``token``: shared memory (the core copies unless ``isolate=False``)."""
+    def receive(self, token: Any, into: list[torch.Tensor | None]) -> Arrival:
+        """Copy the views published under ``token`` into ``into`` (casting); the rest stay shared views."""
         with self._lock:
             entry = self._held[token]
             entry[1] -= 1
             if entry[1] <= 0:
                 del self._held[token]
-        return entry[0], True
+        got = []
+        for x, target in zip(entry[0], into, strict=True):
+            if target is not None:
+                target.copy_(x.reshape(target.shape))
+            got.append(x if target is None else target)
+        return lambda: (got, True)
 
 
 LINK = LocalTensorLink()

@@ -3,8 +3,10 @@
 The source rank puts the bucket's pieces (cast and contiguous, as uint8
 numpy views: Ray writes them into the object store with one copy and no
 pickling of torch); the driver forwards only the ``ObjectRef``; each
-destination rank ``ray.get`` s it, zero-copy and read-only, so the core
-copies on receipt unless the destination group is ``isolate=False``.  The
+destination rank ``ray.get`` s it, zero-copy and read-only, and copies
+each piece once into the place the core gives (its rows of the name's
+buffer); a whole piece stays store memory only when the destination group
+is ``isolate=False``.  The
 object belongs to the source rank: when that rank dies first, the read
 fails and is reported as the source's death (``TensorSourceLost``).
 """
@@ -12,6 +14,7 @@ fails and is reported as the source's death (``TensorSourceLost``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,13 +36,20 @@ class RayTensorLink:
 
         return ray.put([t.reshape(-1).view(torch.uint8).numpy() for t in tensors])
 
-    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
+    def receive(self, token: Any, into: list[torch.Tensor | None]) -> Callable[[], tuple[list[torch.Tensor], bool]]:
+        """``ray.get`` the bucket and copy each piece into its place in ``into`` (the rest: store memory)."""
         import ray
 
         try:
             arrays = ray.get(token, timeout=self._timeout)
         except Exception as exc:  # noqa: BLE001 - owner died, object lost, or a read past the bound
             raise TensorSourceLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        got = []
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read-only store memory: the core copies it unless isolate=False
-            return [torch.from_numpy(a) for a in arrays], True
+            warnings.simplefilter("ignore")  # read-only store memory: only read here, or handed on as shared
+            for a, target in zip(arrays, into, strict=True):
+                x = torch.from_numpy(a)
+                if target is not None:
+                    target.reshape(-1).view(torch.uint8).copy_(x)
+                got.append(x if target is None else target)
+        return lambda: (got, True)

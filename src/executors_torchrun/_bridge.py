@@ -20,11 +20,13 @@ never sees sends both ways.
   (already cast and contiguous) under a key and returns a token naming the
   store, this process's bridge id, the key and each piece's size.  Nothing
   is sent yet: the source does not know which processes will read.
-* **receive** (destination rank, in ``apply``): posts a request on the
-  source process's queue, builds (or reuses) the bridge, receives each
-  piece into fresh private memory on its device, and returns them with
-  ``shared=False``: the core assembles them where the plan needs it and
-  otherwise hands them to ``load_weights`` as they are (no further copy).
+* **receive** (destination rank, in ``fetch``): posts a request on the
+  source process's queue, builds (or reuses) the bridge and posts a receive
+  of each piece straight into the place the core gives it (its rows of the
+  name's buffer, private memory from the buffer pool; a CUDA piece lands on
+  its device first), then returns; the core's ``apply`` step waits for it
+  and hands the completed tensors to ``load_weights`` (no further copy), so
+  the next bucket arrives while the current one is applied.
 * The source's bridge thread pops requests beside its command loop (a rank
   busy in a call still sends), posts the sends and drops a bucket once every
   reader asked for it.
@@ -42,6 +44,8 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -50,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore.executor import LOOPBACK, TensorSourceLost
+from dispatchcore.wire import numpy_tensor
 
 from ._protocol import FOREVER_S, decode, encode
 from ._transport import SendReaper, _gloo_group
@@ -57,6 +62,8 @@ from ._transport import SendReaper, _gloo_group
 #: Keys of every bridge live under this prefix of the raw store.
 _ROOT = "dispatchcore-bridge"
 _TAG_SPACE = 1 << 30
+#: What ``receive`` returns: wait for the bucket, get ``(tensors, shared)`` (``TensorLink``).
+Arrival = Callable[[], tuple[list[torch.Tensor], bool]]
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class Bridge:
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
-        self._tags = itertools.count()
+        self._next_tag = 0
         self._held: dict[int, list[Any]] = {}
         self._stores: dict[tuple[str, int], dist.Store] = {}
         self._groups: dict[tuple[str, str, bool], Any] = {}
@@ -150,26 +157,61 @@ class Bridge:
         self._reaper.add(works, tensors)
 
     # -- destination side -----------------------------------------------------------------
-    def receive(self, token: Token, timeout: float) -> list[torch.Tensor]:
-        """Ask the source for ``token``'s pieces and receive them into private memory."""
-        first = next(self._tags) * len(token.pieces) % _TAG_SPACE
+    def receive(self, token: Token, into: list[torch.Tensor | None], timeout: float) -> Arrival:
+        """Ask the source for ``token``'s pieces and start receiving them: into ``into``, or private memory.
+
+        Returns at once; the callable waits for every piece (a CUDA piece
+        given a CPU place lands on its device first, then is copied there).
+        """
+        with self._lock:
+            first = self._next_tag
+            self._next_tag = (first + len(token.pieces)) % _TAG_SPACE
         try:
             store = self._connect(token.host, token.port, timeout)
             store.queue_push(_serve_key(token.source), encode(("send", self.id, token.key, first)))
             device = torch.device("cuda", torch.cuda.current_device()) if any(c for _, c in token.pieces) else None
             out, works = [], []
-            for i, (nbytes, cuda) in enumerate(token.pieces):
-                buf = torch.empty(nbytes, dtype=torch.uint8, device=device if cuda else "cpu")
+            for i, ((nbytes, cuda), target) in enumerate(zip(token.pieces, into, strict=True)):
+                direct = target is not None and not cuda
+                buf = target.reshape(-1).view(torch.uint8) if direct else _buffer(nbytes, device if cuda else None)
                 out.append(buf)
                 if nbytes:
                     group = self._group(token.host, token.port, token.source, self.id, 1, cuda, timeout)
                     works.append(group.recv([buf], 0, (first + i) % _TAG_SPACE if not cuda else 0))
-            for work in works:
-                work.wait()
         except Exception as exc:  # noqa: BLE001 - a torn bridge or a silent source: the core names it
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise TensorSourceLost(f"bridge to the source process failed: {text.split('] ', 1)[-1]}") from exc
-        return out
+            raise _lost(exc) from exc
+        waited: list[bool] = []
+
+        def arrival() -> tuple[list[torch.Tensor], bool]:
+            waited.append(True)
+            try:
+                for work in works:
+                    work.wait()
+            except Exception as exc:  # noqa: BLE001 - as above
+                raise _lost(exc) from exc
+            got = []
+            for buf, target in zip(out, into, strict=True):
+                if target is not None and buf.is_cuda:
+                    target.reshape(-1).view(torch.uint8).copy_(buf)
+                got.append(buf if target is None else target)
+            return got, False
+
+        weakref.finalize(arrival, self._abandoned, works, out, waited).atexit = False
+        return arrival
+
+    def _abandoned(self, works: list[Any], buffers: list[torch.Tensor], waited: list[bool]) -> None:
+        """A dropped transfer's receives never waited on: held (with their buffers) until done, then let go.
+
+        A gloo receive completes only through ``wait()``, once (a second wait
+        blocks), so only receives nobody waited on go to the reaper.
+        """
+        if waited or not works:
+            return
+        with self._lock:
+            if self._reaper is None:
+                self._reaper = SendReaper(f"dispatchcore-bridge-reaper-{self.id[:6]}")
+            reaper = self._reaper
+        reaper.add(works, buffers)
 
     # -- groups and stores ----------------------------------------------------------------
     def _connect(self, host: str, port: int, timeout: float, fresh: bool = False) -> dist.Store:
@@ -221,6 +263,18 @@ class Bridge:
         self._stores.clear()
 
 
+def _buffer(nbytes: int, device: torch.device | None) -> torch.Tensor:
+    """Private memory to receive ``nbytes`` into: the process's buffer pool on CPU."""
+    if device is None:
+        return numpy_tensor((nbytes,), torch.uint8)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _lost(exc: BaseException) -> TensorSourceLost:
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    return TensorSourceLost(f"bridge to the source process failed: {text.split('] ', 1)[-1]}")
+
+
 class BridgeLink:
     """The :class:`~dispatchcore.executor.TensorLink` of one torchrun rank: its process's bridge, its group's bound."""
 
@@ -233,12 +287,16 @@ class BridgeLink:
     def publish(self, tensors: list[torch.Tensor], readers: int) -> Token:
         return self._bridge.publish(tensors, readers, self._timeout)
 
-    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]:
+    def receive(self, token: Any, into: list[torch.Tensor | None]) -> Arrival:
         """The bucket's pieces: in place when the source is this process (colocated roles), else received."""
-        if token.source == self._bridge.id:
-            pieces = self._bridge.take(token.key)
-            if pieces is None:
-                raise TensorSourceLost("the bucket was dropped before it was read")
-            return pieces, True  # the source's memory: the core copies unless isolate=False
-        return self._bridge.receive(token, self._timeout), False
-        return self._bridge.receive(token, self._timeout), False
+        if token.source != self._bridge.id:
+            return self._bridge.receive(token, into, self._timeout)
+        pieces = self._bridge.take(token.key)
+        if pieces is None:
+            raise TensorSourceLost("the bucket was dropped before it was read")
+        got = []
+        for x, target in zip(pieces, into, strict=True):
+            if target is not None:
+                target.reshape(-1).view(torch.uint8).copy_(x)
+            got.append(x if target is None else target)
+        return lambda: (got, True)  # the source's memory where kept: the core copies unless isolate=False

@@ -74,7 +74,10 @@ class WeightSync:
     each destination rank's ``apply`` method is called once per bucket with
     a list of ``(name, tensor)`` it completed; an optional ``want`` method
     gets ``{name: (shape, dtype)}`` and returns ``{name: Slice}`` for the
-    names it wants a slice of (the rest arrive whole).  ``rename`` maps a
+    names it wants a slice of (the rest arrive whole); an optional ``lend``
+    method gets ``{name: (shape, dtype)}`` of what will arrive and returns
+    ``{name: tensor}`` of its own memory for names to land in (then applied
+    as that same tensor: no copy between receive and apply).  ``rename`` maps a
     source name to a destination name (``None`` drops it), ``dtype`` casts on
     the way (one dtype: floating-point tensors only; a mapping: by destination
     name), ``names`` keeps a subset (source names).  After a complete
@@ -89,6 +92,7 @@ class WeightSync:
         offer: str = "weights",
         apply: str = "load_weights",
         want: str = "weight_slices",
+        lend: str = "weight_buffers",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         rename: Rename | None = None,
         dtype: Dtypes | None = None,
@@ -97,7 +101,7 @@ class WeightSync:
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
         self.source, self.destination = source, destination
-        self.offer, self.apply, self.want = offer, apply, want
+        self.offer, self.apply, self.want, self.lend = offer, apply, want, lend
         self.bucket_bytes = int(bucket_bytes)
         self.rename, self.dtype, self.names = rename, dtype, names
         self._lock = threading.Lock()
@@ -160,8 +164,12 @@ class WeightSync:
             step = (("want", tid, dst.prefix + self.want, shapes),)
             wants = wait(dst, submit(dst, everyone_dst, [step] * len(dst.ranks)), "want")
             plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
-            begins = [(("begin", tid, plan.wanted[d], dst.prefix + self.apply, not dst.isolate),) for d in everyone_dst]
-            wait(dst, submit(dst, everyone_dst, begins), "begin")
+            how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
+            begins = [(("begin", tid, _buckets(plan, d), plan.wanted[d], *how),) for d in everyone_dst]
+            sends = [(("sends", tid, _buckets(plan, source=s)),) for s in everyone_src]
+            handles = [(src, submit(src, everyone_src, sends)), (dst, submit(dst, everyone_dst, begins))]
+            for side, handle in handles:
+                wait(side, handle, "begin")
             driver_bytes = _move(plan, src, dst, tid, through_driver=transport == "driver")
             wait(dst, submit(dst, everyone_dst, [(("commit", tid, version),)] * len(dst.ranks)), "commit")
             ok = True
@@ -210,17 +218,29 @@ def _renamed(rename: Rename | None, name: str) -> str | None:
     return rename.get(name, name)
 
 
+def _buckets(plan: TransferPlan, destination: int = -1, source: int = -1) -> dict[int, Bucket]:
+    """The buckets one rank takes part in, by index: each rank gets them once, each step names one."""
+    return {b.index: b for b in plan.buckets if destination in b.destinations or b.source == source}
+
+
 def _move(plan: TransferPlan, src: Side, dst: Side, tid: int, through_driver: bool) -> int:
-    """Every bucket, at most two per source rank in flight; the bytes that crossed the driver."""
+    """Every bucket, at most two per source rank in flight; the bytes that crossed the driver.
+
+    A bucket's destinations get ``fetch`` as soon as its source packed it and
+    ``apply`` only after the next bucket's ``fetch`` (or at the end): each
+    destination runs its steps in order, so the next bucket is on its way
+    while the current one is applied.
+    """
     window = 2 * max(1, len(src.ranks))
     pending = deque(plan.buckets)
     packing: deque[tuple[Bucket, Any]] = deque()
+    fetched: deque[tuple[Bucket, Any]] = deque()
     applying: deque[tuple[Bucket, Any]] = deque()
     crossed = 0
-    while pending or packing or applying:
-        while pending and len(packing) + len(applying) < window:
+    while pending or packing or fetched or applying:
+        while pending and len(packing) + len(fetched) + len(applying) < window:
             bucket = pending.popleft()
-            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket),)])))
+            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket.index),)])))
         if packing:
             bucket, handle = packing.popleft()
             token = wait(src, handle, "pack")[0]
@@ -229,16 +249,27 @@ def _move(plan: TransferPlan, src: Side, dst: Side, tid: int, through_driver: bo
                 count_received_bytes(bucket.nbytes)
                 count_sent_bytes(bucket.nbytes * readers)
                 crossed += bucket.nbytes * (1 + readers)
-            step = ("apply", tid, bucket)
-            applying.append((bucket, submit(dst, bucket.destinations, [(step, token)] * readers)))
-            while applying and applying[0][1].done():
+            step = ("fetch", tid, bucket.index)
+            fetched.append((bucket, submit(dst, bucket.destinations, [(step, token)] * readers)))
+            while len(fetched) > 1 or (fetched and not pending and not packing):
+                applying.append(_start_apply(src, dst, tid, *fetched.popleft()))
+            while applying and applying[0][2].done():
                 _applied(src, dst, *applying.popleft())
             continue
-        _applied(src, dst, *applying.popleft())
+        if applying:  # the window is full: the oldest bucket's apply frees a place
+            _applied(src, dst, *applying.popleft())
+            continue
+        applying.append(_start_apply(src, dst, tid, *fetched.popleft()))
     return crossed
 
 
-def _applied(src: Side, dst: Side, bucket: Bucket, handle: Any) -> None:
+def _start_apply(src: Side, dst: Side, tid: int, bucket: Bucket, fetch: Any) -> tuple[Bucket, Any, Any]:
+    step = (("apply", tid, bucket.index),)
+    return bucket, fetch, submit(dst, bucket.destinations, [step] * len(bucket.destinations))
+
+
+def _applied(src: Side, dst: Side, bucket: Bucket, fetch: Any, handle: Any) -> None:
+    wait(dst, fetch, "fetch", source=src, source_rank=src.ranks[bucket.source])
     wait(dst, handle, "apply", source=src, source_rank=src.ranks[bucket.source])
 
 

@@ -1,4 +1,4 @@
-"""The rank side of a weight transfer: offer, pack a bucket, assemble and apply what arrives, commit.
+"""The rank side of a weight transfer: offer, pack a bucket, receive and apply what arrives, commit.
 
 The driver sends every step as a call of :data:`TRANSFER_METHOD`, which
 ``WorkerHost`` hands to :func:`run_step`.  A source rank reads its offered
@@ -6,16 +6,20 @@ tensors once per transfer and sends each bucket's pieces as views (a copy
 only where a cast or a column cut needs one); the executor's
 :class:`TensorLink`, where it has one, moves them rank to rank, otherwise
 they come back to the driver as the call's result.  A destination rank
-assembles each name in a buffer of its wanted shape (skipped when one
-arriving piece is the whole tensor and private memory), hands the tensors
-a bucket completed to the apply hook, and learns its new version only at
+first ``fetch`` es a bucket: it gives the link, for every piece, the place
+it lands (its rows of a buffer of the name's wanted shape, from the
+process's buffer pool), so the bytes are written once, where they stay;
+the link may go on receiving in the background.  Its ``apply`` step, which
+the driver sends only after the next bucket's ``fetch``, waits for the
+bucket and hands the tensors it completed to the apply hook, so the next
+bucket arrives while this one is applied.  The version is set only at
 ``commit``, after the driver saw every rank apply every bucket.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,23 +34,31 @@ TRANSFER_METHOD = "__dispatchcore_transfer__"
 #: The attribute a destination worker reads its last complete version from.
 VERSION_ATTRIBUTE = "weights_version"
 
+#: What a link's ``receive`` returns: wait for the bucket, get ``(tensors, shared)``.
+Arrival = Callable[[], tuple[list[torch.Tensor], bool]]
+
 
 class TensorLink(Protocol):
     """An executor's rank-to-rank path for a bucket's tensors (set as ``host.tensor_link``).
 
     ``publish`` runs on the source rank and returns a small token the driver
-    forwards (as its own argument, so a Ray ``ObjectRef`` stays one);
-    ``receive`` runs on each destination rank and gives the tensors back,
-    with ``shared=True`` where they are memory others read too (the core
-    then copies them unless the destination group is ``isolate=False``).
-    ``same_process`` links take the pieces as views in the source dtype.
+    forwards (as its own argument, so a Ray ``ObjectRef`` stays one).
+    ``receive(token, into)`` runs on each destination rank: ``into[i]`` is
+    a contiguous tensor of piece ``i``'s shape and dtype that the link fills
+    with it (``None``: the link's own memory will do).  It may return before
+    the bytes are there; the callable it returns waits for them and gives
+    the tensors (``into[i]`` itself where one was given) and whether the
+    link's own ones are memory others read too (``shared=True``: the core
+    copies them unless the destination group is ``isolate=False``).
+    ``same_process`` links take the pieces as views in the source dtype
+    (their ``receive`` casts as it copies).
     """
 
     same_process: bool
 
     def publish(self, tensors: list[torch.Tensor], readers: int) -> Any: ...
 
-    def receive(self, token: Any) -> tuple[list[torch.Tensor], bool]: ...
+    def receive(self, token: Any, into: list[torch.Tensor | None]) -> Arrival: ...
 
 
 class TensorSourceLost(RuntimeError):
@@ -55,15 +67,23 @@ class TensorSourceLost(RuntimeError):
 
 @dataclass
 class _Transfer:
-    """One transfer's state on one rank: offered tensors (source), partial buffers (destination)."""
+    """One transfer's state on one rank: offered tensors (source), buffers and arrivals (destination)."""
 
     offered: dict[str, tuple[torch.Tensor, Held]] = field(default_factory=dict)
+    #: The buckets this rank sends and those it receives, by index (told once; each step names one).
+    #: Apart: colocated roles in one process share this state, as source and as destination.
+    sending: Mapping[int, Bucket] = field(default_factory=dict)
+    receiving: Mapping[int, Bucket] = field(default_factory=dict)
     wanted: Mapping[str, Wanted] = field(default_factory=dict)
     apply: str = ""
     share: bool = False
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     rows_in: dict[str, int] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
+    #: The destination's own tensors that names land in (its ``lend`` method), by name.
+    lent: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Buckets fetched and not yet applied: where their pieces land, and the wait for them.
+    arriving: dict[int, tuple[list[torch.Tensor | None], Arrival]] = field(default_factory=dict)
 
 
 def run_step(host: Any, args: tuple[Any, ...]) -> Any:
@@ -80,13 +100,19 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
     if step == "want":
         want = getattr(worker, args[0][2], None)
         return {} if want is None else dict(want(args[0][3]))
+    if step == "sends":
+        state.sending = args[0][2]
+        return None
     if step == "begin":
-        state.wanted, state.apply, state.share = args[0][2], args[0][3], args[0][4]
+        state.receiving, state.wanted, state.apply, state.share = args[0][2], args[0][3], args[0][4], args[0][5]
+        state.lent = _lent(worker, state.wanted, args[0][6])
         return None
     if step == "pack":
-        return _pack(state, args[0][2], host.tensor_link)
+        return _pack(state, state.sending[args[0][2]], host.tensor_link)
+    if step == "fetch":
+        return _fetch(state, state.receiving[args[0][2]], host.tensor_link, args[1])
     if step == "apply":
-        return _apply(worker, state, args[0][2], host.tensor_link, args[1])
+        return _apply(worker, state, state.receiving[args[0][2]], host.tensor_link)
     if step == "commit":
         return _commit(worker, state, args[0][2])
     raise ValueError(f"unknown transfer step {step!r}")
@@ -115,6 +141,24 @@ def _source_view(state: _Transfer, piece: Piece, cast: bool) -> torch.Tensor:
     return t.detach()
 
 
+def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, torch.Tensor]:
+    """The tensors the destination lends for names to land in, each checked against what arrives."""
+    fn = getattr(worker, lend, None)
+    if fn is None:
+        return {}
+    lent = dict(fn({name: (w.shape, w.dtype) for name, w in wanted.items()}) or {})
+    for name, t in lent.items():
+        w = wanted.get(name)
+        if w is None:
+            raise ValueError(f"{lend} lends a tensor for {name!r}, which this transfer does not send")
+        if tuple(t.shape) != w.shape or t.dtype != w.dtype or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(
+                f"{lend} lends {name!r} as a {t.dtype} {tuple(t.shape)} tensor on {t.device} (contiguous: "
+                f"{t.is_contiguous()}); it arrives as a contiguous CPU {w.dtype} {w.shape} tensor"
+            )
+    return lent
+
+
 def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
     cast = link is None or not link.same_process
     tensors = [_source_view(state, piece, cast) for piece in bucket.pieces]
@@ -123,39 +167,61 @@ def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
     return link.publish(tensors, len(bucket.destinations))
 
 
-def _as_piece(x: torch.Tensor, piece: Piece, as_sent: bool) -> torch.Tensor:
-    """An arriving tensor in the piece's shape; from another process it may come as its bytes, flat."""
-    if as_sent or (tuple(x.shape) == piece.shape and x.dtype == piece.dtype):
+def _slot(state: _Transfer, piece: Piece) -> torch.Tensor:
+    """The piece's rows of its name's buffer (made on the first piece), in the piece's shape."""
+    wanted = state.wanted[piece.name]
+    buffer = state.buffers.get(piece.name)
+    if buffer is None and piece.name in state.lent:
+        buffer = state.buffers[piece.name] = state.lent[piece.name]  # the destination's own memory
+    if buffer is None:
+        # From the process's buffer pool: the last bucket's buffers, freed once applied, come back
+        # without page faults (a fresh 256 MiB allocation costs 4-7x the copy, MEASURED.md).
+        buffer = state.buffers[piece.name] = numpy_tensor(tuple(wanted.shape), wanted.dtype)
+    flat = buffer.reshape(1) if buffer.dim() == 0 else buffer
+    return flat.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0]).view(piece.shape)
+
+
+def _fetch(state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any) -> None:
+    """Start receiving a bucket: each piece into its rows of its buffer, or whole where it may be kept."""
+    into: list[torch.Tensor | None] = []
+    for piece in bucket.pieces:
+        whole = piece.rows == state.wanted[piece.name].rows and piece.name not in state.lent
+        # A whole piece needs no buffer where the link's memory may be kept (isolate=False; driver: private).
+        into.append(None if whole and (state.share or link is None) else _slot(state, piece))
+    if link is None:
+        tensors = list(token)  # the call's argument: this rank's own copy
+        for t, x in zip(into, tensors, strict=True):
+            if t is not None:
+                t.copy_(x.reshape(t.shape))
+        got = [x if t is None else t for t, x in zip(into, tensors, strict=True)]
+        state.arriving[bucket.index] = (into, lambda: (got, False))
+        return
+    state.arriving[bucket.index] = (into, link.receive(token, into))
+
+
+def _as_piece(x: torch.Tensor, piece: Piece) -> torch.Tensor:
+    """A link's own tensor in the piece's shape; from another process it may come as its bytes, flat."""
+    if tuple(x.shape) == piece.shape and x.dtype == piece.dtype:
         return x
     return x.reshape(-1).view(torch.uint8).view(piece.dtype).reshape(piece.shape)
 
 
-def _apply(worker: Any, state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any) -> int:
-    """Place a bucket's pieces, then hand every tensor it completed to the apply hook; how many it gave."""
-    if link is None:
-        tensors, shared = list(token), False
-    else:
-        tensors, shared = link.receive(token)
+def _apply(worker: Any, state: _Transfer, bucket: Bucket, link: TensorLink | None) -> int:
+    """Wait for a fetched bucket, then hand every tensor it completed to the apply hook; how many it gave."""
+    into, arrival = state.arriving.pop(bucket.index)
+    tensors, shared = arrival()
     ready: list[tuple[str, torch.Tensor]] = []
-    as_sent = link is not None and link.same_process
-    for piece, x in zip(bucket.pieces, tensors, strict=True):
-        x = _as_piece(x, piece, as_sent)
+    for piece, x, slot in zip(bucket.pieces, tensors, into, strict=True):
         wanted = state.wanted[piece.name]
-        whole = piece.rows == wanted.rows and x.dtype == wanted.dtype and x.is_contiguous()
-        if whole and (not shared or state.share):
-            ready.append((piece.name, x.reshape(wanted.shape)))  # the whole tensor, in memory it may keep
-            state.done.add(piece.name)
-            continue
-        buffer = state.buffers.get(piece.name)
-        if buffer is None:
-            # From the process's buffer pool: the last bucket's buffers, freed once applied, come back
-            # without page faults (a fresh 256 MiB allocation costs 4-7x the copy, MEASURED.md).
-            buffer = state.buffers[piece.name] = numpy_tensor(tuple(wanted.shape), wanted.dtype)
-        flat = buffer.reshape(1) if buffer.dim() == 0 else buffer
-        target = flat.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a read-only source buffer is only read here
-            target.copy_(x.reshape(target.shape))
+        if slot is None:
+            x = x if link is None or link.same_process else _as_piece(x, piece)
+            if x.dtype == wanted.dtype and x.is_contiguous() and (not shared or state.share):
+                ready.append((piece.name, x.reshape(wanted.shape)))  # the whole tensor, in memory it may keep
+                state.done.add(piece.name)
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only source buffer is only read here
+                _slot(state, piece).copy_(x.reshape(piece.shape))
         got = state.rows_in[piece.name] = state.rows_in.get(piece.name, 0) + piece.rows[1] - piece.rows[0]
         if got == wanted.rows[1] - wanted.rows[0]:
             ready.append((piece.name, state.buffers.pop(piece.name)))
