@@ -15,6 +15,11 @@ forwarded future's chunk, an ``ObjectRef`` argument) ride a Ray task of
 their own (``stash``) that Ray resolves; the call itself still goes on the
 lane, so calls keep their order.
 
+Each actor has two links to the driver (``_lane_rank``): calls and their
+answers on one, pings, cancels and stash failures on the other.  One reader
+thread per group watches every link of the group with a selector, so
+answers from N ranks wake one thread, not N.
+
 Liveness: a link that ends fails every call waiting on that rank at once
 (the actor's process is gone); a rank that stops answering lane pings for
 ``death_timeout`` is given up, as on the Ray path.  One door per group,
@@ -24,17 +29,20 @@ open only while its actors connect; each group's links are its own.
 from __future__ import annotations
 
 import itertools
+import queue
 import secrets
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore.executor import Call, LaneLink, RankCallHandle, open_lane
+from dispatchcore.executor import Call, LaneLink, RankCallHandle, open_lane, unframe_object
 
 from . import _payload
 from ._rank_actors import RankActors
-from ._tags import CONTROL_GROUP, ROWS_GROUP, Layout
+from ._tags import CONTROL_GROUP, CONTROL_LINK, ROWS_GROUP, Layout
 
 
 class LaneCallHandle(RankCallHandle):
@@ -64,10 +72,12 @@ class LaneCallHandle(RankCallHandle):
 
 
 class _RankLink:
-    """One rank's link, its calls awaiting answers and what its pings say."""
+    """One rank's two links, its calls awaiting answers and what its pings say."""
 
-    def __init__(self, link: LaneLink) -> None:
+    def __init__(self, rank: int, link: LaneLink, control: LaneLink) -> None:
+        self.rank = rank
         self.link = link
+        self.control = control
         self.pending: dict[int, tuple[LaneCallHandle, int]] = {}
         self.lock = threading.Lock()
         self.ended: str | None = None
@@ -86,6 +96,7 @@ class RayLane:
         self._connect_timeout = connect_timeout
         self._links: dict[int, _RankLink] = {}
         self._cids = itertools.count()
+        self._reader = _Reader(self)
         #: Names this driver's stash keys apart from another driver's on a shared (detached) actor.
         self._id = secrets.token_hex(4)
 
@@ -111,14 +122,14 @@ class RayLane:
                 except Exception as exc:  # noqa: BLE001 - the actor died
                     return f"{type(exc).__name__}: {exc}"
 
-            links = door.accept(ranks, self._connect_timeout, gone)
-        for rank, link in links.items():
+            expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
+            links = door.accept(expected, self._connect_timeout, lambda who: gone(who & ~CONTROL_LINK))
+        for rank in ranks:
             old = self._links.get(rank)
-            entry = self._links[rank] = _RankLink(link)
+            entry = self._links[rank] = _RankLink(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
-                old.link.close()
-            name = f"dispatchcore-ray-lane{rank}"
-            threading.Thread(target=self._read, args=(rank, entry), name=name, daemon=True).start()
+                _end(old, f"rank {rank}'s actor was replaced")
+            self._reader.add(entry)
 
     def has(self, ranks: Sequence[int]) -> bool:
         return all(rank in self._links for rank in ranks)
@@ -160,7 +171,7 @@ class RayLane:
             try:
                 if entry is None or entry.ended is not None:
                     raise OSError
-                entry.link.send_object(("cancel", call_id))
+                entry.control.send_object(("cancel", call_id))
             except OSError:
                 missed.append(rank)
         return missed
@@ -185,7 +196,7 @@ class RayLane:
             if since is None:
                 entry.unanswered_since = now
             try:
-                entry.link.send_object(("ping", next(entry.pings)))
+                entry.control.send_object(("ping", next(entry.pings)))
             except OSError:
                 pass
         return None
@@ -208,33 +219,29 @@ class RayLane:
                 entry = self._links.get(handle.call.ranks[position])
                 if entry is not None:
                     try:
-                        entry.link.send_object(("unstash", key, f"{type(exc).__name__}: {exc}"))
+                        entry.control.send_object(("unstash", key, f"{type(exc).__name__}: {exc}"))
                     except OSError:
                         pass
 
-    def _read(self, rank: int, entry: _RankLink) -> None:
-        """Deliver ``rank``'s answers in order; when its link ends, fail what still waits on it."""
-        link = entry.link
-        while True:
-            try:
-                message = link.recv_object()
-            except (ConnectionError, OSError):
-                break
-            if message[0] == "done":
-                with entry.lock:
-                    waiter = entry.pending.pop(message[1], None)
-                if waiter is not None:
-                    waiter[0].accept(waiter[1], message[2])
-            elif message[0] == "kept":
-                self._take_kept(rank, entry, message[1], message[2])
-            elif message[0] == "pong":
-                entry.unanswered_since = None
-        name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
-        with entry.lock:
-            entry.ended = f"its Ray actor {name!r} on {node} is gone (its lane link to the driver closed)"
-            pending, entry.pending = entry.pending, {}
-        for handle, position in pending.values():
-            handle.rank_died(position, entry.ended)
+    def on_message(self, entry: _RankLink, message: tuple[Any, ...]) -> None:
+        """One message from ``entry``'s rank (on the reader thread)."""
+        kind = message[0]
+        if kind == "done":
+            with entry.lock:
+                waiter = entry.pending.pop(message[1], None)
+            if waiter is not None:
+                waiter[0].accept(waiter[1], message[2])
+        elif kind == "kept":
+            threading.Thread(
+                target=self._take_kept, args=(entry.rank, entry, message[1], message[2]), daemon=True
+            ).start()  # a Ray round trip and a large payload: not on the thread every rank's answers wait on
+        elif kind == "pong":
+            entry.unanswered_since = None
+
+    def on_end(self, entry: _RankLink) -> None:
+        """``entry``'s rank is gone (a link ended): fail what still waits on it."""
+        name, node = self.rank_actors.actor_name(entry.rank), self.rank_actors.node_of(entry.rank)
+        _end(entry, f"its Ray actor {name!r} on {node} is gone (its lane link to the driver closed)")
 
     def _take_kept(self, rank: int, entry: _RankLink, cid: int, key: Any) -> None:
         """Fetch a result only Ray can hand over (an object reference) with one task in the ``rows`` group."""
@@ -258,4 +265,91 @@ class RayLane:
         for rank in list(self._links) if ranks is None else ranks:
             entry = self._links.pop(rank, None)
             if entry is not None:
-                entry.link.close()
+                _end(entry, f"ray group's lane to rank {rank} was closed (shutdown or replacement)")
+        if ranks is None:
+            self._reader.stop()
+
+
+def _end(entry: _RankLink, reason: str) -> None:
+    """Close ``entry``'s links once and fail the calls still waiting on it with ``reason``."""
+    with entry.lock:
+        if entry.ended is not None:
+            return
+        entry.ended = reason
+        pending, entry.pending = entry.pending, {}
+    entry.link.close()
+    entry.control.close()
+    for handle, position in pending.values():
+        handle.rank_died(position, reason)
+
+
+class _Reader:
+    """One thread reading every link of a group (a selector; a wake-up socket for new links and stop)."""
+
+    def __init__(self, lane: RayLane) -> None:
+        self._lane = lane
+        self._added: queue.SimpleQueue[_RankLink | None] = queue.SimpleQueue()
+        self._waker, self._wakee = socket.socketpair()
+        self._waker.setblocking(False)
+        self._wakee.setblocking(False)
+        self._thread = threading.Thread(target=self._loop, name="dispatchcore-ray-lane", daemon=True)
+        self._thread.start()
+
+    def add(self, entry: _RankLink) -> None:
+        self._added.put(entry)
+        self._wake()
+
+    def stop(self) -> None:
+        self._added.put(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._waker.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _loop(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wakee, selectors.EVENT_READ, None)
+        try:
+            while True:
+                for key, _ in selector.select():
+                    if key.data is None:
+                        if not self._take_added(selector):
+                            return
+                    else:
+                        self._read(selector, *key.data)
+        finally:
+            selector.close()
+            self._waker.close()
+            self._wakee.close()
+
+    def _take_added(self, selector: selectors.BaseSelector) -> bool:
+        try:
+            self._wakee.recv(4096)
+        except BlockingIOError:
+            pass
+        while not self._added.empty():
+            entry = self._added.get()
+            if entry is None:
+                return False
+            for link in (entry.link, entry.control):
+                fd = link.fileno()
+                if fd < 0:
+                    continue  # already closed again
+                if fd in selector.get_map():  # a closed link's number, reused by this new one
+                    selector.unregister(fd)
+                selector.register(fd, selectors.EVENT_READ, (entry, link, fd))
+        return True
+
+    def _read(self, selector: selectors.BaseSelector, entry: _RankLink, link: LaneLink, fd: int) -> None:
+        lane = self._lane
+        messages = link.take_ready() if entry.ended is None else None
+        for raw in messages or ():
+            lane.on_message(entry, unframe_object(raw))
+        if messages is None:
+            for key in list(selector.get_map().values()):
+                if key.data is not None and key.data[0] is entry:
+                    selector.unregister(key.fd)
+            lane.on_end(entry)

@@ -1,13 +1,19 @@
-"""A rank actor's end of the control lane: one reader per driver link, calls handed to the method thread.
+"""A rank actor's end of the control lane: two links per driver, calls read by the method thread itself.
+
+Each driver that joins the actor gets two links: the *call* link, which the
+method thread reads between calls (so a call starts on the thread that runs
+it, with no hand-off), and the *control* link, read by a thread of its own
+that never runs worker code, so pings, cancels and stash failures are
+answered while a call runs.
 
 Driver to rank (objects framed by ``LaneLink.send_object``)::
 
-    ("call", cid, method, layout, values, stash)  run ``method``; ``values`` are the layout's top-level
+    ("call", cid, method, layout, values, stash)  (call link) run ``method``; ``values`` are the layout's top-level
                                                  values, or ``None`` with ``stash`` naming the Ray task
                                                  that brings them (values holding object references)
-    ("unstash", stash, message)                  that task failed: the call fails with ``message``
-    ("cancel", call_id)                          ``cancel_in_process``, beside the running call
-    ("ping", n)                                  answered at once by the reader, even mid-call
+    ("unstash", stash, message)                  (control link) that task failed: the call fails with it
+    ("cancel", call_id)                          (control link) ``cancel_in_process``, beside the running call
+    ("ping", n)                                  (control link) answered at once, even mid-call
 
 Rank to driver::
 
@@ -16,11 +22,10 @@ Rank to driver::
                                                  the lane's inline bound: the driver takes it with
                                                  ``take_result(key)``, a Ray task (a reference only Ray
                                                  can hand over; a large payload goes by the object store)
-    ("pong", n)
+    ("pong", n)                                  (control link)
 
-The reader never runs a worker method itself, so pings and cancels are
-answered while a call runs; a link that ends (the driver exited, or let a
-detached group go) just stops its reader: the worker lives on.
+A link that ends (the driver exited, or let a detached group go) is just
+dropped: the worker lives on, and another driver may join.
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from dispatchcore.executor import LaneAddress, LaneLink, RemoteFailure, cancel_in_process, connect_lane
+from dispatchcore.executor import LaneAddress, LaneLink, RemoteFailure, cancel_in_process, connect_lane, unframe_object
 
 from ._method_thread import MethodThread
 from ._payload import packed_nbytes
-from ._tags import FAILED, OK_PACKED, Layout
+from ._tags import CONTROL_LINK, FAILED, OK_PACKED, Layout
 
 #: Runs one call as the Ray path does: ``(method, layout, values, isolate) -> result``.
 RunCall = Callable[[str, Layout, tuple[Any, ...], bool], Any]
@@ -64,10 +69,22 @@ class RankLane:
         self.inline_max = 1 << 20
 
     def join(self, address: str, rank: int, timeout: float, inline_max: int) -> None:
-        """Connect to the driver's door as ``rank`` and serve the link on a reader thread."""
-        link = connect_lane(LaneAddress.decode(address), rank, timeout)
+        """Connect both links to the driver's door as ``rank``; the method thread reads the call link."""
+        door = LaneAddress.decode(address)
+        calls = connect_lane(door, rank, timeout)
+        control = connect_lane(door, rank | CONTROL_LINK, timeout)
         self.rank, self.inline_max = rank, inline_max
-        threading.Thread(target=self._serve, args=(link,), name="dispatchcore-lane-reader", daemon=True).start()
+        closed = threading.Event()
+
+        def on_end() -> None:
+            closed.set()
+            calls.close()
+            control.close()
+
+        self._methods.watch(calls, lambda raw: self.run(calls, closed, unframe_object(raw)), on_end)
+        threading.Thread(
+            target=self._serve_control, args=(control, closed), name="dispatchcore-lane-control", daemon=True
+        ).start()
 
     def stash(self, key: Any, values: tuple[Any, ...]) -> None:
         """The values of call ``key`` (from its Ray task, run in the actor's ``rows`` group)."""
@@ -87,28 +104,23 @@ class RankLane:
                 entry = self._stashes[key] = _Stash()
             return entry
 
-    def _serve(self, link: LaneLink) -> None:
-        closed = threading.Event()
-        try:
-            while True:
-                try:
-                    message = link.recv_object()
-                except (ConnectionError, OSError):
-                    return
-                kind = message[0]
-                if kind == "call":
-                    self._methods.submit(_CallJob(self, link, closed, message))
-                elif kind == "ping":
-                    _send(link, ("pong", message[1]))
-                elif kind == "cancel":
-                    cancel_in_process(message[1])
-                elif kind == "unstash":
-                    entry = self._stash_entry(message[1])
-                    entry.failure = message[2]
-                    entry.arrived.set()
-        finally:
-            closed.set()
-            link.close()
+    def _serve_control(self, link: LaneLink, closed: threading.Event) -> None:
+        """Pings, cancels and stash failures, beside whatever call runs."""
+        while True:
+            try:
+                message = link.recv_object()
+            except (ConnectionError, OSError):
+                break
+            kind = message[0]
+            if kind == "ping":
+                _send(link, ("pong", message[1]))
+            elif kind == "cancel":
+                cancel_in_process(message[1])
+            elif kind == "unstash":
+                entry = self._stash_entry(message[1])
+                entry.failure = message[2]
+                entry.arrived.set()
+        closed.set()
 
     def take_stash(self, key: Any, closed: threading.Event) -> tuple[tuple[Any, ...] | None, str | None]:
         """Wait for call ``key``'s values: ``(values, None)``, or ``(None, why not)``."""
@@ -126,6 +138,13 @@ class RankLane:
 
     def run(self, link: LaneLink, closed: threading.Event, message: tuple[Any, ...]) -> None:
         """One call from ``link``, on the method thread; its answer goes back on the same link."""
+        try:
+            self._run(link, closed, message)
+        except BaseException as exc:  # noqa: BLE001 - every call gets an answer, or the driver would wait on it
+            failure = RemoteFailure.capture(self.rank, message[2], exc)
+            _send(link, ("done", message[1], (FAILED, failure)))
+
+    def _run(self, link: LaneLink, closed: threading.Event, message: tuple[Any, ...]) -> None:
         _, cid, method, layout, values, stash = message
         if stash is not None:
             values, why = self.take_stash(stash, closed)
@@ -153,22 +172,6 @@ class RankLane:
         if type(result) is tuple and len(result) == 2 and result[0] == OK_PACKED:
             return packed_nbytes(result[1]) > self.inline_max
         return False
-
-
-class _CallJob:
-    """A queued lane call (a callable object: no closure per call)."""
-
-    __slots__ = ("_closed", "_lane", "_link", "_message")
-
-    def __init__(self, lane: RankLane, link: LaneLink, closed: threading.Event, message: tuple[Any, ...]) -> None:
-        self._lane, self._link, self._closed, self._message = lane, link, closed, message
-
-    def __call__(self) -> None:
-        try:
-            self._lane.run(self._link, self._closed, self._message)
-        except BaseException as exc:  # noqa: BLE001 - every call gets an answer, or the driver would wait on it
-            failure = RemoteFailure.capture(self._lane.rank, self._message[2], exc)
-            _send(self._link, ("done", self._message[1], (FAILED, failure)))
 
 
 def _send(link: LaneLink, message: tuple[Any, ...]) -> None:

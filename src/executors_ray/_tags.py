@@ -31,6 +31,9 @@ CONTROL_GROUP = "control"
 ROWS_GROUP = "rows"
 ROWS_THREADS = 2
 
+#: Added to a rank's number in the lane handshake of its control link (its call link uses the rank itself).
+CONTROL_LINK = 1 << 30
+
 #: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
 DEDICATED_PREFIX = "w_"
 

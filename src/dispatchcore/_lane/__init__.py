@@ -15,6 +15,17 @@ Imports nothing of dispatchcore.
 
 from ._address import LaneAddress, LaneDirectory
 from ._door import LaneDoor, address_toward, connect_lane, open_lane
+from ._framing import frame_object, unframe_object
 from ._link import LaneLink
 
-__all__ = ["LaneAddress", "LaneDirectory", "LaneDoor", "LaneLink", "address_toward", "connect_lane", "open_lane"]
+__all__ = [
+    "LaneAddress",
+    "LaneDirectory",
+    "LaneDoor",
+    "LaneLink",
+    "address_toward",
+    "connect_lane",
+    "frame_object",
+    "open_lane",
+    "unframe_object",
+]

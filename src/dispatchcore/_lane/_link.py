@@ -35,7 +35,7 @@ class LaneLink:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
         self._sock = sock
-        self._reader = sock.makefile("rb")
+        self._inbox = _Inbox(sock)
         self._send_lock = threading.Lock()
         self._backlog: collections.deque[memoryview] = collections.deque()
         self._failed: OSError | None = None
@@ -96,14 +96,34 @@ class LaneLink:
 
     def recv(self) -> bytearray:
         """The next message (private, writable memory), waiting for it; ``ConnectionError`` when the peer closed."""
-        header = self._reader.read(_LENGTH.size)
-        if len(header) < _LENGTH.size:
-            raise ConnectionError("the lane connection closed")
-        (size,) = _LENGTH.unpack(header)
-        message = bytearray(size)
-        if size and self._reader.readinto(message) < size:
-            raise ConnectionError("the lane connection closed mid-message")
-        return message
+        inbox = self._inbox
+        while not inbox.ready:
+            if inbox.closed:
+                raise ConnectionError("the lane connection closed")
+            inbox.take(wait=True)
+        return inbox.ready.popleft()
+
+    def fileno(self) -> int:
+        """The socket's descriptor, for a selector watching several links from one thread."""
+        return self._sock.fileno()
+
+    def take_ready(self) -> list[bytearray] | None:
+        """Without waiting: the whole messages that arrived (maybe none); ``None`` once the peer closed.
+
+        For one thread reading many links: call it when a selector says the
+        link is readable (messages already read stay here until taken).
+        """
+        inbox = self._inbox
+        inbox.take(wait=False)
+        if inbox.ready:
+            out = list(inbox.ready)
+            inbox.ready.clear()
+            return out
+        return None if inbox.closed else []
+
+    def has_ready(self) -> bool:
+        """Whether a whole message is already read and waiting (a selector would not wake for it)."""
+        return bool(self._inbox.ready)
 
     def close(self) -> None:
         """End the link; a thread waiting in :meth:`recv` on it wakes with ``ConnectionError``."""
@@ -111,7 +131,6 @@ class LaneLink:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._reader.close()
         self._sock.close()
 
 
@@ -125,3 +144,68 @@ def _after(frame: list[memoryview], sent: int) -> list[memoryview]:
         rest.append(view[sent:] if sent else view)
         sent = 0
     return rest
+
+
+#: Messages larger than this are read straight into their own buffer (no staging copy).
+_DIRECT = 1 << 16
+
+
+class _Inbox:
+    """Bytes read from one socket, cut into whole messages; one thread reads a link at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._scratch = bytearray(_DIRECT)
+        self._staged = bytearray()
+        #: A large message being read into its own buffer, and how much of it arrived.
+        self._body: bytearray | None = None
+        self._filled = 0
+        self.ready: collections.deque[bytearray] = collections.deque()
+        self.closed = False
+
+    def take(self, wait: bool) -> None:
+        """Read what the socket holds; with ``wait``, block until at least one whole message (or the end)."""
+        while not self.closed:
+            flags = 0 if wait and not self.ready else socket.MSG_DONTWAIT
+            try:
+                if self._body is not None:
+                    view = memoryview(self._body)[self._filled :]
+                    n = self._sock.recv_into(view, len(view), flags)
+                else:
+                    n = self._sock.recv_into(self._scratch, _DIRECT, flags)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                n = 0
+            if n == 0:
+                self.closed = True
+                return
+            if self._body is not None:
+                self._filled += n
+                if self._filled == len(self._body):
+                    self.ready.append(self._body)
+                    self._body = None
+            else:
+                self._staged += memoryview(self._scratch)[:n]
+                self._cut()
+
+    def _cut(self) -> None:
+        """Move whole messages out of the staged bytes; start a large one's own buffer."""
+        staged = self._staged
+        start = 0
+        while len(staged) - start >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(staged, start)
+            begin = start + _LENGTH.size
+            if len(staged) - begin >= size:
+                self.ready.append(staged[begin : begin + size])
+                start = begin + size
+                continue
+            if size > _DIRECT:
+                body = bytearray(size)
+                part = len(staged) - begin
+                body[:part] = staged[begin:]
+                self._body, self._filled = body, part
+                start = len(staged)
+            break
+        if start:
+            del staged[:start]

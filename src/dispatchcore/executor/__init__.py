@@ -92,7 +92,17 @@ directly.
 from __future__ import annotations
 
 from .._base import check_options
-from .._lane import LaneAddress, LaneDirectory, LaneDoor, LaneLink, address_toward, connect_lane, open_lane
+from .._lane import (
+    LaneAddress,
+    LaneDirectory,
+    LaneDoor,
+    LaneLink,
+    address_toward,
+    connect_lane,
+    frame_object,
+    open_lane,
+    unframe_object,
+)
 from .._rows import (
     FREE_ROWS_METHOD,
     TAKE_ROWS_METHOD,
@@ -196,6 +206,7 @@ __all__ = [
     "connect_lane",
     "cpu_thread_environment",
     "first_failure",
+    "frame_object",
     "free_kept_rows",
     "free_port",
     "holds_kept_rows",
@@ -216,6 +227,7 @@ __all__ = [
     "take_kept_rows",
     "thread_stacks",
     "timeout_error",
+    "unframe_object",
     "unpicklable_error",
     "unpicklable_spec_error",
 ]
