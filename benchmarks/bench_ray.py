@@ -28,6 +28,7 @@ import importlib.util
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -264,7 +265,9 @@ def bench_lane(ray: Any, n: int, sizes: dict[str, int], repeats: dict[str, int])
         for group in groups.values():
             group.shutdown()
         raw.close()
-    compiled = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)  # alone: its actors spin a core each
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # retired, measured here to show why
+        compiled = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)  # alone: its actors spin a core each
     try:
         for row in rows:
             if row["case"] in ("empty call", "echo 8 KB", "echo 1 MB"):
@@ -323,7 +326,9 @@ def bench_compiled(ray: Any, n: int, repeats: dict[str, int]) -> list[dict[str, 
         plain_ms["echo 1 MB"] = median_ms(lambda: plain.echo(data), repeats["1 MB"], 2)
     finally:
         plain.shutdown()
-    fast = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        fast = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)
     try:
         start = time.perf_counter()
         fast.noop()

@@ -19,7 +19,11 @@ import torch  # noqa: E402
 from dispatchcore import DataProto, Dispatch, Worker, WorkerError, WorkerGroup, register  # noqa: E402
 from executors_ray.testing import ray_session  # noqa: E402, F401
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.usefixtures("ray_session"),
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:compiled=True is deprecated:FutureWarning"),  # retired for one release
+]
 
 # The worker class below travels by value: Ray's worker processes cannot import this test module.
 for _pickler in (pytest.importorskip("cloudpickle"), pytest.importorskip("ray.cloudpickle")):
@@ -163,3 +167,11 @@ def test_bad_options_are_refused(ray_session) -> None:  # noqa: F811
         WorkerGroup(Stepper, 1, backend="ray", compiled="yes")
     with pytest.raises(ValueError, match="compiled_idle_s"):
         WorkerGroup(Stepper, 1, backend="ray", compiled=True, compiled_idle_s=0)
+
+
+@pytest.mark.filterwarnings("default:compiled=True is deprecated:FutureWarning")
+def test_compiled_true_is_deprecated_and_says_why_at_the_callers_line() -> None:
+    with pytest.warns(FutureWarning, match="control lane") as caught:
+        group = WorkerGroup(Stepper, 1, backend="ray", compiled=True, name="compiled-deprecated")
+    group.shutdown()
+    assert caught[0].filename == __file__  # the warning names the user's line, not the library's

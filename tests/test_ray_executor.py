@@ -105,7 +105,7 @@ def test_isolation_rank_zero_mutates(data2):
 
 
 #: Both ways a call reaches the actors: the lane with large values in the object store (as the default does
-#: past 1 MiB; a small bound here keeps the test cheap), and every call a Ray task (``lane=False``).
+#: past 8 MiB; a small bound here keeps the test cheap), and every call a Ray task (``lane=False``).
 PATHS = [pytest.param({"lane_inline_bytes": 1024}, id="lane"), pytest.param({"lane": False}, id="ray-tasks")]
 
 

@@ -63,7 +63,7 @@ def test_calls_on_the_lane_run_on_the_thread_init_ran_on() -> None:
 
 
 def test_references_and_large_values_take_ray_beside_the_lane() -> None:
-    with WorkerGroup(Threads, 2, backend="ray") as group:
+    with WorkerGroup(Threads, 2, backend="ray", lane_inline_bytes=1 << 20) as group:  # 8 MiB by default
         ref = ray.put(torch.ones(3))
         assert group.total(torch.ones(2)) == [("Tensor", 2.0)] * 2
         assert group.total(ref) == [("ObjectRef", 3.0)] * 2  # handed over by Ray, unresolved as on the Ray path

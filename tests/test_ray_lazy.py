@@ -186,6 +186,7 @@ def test_a_busy_producer_serves_rows_and_frees(fresh_producer: Any, consumer: An
     assert np.array_equal(second.non_tensor_batch["uid"], expected.non_tensor_batch["uid"])
 
 
+@pytest.mark.filterwarnings("ignore:compiled=True is deprecated:FutureWarning")
 def test_a_compiled_group_fetches_and_serves_rows_too(producer: Any) -> None:
     """compiled=True runs methods in the graph's thread: fetching from there, and serving beside the graph."""
     data = prompts(10)

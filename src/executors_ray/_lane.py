@@ -188,9 +188,8 @@ class RayLane:
         since = entry.unanswered_since
         if since is not None and now - since > death_timeout:
             name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
-            return (
-                f"its Ray actor {name!r} on {node} has not answered a lane ping for {death_timeout:g} s (death_timeout)"
-            )
+            silence = f"has not answered a liveness ping for {death_timeout:g} s (death_timeout)"
+            return f"its Ray actor {name!r} on {node} {silence}"
         if now - entry.last_ping >= max(0.01, death_timeout / 4):
             entry.last_ping = now
             if since is None:

@@ -66,7 +66,7 @@ class RankLane:
         #: The group's ``isolate``: values that came through the object store (a stash) are copied.
         self.isolate = True
         #: Results larger than this many bytes are kept for the driver to take through the object store.
-        self.inline_max = 1 << 20
+        self.inline_max = 8 << 20
 
     def join(self, address: str, rank: int, timeout: float, inline_max: int) -> None:
         """Connect both links to the driver's door as ``rank``; the method thread reads the call link."""
