@@ -20,7 +20,7 @@ from ._link import LaneLink
 
 _HELLO = struct.Struct("<I16s")
 #: How long a connecting rank may take to say who it is.
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 5.0
 _ANY = ("", "0.0.0.0", "::")  # noqa: S104 - named so that they are refused below
 
 
