@@ -149,9 +149,24 @@ def test_future_forwarded_between_groups_without_the_driver(monkeypatch):
         consumer.shutdown()
 
 
-def test_future_passed_between_lane_groups_is_resolved_on_the_driver():
-    with WorkerGroup(EchoWorker, 3, backend="ray") as producer, WorkerGroup(EchoWorker, 2, backend="ray") as consumer:
-        data = batch(7, padding=True)
-        out = consumer.echo(producer.echo_later(data))
-        assert torch.equal(out.batch["x"], data.batch["x"])
-        assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+def test_on_the_lane_results_kept_in_the_object_store_are_forwarded_and_small_ones_resolved_on_the_driver(
+    monkeypatch,
+):
+    """Results up to ``lane_inline_bytes`` come by the lane (the driver has them); larger ones stay in the store."""
+    kept = WorkerGroup(EchoWorker, 3, backend="ray", lane_inline_bytes=0)  # every result kept: as past 8 MiB
+    inline = WorkerGroup(EchoWorker, 3, backend="ray")
+    consumer = WorkerGroup(EchoWorker, 2, backend="ray")
+    try:
+        forwarded = []
+        real = consumer.executor.forward_chunk
+        monkeypatch.setattr(consumer.executor, "forward_chunk", lambda h, plan: forwarded.append(1) or real(h, plan))
+        for producer, rank_to_rank in ((kept, True), (inline, False)):
+            forwarded.clear()
+            data = batch(7, padding=True)
+            out = consumer.echo(producer.echo_later(data))
+            assert torch.equal(out.batch["x"], data.batch["x"])
+            assert list(out.non_tensor_batch["s"]) == list(data.non_tensor_batch["s"])
+            assert len(forwarded) == (consumer.world_size if rank_to_rank else 0)
+    finally:
+        for group in (kept, inline, consumer):
+            group.shutdown()

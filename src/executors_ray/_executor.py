@@ -61,7 +61,7 @@ from . import _payload
 from ._actor import actor_class
 from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
-from ._lane import RayLane
+from ._lane import LaneCallHandle, RayLane
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
@@ -576,17 +576,13 @@ class RayExecutor(Executor):
         call's bound; a dead producer is seen within ``death_timeout``.
         """
         group = self._rank_actors
-        if not isinstance(handle, RayCallHandle) or group.closed or not group.actors:
+        if group.closed or not group.actors:
             return None
-        producer = handle.rank_actors
-        if producer.job_id != self.job_id or producer.closed or handle.fetched_any():
-            return None
-        try:
-            handle.readiness().result()
-        except DispatchError:
+        refs = self._stored_results(handle)
+        if refs is None:
             return None
         ray, timeout = self.ray, self.spec.death_timeout
-        ref = group.actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(handle.refs, timeout)
+        ref = group.actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(refs, timeout)
         ready, _ = ray.wait([ref], timeout=timeout)
         if not ready:
             return None
@@ -595,8 +591,33 @@ class RayExecutor(Executor):
         except Exception:  # noqa: BLE001 - a failed producer: the driver path reports it
             return None
 
+    def _stored_results(self, handle: CallHandle) -> list[Any] | None:
+        """One object reference per rank holding the call's results, or ``None`` (the driver path then).
+
+        A Ray-task call's results are its task references (waited for, not
+        fetched); a lane call's only when every result was large enough to be
+        kept in the object store (its ``take_result`` references).
+        """
+        if isinstance(handle, LaneCallHandle):
+            producer = handle.lane.rank_actors
+            if producer.job_id != self.job_id or producer.closed:
+                return None
+            return handle.stored_results()
+        if not isinstance(handle, RayCallHandle):
+            return None
+        producer = handle.rank_actors
+        if producer.job_id != self.job_id or producer.closed or handle.fetched_any():
+            return None
+        try:
+            handle.readiness().result()
+        except DispatchError:
+            return None
+        return list(handle.refs)
+
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
+        if isinstance(handle, LaneCallHandle):
+            return Forwarded({p: handle.kept[p] for p in plan.sources}, plan)
         assert isinstance(handle, RayCallHandle)  # noqa: S101 - describe_results declined any other
         return Forwarded({p: handle.refs[p] for p in plan.sources}, plan)
 

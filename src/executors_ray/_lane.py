@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dispatchcore import DispatchError
 from dispatchcore.executor import Call, LaneLink, RankCallHandle, open_lane, unframe_object
 
 from . import _payload
@@ -55,6 +56,18 @@ class LaneCallHandle(RankCallHandle):
         self.lane = lane
         #: The stash tasks of this call's ranks (position -> (key, ref)), watched for failure.
         self.stashes: dict[int, tuple[Any, Any]] = {}
+        #: Results kept in the object store (position -> the ``take_result`` reference holding it).
+        self.kept: dict[int, Any] = {}
+
+    def stored_results(self) -> list[Any] | None:
+        """Once the call ended well: a reference per rank if every result went by the object store, else ``None``."""
+        try:
+            self.result()
+        except DispatchError:
+            return None
+        if len(self.kept) != len(self.call.ranks):
+            return None
+        return [self.kept[p] for p in range(len(self.call.ranks))]
 
     def accept(self, position: int, result: Any, from_store: bool = False) -> None:
         """A rank's answer as ``RankActor.call`` returns it; the lane's is private memory, the store's is shared."""
@@ -252,6 +265,7 @@ class RayLane:
         ray = self.rank_actors.ray
         try:
             ref = self.rank_actors.actors[rank].take_result.options(concurrency_group=ROWS_GROUP).remote(key)
+            handle.kept[position] = ref  # what a consuming Ray group can read without the driver
             value = ray.get(ref, timeout=self.rank_actors.death_timeout)
         except Exception as exc:  # noqa: BLE001 - the actor died, or never answered
             name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)

@@ -124,13 +124,7 @@ def encode_all(values: list[Any], put: Callable[[Any], Any], bundle: bool) -> li
         else:
             large.append(len(out))
             out.append((PACKED, None, packed))
-    if len(large) > 1 and bundle:
-        ref = put(tuple(out[i][2] for i in large))
-        for member, i in enumerate(large):
-            out[i] = (PACKED, (ref, member), None)
-    else:
-        for i in large:
-            out[i] = (PACKED, (put(out[i][2]), None), None)
+    _put_large(out, large, put, bundle)
     return out
 
 
@@ -164,6 +158,12 @@ def encode_for_lane(values: list[Any], put: Callable[[Any], Any], bundle: bool, 
         else:
             large.append(len(out))
             out.append((PACKED, None, packed))
+    _put_large(out, large, put, bundle)
+    return out
+
+
+def _put_large(out: list[Encoded], large: list[int], put: Callable[[Any], Any], bundle: bool) -> None:
+    """Put the values at ``large`` into the object store: one object for all with ``bundle``, else one each."""
     if len(large) > 1 and bundle:
         ref = put(tuple(out[i][2] for i in large))
         for member, i in enumerate(large):
@@ -171,7 +171,6 @@ def encode_for_lane(values: list[Any], put: Callable[[Any], Any], bundle: bool, 
     else:
         for i in large:
             out[i] = (PACKED, (put(out[i][2]), None), None)
-    return out
 
 
 def encode_result(value: Any) -> tuple[int, Any]:
