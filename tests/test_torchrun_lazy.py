@@ -161,13 +161,14 @@ def test_groups_of_different_worlds_move_rows_over_bridges(roles: dict[str, Any]
 def test_a_producer_killed_while_another_world_fetches_is_named_and_replaced() -> None:
     """SIGKILL a (frozen) producer while a consumer of another world waits on it: the call names it at once.
 
-    The consumer's ``death_timeout`` is far longer than the bound asserted, so only the producing
-    world's dead mark can end the fetch in time.  The replaced rank serves from a new process (new
-    bridges); once the producing group is shut down its rows cannot be read, and the error says so.
+    The consumer's ``death_timeout`` (600 s) is far past this test's timeout, so only the producing
+    world's dead mark can end the fetch before it: passing proves the bound.  The replaced rank serves
+    from a new process (new bridges); once the producing group is shut down its rows cannot be read,
+    and the error says so.
     """
     if "torchrun" not in available_backends():
         pytest.skip("torchrun backend unavailable")
-    with WorkerGroup(Use, 1, backend="torchrun", death_timeout=60.0) as consumer:
+    with WorkerGroup(Use, 1, backend="torchrun", death_timeout=600.0) as consumer:
         with WorkerGroup(Gen, 2, backend="torchrun", spare_ranks=1) as producer:
             batch = prompts(8, 32)
             lazy = producer.gen.options(lazy=True)(batch)
@@ -186,9 +187,7 @@ def test_a_producer_killed_while_another_world_fetches_is_named_and_replaced() -
             caller.start()
             caller.join(0.5)  # the fetch waits on the frozen producer
             os.kill(pid, signal.SIGKILL)
-            killed = time.monotonic()
-            caller.join(20.0)
-            assert time.monotonic() - killed < 20.0, "the fetch did not end when its producer died"
+            caller.join()  # bounded by the test's timeout, not by death_timeout
             error = outcome.get("error")
             assert isinstance(error, WorkerDiedError), outcome
             assert error.rank == 1
