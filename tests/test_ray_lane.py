@@ -104,9 +104,7 @@ def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_a
 
 
 def test_a_driver_that_cannot_open_the_lane_falls_back_to_ray_tasks_with_a_log_line(monkeypatch, caplog) -> None:
-    from executors_ray._executor import RayExecutor
-
-    monkeypatch.setattr(RayExecutor, "_lane_host", lambda self: "192.0.2.1")  # not this machine's: bind fails
+    monkeypatch.setattr("executors_ray._executor.lane_host", lambda ray, infos: "192.0.2.1")  # not ours: bind fails
     with caplog.at_level(logging.WARNING, logger="dispatchcore.ray"), WorkerGroup(Threads, 2, backend="ray") as group:
         assert group.executor._lane is None  # noqa: SLF001
         for init_thread, call_thread in group.threads():

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -62,11 +61,12 @@ from ._actor import actor_class
 from ._compiled import CompiledGraph
 from ._handle import RayCallHandle
 from ._lane import LaneCallHandle, RayLane
+from ._lane_setup import LANE_CONNECT_S, inline_bytes, lane_host, lane_tasks, lane_wanted, log
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, NO_ARGS, ROWS_GROUP, Forwarded, bare_layout
+from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, Forwarded, bare_layout
 from ._task_layout import rank_task
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
@@ -98,12 +98,6 @@ COMPILED_RETIRED = (
     "(the default) are faster than a Ray Compiled Graph in every case benchmarks/bench_ray.py measures, "
     "and Ray is winding Compiled Graphs down; drop the option"
 )
-#: Values and results up to this many bytes ride the lane; larger ones the object store.  Measured (DP echo,
-#: N = 2, one run): per-rank values of 0.125-8 MiB are 1.2-8x faster inline, 16 MiB and up faster by the store.
-LANE_INLINE_BYTES = 8 << 20
-#: How long actors may take to connect to the driver's lane before calls fall back to Ray tasks.
-LANE_CONNECT_S = 30.0
-_log = logging.getLogger("dispatchcore.ray")
 
 
 class RayExecutor(Executor):
@@ -159,8 +153,8 @@ class RayExecutor(Executor):
         self._attached_ids: list[str] = []
         #: The control lane, once the actors joined it (``None``: calls are Ray tasks).
         self._lane: RayLane | None = None
-        self._lane_wanted = _lane_wanted(opts["lane"], self.ray, spec.name)
-        self._lane_inline = _inline_bytes(opts["lane_inline_bytes"])
+        self._lane_wanted = lane_wanted(opts["lane"], self.ray, spec.name)
+        self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
         try:
             if opts["actors"] is not None:
                 self._attach_handles(list(opts["actors"]))
@@ -227,10 +221,11 @@ class RayExecutor(Executor):
             return
         try:
             if self._lane is None:
-                self._lane = RayLane(self._rank_actors, self._lane_host(), LANE_CONNECT_S, self._lane_inline)
+                host = lane_host(self.ray, self._rank_actors.infos)
+                self._lane = RayLane(self._rank_actors, host, LANE_CONNECT_S, self._lane_inline)
             self._lane.connect(list(ranks))
         except (OSError, RuntimeError, TimeoutError) as exc:
-            _log.warning(
+            log.warning(
                 "ray group %r: its actors could not join the driver's control lane (%s); its calls go as Ray tasks",
                 self.spec.name,
                 exc,
@@ -238,16 +233,6 @@ class RayExecutor(Executor):
             if self._lane is not None:
                 self._lane.close()
             self._lane, self._lane_wanted = None, False
-
-    def _lane_host(self) -> str:
-        """Loopback when every actor shares the driver's node; else the address Ray knows this node by."""
-        here = self.ray.get_runtime_context().get_node_id()
-        infos = self._rank_actors.infos
-        if infos and all(info.get("node_id") == here for info in infos):
-            return LOOPBACK
-        if not infos and len([n for n in self.ray.nodes() if n.get("Alive")]) == 1:
-            return LOOPBACK
-        return str(self.ray.util.get_node_ip_address())
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
@@ -520,16 +505,12 @@ class RayExecutor(Executor):
 
     def _submit_lane(self, lane: RayLane, call: Call) -> CallHandle:
         """Each rank's layout and values in one lane message (values holding references by a stash task)."""
-        if not any(call.args) and not any(call.kwargs):
-            layout = NO_ARGS if call.instructions == PLAIN else bare_layout(call.instructions)
-            return lane.submit(call, [(layout, [])] * len(call.ranks))
-        unique = call.unique_values()
         try:
-            encoded = _payload.encode_for_lane(unique.values, self.ray.put, self._same_node, self._lane_inline)
+            tasks = lane_tasks(call, self.ray.put, self._same_node, self._lane_inline)
         except _payload.EncodeError as exc:
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise unpicklable_error(call.method, exc.value, cause) from cause
-        return lane.submit(call, [rank_task(call, unique, encoded, p) for p in range(len(call.ranks))])
+        return lane.submit(call, tasks)
 
     def _submit_rows(self, call: Call) -> CallHandle:
         """The core's row read or free, run in the ranks' ``rows`` concurrency group.
@@ -727,24 +708,6 @@ class RayExecutor(Executor):
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
-
-
-def _lane_wanted(lane: Any, ray: Any, name: str) -> bool:
-    """Whether to try the lane: asked for, and not over Ray Client (its actors cannot reach this driver)."""
-    if not isinstance(lane, bool):
-        raise DispatchTypeError(f"lane must be True or False, got {lane!r}")
-    if lane and ray.util.client.ray.is_connected():
-        _log.warning("ray group %r: connected through Ray Client, so its calls go as Ray tasks (no control lane)", name)
-        return False
-    return lane
-
-
-def _inline_bytes(value: Any) -> int:
-    if value is None:
-        return LANE_INLINE_BYTES
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DispatchValueError(f"lane_inline_bytes must be an int >= 0 (bytes), got {value!r}")
-    return value
 
 
 def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:
