@@ -1,6 +1,7 @@
-"""Unit test of an internal part (the moved-path aliases, dispatchcore._base._moved): old pickles and imports load.
+"""Unit test of an internal part (the moved-path aliases, dispatchcore._base._moved): old pickles load.
 
-The core's modules moved into concept packages; pickles and imports written before keep working.
+The core's modules moved into concept packages; pickles written before name the old paths of the
+data classes and keep loading.  Other old private paths are gone.
 """
 
 from __future__ import annotations
@@ -39,7 +40,23 @@ def test_old_module_paths_import_as_the_modules_that_hold_their_names() -> None:
     assert importlib.import_module("dispatchcore._tensor_batch").TensorBatch is dispatchcore.TensorBatch
     assert importlib.import_module("dispatchcore._trace").Tracer is dispatchcore.Tracer
     assert importlib.import_module("dispatchcore._worker").Worker is dispatchcore.Worker
-    assert importlib.import_module("dispatchcore._errors").WorkerError is dispatchcore.WorkerError
+
+
+def test_the_aliases_are_only_the_paths_old_pickles_name() -> None:
+    assert len(MOVED) <= 5
+    assert set(MOVED) == {"dispatchcore._dataproto", "dispatchcore._tensor_batch"}
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("dispatchcore._errors")  # a private path no pickle names: not kept
+
+
+def test_a_tensor_batch_pickled_under_its_old_path_loads() -> None:
+    batch = dispatchcore.TensorBatch({"x": torch.arange(6).reshape(3, 2)}, batch_size=[3])
+    blob = pickle.dumps(batch, protocol=0)  # protocol 0 names classes as text lines
+    assert b"dispatchcore._data._tensor_batch" in blob
+    old = blob.replace(b"dispatchcore._data._tensor_batch", b"dispatchcore._tensor_batch")
+    back = pickle.loads(old)
+    assert isinstance(back, dispatchcore.TensorBatch)
+    assert torch.equal(back["x"], batch["x"])
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

@@ -27,7 +27,6 @@ group, beside whatever call is running.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import time
@@ -38,10 +37,8 @@ from typing import Any, ClassVar
 from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
     COLLECTIVE_STORE_ENV,
-    FREE_ROWS_METHOD,
     LOOPBACK,
     PLAIN,
-    TAKE_ROWS_METHOD,
     Call,
     CallHandle,
     ChunkPlan,
@@ -454,11 +451,8 @@ class RayExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
-        if call.method == TAKE_ROWS_METHOD:
+        if call.beside:
             return self._submit_rows(call)  # beside the graph and any running call, never queued behind them
-        if call.method == FREE_ROWS_METHOD:
-            # Freed at once, beside any running call; and again in order, so the next call finds them gone.
-            self._submit_rows(call)
         if self.compiled is not None:
             try:
                 handle = self.compiled.try_submit(call)
@@ -524,8 +518,6 @@ class RayExecutor(Executor):
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)
             refs.append(self._rows_remote(rank)(call.method, layout, *tops))
-        if call.method == TAKE_ROWS_METHOD:
-            call = dataclasses.replace(call, results_are_copied=True)
         return RayCallHandle(self._rank_actors, call, refs)
 
     def _rows_remote(self, rank: int) -> Any:

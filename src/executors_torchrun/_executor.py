@@ -36,9 +36,7 @@ from typing import Any
 
 from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
 from dispatchcore.executor import (
-    FREE_ROWS_METHOD,
     LOOPBACK,
-    TAKE_ROWS_METHOD,
     Call,
     Executor,
     GroupSpec,
@@ -247,13 +245,8 @@ class TorchrunExecutor(Executor):
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this torchrun group is shut down")
-        if call.method == TAKE_ROWS_METHOD:
+        if call.beside:
             return self._read_rows(self._hub.row_plane(), call)  # beside any running call, never behind it
-        if call.method == FREE_ROWS_METHOD:
-            # Freed at once by the keeping process's data thread; and again in order, as any call.
-            rows = self._hub.row_plane()
-            for g in call.ranks:
-                self._hub_free(rows, self._data_ranks[g], call.args[0][0])
         handle = _Handle(self, call)
         self._calls.add(handle)
         unique = call.unique_values()
@@ -290,14 +283,16 @@ class TorchrunExecutor(Executor):
         return handle
 
     def _read_rows(self, rows: RowPlane, call: Call) -> RankCallHandle:
-        """A driver read of kept rows, fetched by this process's row plane on a thread of its own."""
+        """A driver visit to kept rows (a ``RowAccess``: frees, then reads), by this process's row plane."""
         handle = _Handle(self, call)
         self._calls.add(handle)
-        rank, requests = call.ranks[0], call.args[0][0]
+        rank, access = call.ranks[0], call.args[0][0]
+        if access.free:
+            self._hub_free(rows, self._data_ranks[rank], list(access.free))
 
         def fetch() -> None:
             try:
-                parts = rows.fetch(requests, death_timeout=self.spec.death_timeout)
+                parts = rows.fetch(list(access.requests), death_timeout=self.spec.death_timeout)
             except WorkerDiedError as exc:
                 handle.rank_died(0, exc.detail)
             except BaseException as exc:  # noqa: BLE001 - reported to the reading caller

@@ -98,7 +98,8 @@ def run_replacement(
         timeout=group.call_timeout,
     )
     try:
-        executor.submit(call).result(group.call_timeout)
+        # Through the group's submit path; the stragglers were settled above (``Membership._with_stuck``).
+        group._submit_call(call, settled=True).result(group.call_timeout)
     except WorkerError as exc:
         raise DispatchError(
             f"rank(s) {list(ranks)} were restarted, but rank {exc.rank} failed to rejoin "

@@ -28,7 +28,6 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
 from .._spi import CallHandle, remaining
-from ._call_checks import submit_call
 from ._collect import collect
 from ._plan import plan_call
 from ._planned import PlannedCall
@@ -36,6 +35,7 @@ from ._retry import should_retry
 from ._site import CallSite
 from ._stream import CallStream
 from ._stuck import cancel_on_ranks, clear_stragglers, ended_early
+from ._submit import submit
 from ._tracing import CallTrace
 
 P = ParamSpec("P")
@@ -190,9 +190,7 @@ def run_call(
     cancels = on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
     planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
-    if trace is not None:
-        trace.dispatched(planned.call)
-    call, handle = planned.call, submit_call(site.executor, planned.call, site.shared.backend)
+    call, handle = planned.call, submit(group, site, planned.call, trace).handle
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def resolve(wait: float | None) -> Any:
@@ -235,7 +233,11 @@ def run_call(
 
 
 def _begin(group: Any, site: CallSite, name: str, registration: Registration) -> DispatchSpec:
-    """What every call checks first: the mode can be called, the group is open, no rank is stuck in an old call."""
+    """What every call checks first: the mode can be called, the group is open, no rank is stuck in an old call.
+
+    Stragglers are settled before planning (a restart there changes what the plan reads); ``submit``
+    then finds none.
+    """
     spec = resolve_mode(registration.dispatch_mode)
     if spec.direct:
         raise DispatchError(
@@ -244,7 +246,6 @@ def _begin(group: Any, site: CallSite, name: str, registration: Registration) ->
         )
     site.check_open(group)
     clear_stragglers(group, site)
-    site.shared.ledger.flush()
     return spec
 
 
@@ -265,7 +266,8 @@ def start_stream(
     if planned.unwrap:
         raise DispatchError(f"{name!r} runs on rank 0 only (Execute.RANK_ZERO): there is nothing to stream")
     call = planned.call
-    handle = submit_call(site.executor, call, site.shared.backend)
+    submitted = submit(group, site, call)
+    handle = submitted.handle
     if not hasattr(handle, "position_outcome"):
         handle.result(timeout)
         raise DispatchError(
@@ -274,12 +276,12 @@ def start_stream(
         )
 
     def on_error(exc: BaseException) -> None:
-        ended_early(site, handle, call, exc, None, cancel_after=timeout)
+        ended_early(site, handle, call, exc, submitted.trace, cancel_after=timeout)
 
     def on_close() -> bool:
         return cancel_on_ranks(site, handle, call, "its stream was left early")
 
-    return CallStream(site.shared.ledger, planned, handle, ordered, timeout, on_error, on_close)
+    return CallStream(site.shared.ledger, planned, submitted, ordered, timeout, on_error, on_close)
 
 
 def _finish(

@@ -47,19 +47,21 @@ class CallStream(Iterator[StreamPart]):
         self,
         ledger: Any,
         planned: Any,
-        handle: Any,
+        submitted: Any,
         ordered: bool,
         timeout: float | None,
         on_error: Callable[[BaseException], None],
         on_close: Callable[[], bool],
     ) -> None:
-        # ``planned`` is the call's ``PlannedCall``, ``handle`` its ``RankCallHandle``, ``ledger`` the
-        # group's ``RowLedger`` (lazy parts are adopted there); ``on_error`` notes and stops the ranks
-        # still running after an error, ``on_close`` cancels the call (see ``_method_proxy.start_stream``).
+        # ``planned`` is the call's ``PlannedCall``, ``submitted`` what the submit path returned (its
+        # ``RankCallHandle``, its trace), ``ledger`` the group's ``RowLedger`` (lazy parts are adopted
+        # there); ``on_error`` notes and stops the ranks still running after an error, ``on_close``
+        # cancels the call (see ``_method_proxy.start_stream``).
         self._ledger = ledger
         self._on_close = on_close
         self._planned = planned
-        self._handle = handle
+        self._handle = submitted.handle
+        self._trace = submitted.trace
         self._ordered = ordered
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._timeout = timeout
@@ -96,6 +98,8 @@ class CallStream(Iterator[StreamPart]):
         found = self._handle.position_outcome(position)
         assert found is not None and found[0]  # noqa: S101 - _next_position returns answered ranks only
         value = found[1]
+        if self._trace is not None:
+            return self._trace.rank_done(self._planned.call.ranks[position], value)
         return value.value if isinstance(value, TimedResult) else value
 
     def _next_position(self) -> int:

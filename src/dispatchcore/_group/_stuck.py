@@ -64,13 +64,13 @@ def left_running(site: CallSite, handle: CallHandle, call: Call, why: str, error
     return running
 
 
-def clear_stragglers(group: Any, site: CallSite) -> None:
-    """Before a call on ``site``'s ranks: no rank of it may still be in an earlier, ended call."""
+def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None = None) -> None:
+    """Before a call on ``ranks`` (default: ``site``'s): no rank of it may still be in an earlier, ended call."""
     shared = site.shared
     membership = shared.membership
     if not membership.stragglers:
         return
-    stuck = membership.stragglers.settle(site.ranks, membership.cancel_grace)
+    stuck = membership.stragglers.settle(site.ranks if ranks is None else ranks, membership.cancel_grace)
     if not stuck:
         return
     ranks = sorted(stuck)

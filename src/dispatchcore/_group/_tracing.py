@@ -48,14 +48,15 @@ class CallTrace:
     def executed(self, call: Call, results: list[Any]) -> list[Any]:
         """The execute slice and each rank's compute slice; returns the plain results."""
         self._slice("driver", f"{self.name} execute", self.submitted, now_us(), "execute")
-        plain = []
-        for rank, value in zip(call.ranks, results, strict=True):
-            if isinstance(value, TimedResult):
-                track = f"{self.label} rank {rank}"
-                self._slice(track, self.name, value.start_us, value.end_us, "compute", rank=rank, pid=value.pid)
-                value = value.value
-            plain.append(value)
-        return plain
+        return [self.rank_done(rank, value) for rank, value in zip(call.ranks, results, strict=True)]
+
+    def rank_done(self, rank: int, value: Any) -> Any:
+        """Rank ``rank``'s compute slice from its timed value (a ``TimedResult``); returns the plain value."""
+        if not isinstance(value, TimedResult):
+            return value
+        track = f"{self.label} rank {rank}"
+        self._slice(track, self.name, value.start_us, value.end_us, "compute", rank=rank, pid=value.pid)
+        return value.value
 
     def unfinished(self, ranks: list[int], why: str) -> None:
         """Mark ``ranks`` on their tracks as still running the call when it ended (``why``): the stuck ones."""

@@ -26,10 +26,9 @@ from .._base import (
 )
 from .._dispatch import CallContext, Registration, call_context, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
-from .._spi import Executor, GroupSpec, get_executor_class
+from .._spi import Call, Executor, GroupSpec, get_executor_class
 from .._worker import MembershipChange, method_names
 from ._bind import bind_call
-from ._call_checks import submit_call
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, ON_RANK_DEATH, SetupLog
@@ -37,6 +36,7 @@ from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
 from ._roles import role_view
 from ._site import CallSite, SharedRanks
+from ._submit import Submitted, ledger_sender, submit
 
 W = TypeVar("W")
 R = TypeVar("R")
@@ -139,6 +139,7 @@ class WorkerGroup(Generic[W]):
         )  # fmt: skip
         shared.root = weakref.ref(self)
         shared.membership.cancel_grace = _check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
+        shared.ledger.send = ledger_sender(shared, tuple(range(world_size)))
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)
 
@@ -323,7 +324,11 @@ class WorkerGroup(Generic[W]):
         call = build_call(
             site, name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero=rank_zero, timeout=site.call_timeout
         )
-        return submit_call(site.executor, call, site.shared.backend).result(site.call_timeout)
+        return submit(self, site, call).result()
+
+    def _submit_call(self, call: Call, *, settled: bool = False) -> Submitted:
+        """The core's own calls on these ranks (a rejoin, a transfer step) through the one submit path."""
+        return submit(self, self._site, call, settled=settled)
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
@@ -403,6 +408,7 @@ class WorkerGroup(Generic[W]):
         site.closed = True
         if self._parent is None:
             site.shared.closed = True
+            site.shared.ledger.flush()  # no call follows: the rows released since the last one go now
             site.executor.shutdown()
 
     def __enter__(self) -> WorkerGroup[W]:

@@ -7,18 +7,18 @@ Imports the layers below (``_base`` ... ``_spi``, ``_trace``), never dispatch, w
 from ._lazy_chunk import RowFetcher, resolve_lazy_arguments, send_lazy_arguments
 from ._lazy_dataproto import LazyDataProto
 from ._ledger import DEFAULT_BUDGET, RowLedger
-from ._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from ._records import ROWS_CALL, HeldRows, RowAccess, RowRequest
 from ._remote import RemoteRows
 from ._store import ROW_STORE, free_kept_rows, holds_kept_rows, kept_results, take_kept_rows
 
 __all__ = [
     "DEFAULT_BUDGET",
-    "FREE_ROWS_METHOD",
+    "ROWS_CALL",
     "ROW_STORE",
-    "TAKE_ROWS_METHOD",
     "HeldRows",
     "LazyDataProto",
     "RemoteRows",
+    "RowAccess",
     "RowFetcher",
     "RowLedger",
     "RowRequest",

@@ -55,7 +55,7 @@ def index_key(index: Index) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class Segment:
-    """Rows ``index`` of ``source`` (a :class:`~dispatchcore._lazy_source.RemoteRows` or a local array)."""
+    """Rows ``index`` of ``source`` (a :class:`~dispatchcore._rows._remote.RemoteRows` or a local array)."""
 
     source: Any
     index: Index

@@ -26,9 +26,6 @@ from ._records import ColumnSpec, RowRequest
 from ._remote import RemoteRows
 from ._store import ROW_STORE
 
-#: The keyword the core adds to a lazy call's per-rank kwargs; WorkerHost.run pops it and keeps the result.
-KEEP_ROWS_KWARG = "_dispatchcore_keep_rows"
-
 #: Fetches rows for requests whose keys are not in this process (an executor's rank-to-rank transport).
 RowFetcher = Callable[[Sequence[RowRequest]], list[DataProto]]
 

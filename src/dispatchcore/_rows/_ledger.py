@@ -3,34 +3,43 @@
 Each rank result of a lazy call becomes one :class:`RemoteRows` handle.
 While any lazy ``DataProto`` (or an in-flight call reading it) refers to the
 handle, the rank keeps the rows; when the last reference goes, the handle's
-finalizer queues the key, and the next call or read on that group frees it
-on the rank (one message per rank, never from a garbage-collector callback).
+finalizer queues the key (never a message from a garbage-collector
+callback).  The key then rides the next call or read that reaches its rank:
+a call carries it in ``Instructions.free``, a read in its
+:class:`RowAccess`; :meth:`RowLedger.flush` sends what is left when no call
+follows (a group shutting down).  Keys kept in this process are freed at once.
 
 :class:`RowLedger` (one per executor) counts the bytes each rank holds and
 refuses a result that would take a rank past its budget
 (:class:`~dispatchcore.MemoryBudgetError`, nothing evicted silently).  It
 also reads rows to the driver: straight from this process's store when the
-rank lives here (local ranks, torchrun's rank 0), else with a call of the
-core's ``_dispatchcore_take_rows`` method on the producing rank, which every
-executor runs like any other call.
+rank lives here (local ranks, torchrun's rank 0), else with a beside call
+(``Call.beside``) of the core's :data:`~dispatchcore._spi.Operation.ROWS`
+operation on the producing rank, sent through the group's submit path.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._base import DispatchError, MemoryBudgetError, WorkerDiedError
 from .._data import DataProto
-from .._spi import Call
-from ._records import FREE_ROWS_METHOD, TAKE_ROWS_METHOD, HeldRows, RowRequest
+from .._spi import Call, Instructions, Operation
+from ._records import ROWS_CALL, HeldRows, RowAccess, RowRequest
 from ._remote import RemoteRows
 from ._store import ROW_STORE
 
 if TYPE_CHECKING:
     from .._spi import Executor
+
+#: How a ledger sends its beside calls: the group's submit path (a handle with ``result(timeout)``).
+Send = Callable[[Call], Any]
+
+#: Instructions of every beside row call.
+_ROWS = Instructions(operation=Operation.ROWS)
 
 #: Default per-rank budget for rows kept by lazy calls (``WorkerGroup(lazy_budget_bytes=...)``).
 DEFAULT_BUDGET = 8 << 30
@@ -47,6 +56,8 @@ class RowLedger:
         self._unfreed: dict[int, list[str]] = {}
         #: Ranks seen dead (their kept rows are gone).
         self.dead: set[int] = set()
+        #: How row calls are sent; the group sets its submit path (until then: straight to the executor).
+        self.send: Send | None = None
 
     def adopt(self, ranks: Sequence[int], results: list[Any]) -> list[Any]:
         """Per-rank results with each :class:`HeldRows` turned into a :class:`RemoteRows` handle.
@@ -96,28 +107,45 @@ class RowLedger:
             self._held[rank] = max(0, self._held.get(rank, 0) - nbytes)
             self._unfreed.setdefault(rank, []).append(key)
 
-    def flush(self) -> None:
-        """Tell ranks to drop the keys released since the last flush (one call per rank, not waited on)."""
+    def take_frees(self, ranks: Sequence[int]) -> dict[int, list[str]]:
+        """The keys queued for ``ranks``, handed to the call about to reach them (keys kept here: freed now)."""
         if not self._unfreed:
-            return
+            return {}
         with self._lock:
-            unfreed, self._unfreed = self._unfreed, {}
-        local = [k for keys in unfreed.values() for k in keys if ROW_STORE.has(k)]
-        ROW_STORE.free(local)
-        executor = self._executor()
-        if executor is None or executor.broken:
-            return
-        for rank, keys in unfreed.items():
+            taken = {rank: self._unfreed.pop(rank) for rank in ranks if rank in self._unfreed}
+        out: dict[int, list[str]] = {}
+        for rank, keys in taken.items():
+            local = [k for k in keys if ROW_STORE.has(k)]
+            ROW_STORE.free(local)
             remote = [k for k in keys if k not in local]
             if remote:
-                try:
-                    executor.submit(Call(FREE_ROWS_METHOD, (rank,), [(remote,)], [{}]))
-                except Exception:  # noqa: BLE001, S112 - a gone rank took its rows with it
-                    continue
+                out[rank] = remote
+        return out
+
+    def give_back(self, taken: dict[int, list[str]]) -> None:
+        """The call that was to carry ``taken`` was not sent: they wait for the next one."""
+        with self._lock:
+            for rank, keys in taken.items():
+                self._unfreed.setdefault(rank, []).extend(keys)
+
+    def flush(self) -> None:
+        """Send every queued free now, one beside call per rank, not waited on (no call follows: shutdown)."""
+        executor = self._executor()
+        taken = self.take_frees(list(self._unfreed))
+        if executor is None or executor.broken:
+            return
+        for rank, keys in taken.items():
+            call = Call(ROWS_CALL, (rank,), [(RowAccess((), tuple(keys)),)], [{}], None, True, _ROWS, True)
+            try:
+                self._send(executor, call)
+            except Exception:  # noqa: BLE001, S112 - a gone rank took its rows with it
+                continue
+
+    def _send(self, executor: Executor, call: Call) -> Any:
+        return executor.submit(call) if self.send is None else self.send(call)
 
     def read(self, requests: Sequence[RowRequest], timeout: float | None) -> list[DataProto]:
-        """Rows for ``requests`` on the driver (copies; one call per producing rank)."""
-        self.flush()
+        """Rows for ``requests`` on the driver (copies; one beside call per producing rank, carrying its frees)."""
         out: list[DataProto | None] = [None] * len(requests)
         by_rank: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
@@ -134,10 +162,17 @@ class RowLedger:
                 rank = lost[0] if lost else min(by_rank)
                 why = executor.broken or "it died"
                 raise WorkerDiedError(rank, f"the rows it kept for a lazy result are lost ({why})")
-            handles = {
-                rank: executor.submit(Call(TAKE_ROWS_METHOD, (rank,), [([requests[i] for i in idx],)], [{}], timeout))
-                for rank, idx in by_rank.items()
-            }
+            frees = self.take_frees(list(by_rank))
+            handles = {}
+            for rank, idx in by_rank.items():
+                access = RowAccess(tuple(requests[i] for i in idx), tuple(frees.pop(rank, ())))
+                call = Call(ROWS_CALL, (rank,), [(access,)], [{}], timeout, True, _ROWS, True)
+                try:
+                    handles[rank] = self._send(executor, call)
+                except BaseException:
+                    self.give_back({rank: list(access.free)})
+                    self.give_back(frees)
+                    raise
             for rank, handle in handles.items():
                 for i, part in zip(by_rank[rank], handle.result(timeout)[0], strict=True):
                     out[i] = part

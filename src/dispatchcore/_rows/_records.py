@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Core methods a call may name to read or free kept rows (handled by WorkerHost itself).
-TAKE_ROWS_METHOD = "_dispatchcore_take_rows"
-FREE_ROWS_METHOD = "_dispatchcore_free_rows"
+#: What a core call reading or freeing kept rows is called in errors and traces (it names no worker method).
+ROWS_CALL = "<kept rows>"
 
 
 @dataclass(frozen=True)
@@ -73,3 +72,17 @@ class RowRequest:
     key: str
     columns: tuple[str, ...]
     index: slice | np.ndarray
+
+
+@dataclass(frozen=True)
+class RowAccess:
+    """A driver's visit to the rows one rank keeps: free ``free``, then read ``requests``.
+
+    The one argument of the core's beside calls (``Call.beside``), which an
+    executor with a row transport of its own may serve itself: free the keys
+    (``free_kept_rows`` in the keeping process), then answer each request in
+    order (``take_kept_rows``), one ``DataProto`` per request.
+    """
+
+    requests: tuple[RowRequest, ...] = ()
+    free: tuple[str, ...] = ()

@@ -104,8 +104,8 @@ def take_kept_rows(request: RowRequest) -> DataProto:
 def free_kept_rows(keys: Sequence[str]) -> None:
     """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
 
-    For executors that deliver the core's frees (:data:`FREE_ROWS_METHOD`)
-    beside the command loop, so a rank busy in a long call still frees.
+    For executors that serve the core's beside calls (a ``RowAccess``) with a
+    row transport of their own, so a rank busy in a long call still frees.
     """
     ROW_STORE.free(keys)
 

@@ -27,7 +27,6 @@ def run_isolated(
     *,
     isolate_inputs: bool = True,
     isolate_result: bool = True,
-    timed: bool = False,
     instructions: Instructions = PLAIN,
 ) -> tuple[bool, Any]:
     """Run ``method`` on ``host`` as a remote rank would see it; never raises.
@@ -45,7 +44,7 @@ def run_isolated(
             return False, RemoteFailure.unpicklable(
                 host.rank, method, "arguments", exc, in_process=True, value=(args, kwargs)
             )
-    ok, value = host.run(method, args, kwargs, instructions, timed=timed)
+    ok, value = host.run(method, args, kwargs, instructions)
     if ok and isolate_result and type(value) not in ATOMS:
         try:
             value = isolated_copy(value)

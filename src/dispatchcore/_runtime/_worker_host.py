@@ -18,10 +18,10 @@ from typing import Any
 
 from .._base import CallInterrupted, WorkerDiedError, WorkerError
 from .._data import DataProto
-from .._rows import FREE_ROWS_METHOD, ROW_STORE, TAKE_ROWS_METHOD, RowFetcher, resolve_lazy_arguments
-from .._spi import PLAIN, Instructions
+from .._rows import ROW_STORE, RowFetcher, resolve_lazy_arguments
+from .._spi import PLAIN, Instructions, Operation
 from .._trace import TimedResult, now_us
-from .._transfer import TRANSFER_METHOD, TensorLink
+from .._transfer import TensorLink
 from .._transfer import run_step as run_transfer_step
 from .._wire import find_unpicklable
 from .._worker import CollectiveLink, enter_method, leave_method, rank_context, swap_collective
@@ -145,8 +145,6 @@ class WorkerHost:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         instructions: Instructions = PLAIN,
-        *,
-        timed: bool = False,
     ) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
 
@@ -154,18 +152,21 @@ class WorkerHost:
         (``call.instructions``), forwarded whole by the executor: a traced call
         wraps a value in :class:`~dispatchcore.executor.TimedResult` saying when
         the method ran; a lazy one keeps a ``DataProto`` result in this
-        process and returns its description.  ``timed=True`` is the older
-        spelling of ``Instructions(timed=True)``.
+        process and returns its description; the kept rows it lists to free
+        are dropped first; a core operation runs instead of ``method``
+        (which then only names the call in errors).
         """
+        if instructions.free:
+            ROW_STORE.free(instructions.free)
         running = GATE.enter(instructions.call_id)
         if running is None:
             return False, _cancelled(self.rank, method, "before it began on this rank")
         try:
-            if timed or instructions.timed:
+            if instructions.timed:
                 start = now_us()
-                ok, value = self._run(method, args, kwargs, instructions.keep_rows, running)
+                ok, value = self._run(method, args, kwargs, instructions, running)
                 return ok, (TimedResult(value, start, now_us(), os.getpid()) if ok else value)
-            return self._run(method, args, kwargs, instructions.keep_rows, running)
+            return self._run(method, args, kwargs, instructions, running)
         except CallInterrupted:  # an interrupt that landed just as the method returned
             return False, _cancelled(self.rank, method, "as it returned")
         finally:
@@ -176,16 +177,17 @@ class WorkerHost:
         return GATE.cancel(call_id, interrupt_after) > 0
 
     def _run(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], keep: str | None, running: RunningCall
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        instructions: Instructions,
+        running: RunningCall,
     ) -> tuple[bool, Any]:
+        if instructions.operation is not None:
+            return self._operation(instructions.operation, method, args)
+        keep = instructions.keep_rows
         fn = self._bound.get(method)
-        if fn is None and method in (TAKE_ROWS_METHOD, FREE_ROWS_METHOD):
-            return self._rows_method(method, args)
-        if fn is None and method == TRANSFER_METHOD:
-            try:
-                return True, run_transfer_step(self, args)
-            except BaseException as exc:  # noqa: BLE001 - reported to the driver
-                return False, RemoteFailure.capture(self.rank, method, exc)
         if fn is None:
             try:
                 fn = self._bound[method] = getattr(self.worker, method)
@@ -214,15 +216,16 @@ class WorkerHost:
             return False, RemoteFailure.capture(self.rank, method, exc)
         return True, value
 
-    def _rows_method(self, method: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
-        """The core's own calls on kept rows: read some (to the driver) or free keys."""
+    def _operation(self, operation: Operation, label: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """The core's own work: kept rows freed and read (a ``RowAccess``), or a weight-transfer step."""
         try:
-            if method == TAKE_ROWS_METHOD:
-                return True, [ROW_STORE.take(request) for request in args[0]]
-            ROW_STORE.free(args[0])
+            if operation is Operation.ROWS:
+                access = args[0]
+                ROW_STORE.free(access.free)
+                return True, [ROW_STORE.take(request) for request in access.requests]
+            return True, run_transfer_step(self, args)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            return False, RemoteFailure.capture(self.rank, method, exc)
-        return True, None
+            return False, RemoteFailure.capture(self.rank, label, exc)
 
     def _await(self, awaitable: Any, running: RunningCall) -> Any:
         """Run a coroutine method to its end on the private loop, as a task :meth:`cancel` can cancel."""

@@ -4,7 +4,7 @@ plans, rank environment, plugins.
 The public face is :mod:`dispatchcore.executor`.  Imports ``_base``, ``_wire``, ``_data``.
 """
 
-from ._call import PLAIN, Call, Instructions, UniqueValues, call_instructions
+from ._call import PLAIN, Call, Instructions, Operation, UniqueValues, call_instructions
 from ._executor_base import CallHandle, Executor, GroupSpec, remaining
 from ._forward_plan import assemble_chunk, plan_forward
 from ._hookspecs import hookimpl, hookspec
@@ -23,6 +23,7 @@ __all__ = [
     "ForwardPlan",
     "GroupSpec",
     "Instructions",
+    "Operation",
     "ResultShape",
     "RowPiece",
     "UniqueValues",

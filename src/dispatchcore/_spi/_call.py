@@ -1,20 +1,28 @@
-"""What the core hands an executor: one method call on some ranks.
+"""What the core hands an executor: one call on some ranks (the contract: ``docs/executor-contract.md``).
 
-The core has already dispatched (split, padded, chosen the ranks); an
-executor only moves :class:`Call`'s per-rank arguments and brings back one
-result per rank.  :meth:`Call.unique_values` tells it which argument objects
-are the same object on several ranks, so each is serialized once (see
-``docs/design.md``, "Data path").  :class:`Instructions` is what the core
-tells every rank of the call besides its arguments; an executor forwards it
-whole to ``WorkerHost.run``, whatever it holds.
+An executor moves :class:`Call`'s per-rank arguments and brings back one
+result per rank; :attr:`Call.beside` is the one thing about a call it routes
+by.  :class:`Instructions` is the core's own part of the call (time it, keep
+its rows, free old rows, run a core operation instead of a worker method);
+an executor forwards it whole to ``WorkerHost.run`` and never reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import enum
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._base import DispatchValueError
+
+
+class Operation(enum.Enum):
+    """The core's own work on a rank, run by ``WorkerHost`` instead of a worker method."""
+
+    #: Read and free rows kept on the rank: the call's one argument is a ``RowAccess``.
+    ROWS = "rows"
+    #: One step of a weight transfer between groups (``_transfer.run_step``).
+    TRANSFER = "transfer"
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,11 @@ class Instructions:
     keep_rows: str | None = None
     #: This call's id among the driver's calls (0: none), which a cancel names (``WorkerHost.cancel``).
     call_id: int = 0
+    #: Keys of kept rows the driver holds no reference to any more: freed on the rank before the call
+    #: runs (frees ride the next call; keys a process does not hold are skipped).
+    free: tuple[str, ...] = ()
+    #: The core's own operation, run instead of a worker method (``None``: ``Call.method`` on the worker).
+    operation: Operation | None = None
 
 
 #: A call with no orders beyond running the method.
@@ -44,7 +57,7 @@ def call_instructions(keep_rows: str | None, call_id: int) -> Instructions:
     """``Instructions(keep_rows=..., call_id=...)`` as every call makes it, without the frozen dataclass's
     per-field ``object.__setattr__`` (a microsecond a call: the call path's most-built object)."""
     made = _new_instructions(Instructions)
-    made.__dict__.update(timed=False, keep_rows=keep_rows, call_id=call_id)
+    made.__dict__.update(timed=False, keep_rows=keep_rows, call_id=call_id, free=(), operation=None)
     return made
 
 
@@ -62,6 +75,9 @@ class Call:
     results_are_copied: bool = False
     #: What the core tells every rank of this call; forward it whole to ``WorkerHost.run``.
     instructions: Instructions = field(default=PLAIN)
+    #: Run it on the rank's control path, beside any running call, never queued behind it (the core's
+    #: reads and frees of kept rows).  An executor that has no such path runs it in order.
+    beside: bool = False
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.args) or len(self.args) != len(self.kwargs):
@@ -69,15 +85,6 @@ class Call:
                 f"Call {self.method!r}: {len(self.ranks)} ranks but {len(self.args)} "
                 f"argument tuples and {len(self.kwargs)} keyword dicts"
             )
-
-    @property
-    def timed(self) -> bool:
-        """A traced call (``instructions.timed``; kept for executors written before :class:`Instructions`)."""
-        return self.instructions.timed
-
-    @timed.setter
-    def timed(self, value: bool) -> None:
-        self.instructions = replace(self.instructions, timed=bool(value))
 
     def unique_values(self) -> UniqueValues:
         """Distinct argument objects (by identity) and per-rank slots into them."""

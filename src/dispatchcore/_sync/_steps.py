@@ -1,10 +1,12 @@
 """The driver's side of one transfer step: a core call on some ranks of one group, errors named by group.
 
-Every step is a call of ``TRANSFER_METHOD`` through the group's own
-executor, so each inherits that executor's time bounds and death detection
-(``RankCallHandle``); only the wording is added here, saying which group
-(source or destination) lost which rank, and a destination that could not
-read a bucket because its source is gone is reported as that source's death.
+Every step is a call of the core's transfer operation (``Operation.TRANSFER``)
+through the group's own submit path, so each is traced, settles stragglers,
+reads the same when a backend refuses it, and inherits that executor's time
+bounds and death detection (``RankCallHandle``); only the wording is added
+here, saying which group (source or destination) lost which rank, and a
+destination that could not read a bucket because its source is gone is
+reported as that source's death.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base import DispatchError, WorkerDiedError, WorkerError
-from .._spi import Call, CallHandle, Executor
+from .._spi import Call, Executor, Instructions, Operation
 from .._transfer import TRANSFER_METHOD
+
+#: Every step's instructions: run the transfer step, not a worker method.
+_TRANSFER = Instructions(operation=Operation.TRANSFER)
 
 
 @dataclass(frozen=True)
@@ -29,24 +34,35 @@ class Side:
     prefix: str
     timeout: float | None
     isolate: bool
+    #: The group (or view) itself: its steps go through its submit path.
+    group: Any = None
+
+    @classmethod
+    def of(cls, role: str, wg: Any) -> Side:
+        """The side a ``WorkerGroup`` (or a view of one) plays in a transfer."""
+        executor = wg.executor
+        ranks = tuple(wg.rank_ids)
+        return cls(role, repr(wg), executor, ranks, wg.role_prefix, wg.call_timeout, executor.spec.isolate, wg)
 
 
-def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]) -> CallHandle:
-    """Start one step on ``positions`` of ``side`` (results are fresh: no isolation copy)."""
+def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]) -> Any:
+    """Start one step on ``positions`` of ``side`` (results are fresh: no isolation copy).
+
+    Returns what the group's submit path does: ``result(timeout)`` and ``done()``.
+    """
     ranks = tuple(side.ranks[p] for p in positions)
-    call = Call(TRANSFER_METHOD, ranks, list(args), [{} for _ in ranks], timeout=side.timeout, results_are_copied=True)
+    call = Call(TRANSFER_METHOD, ranks, list(args), [{} for _ in ranks], side.timeout, True, _TRANSFER)
     try:
-        return side.executor.submit(call)
-    except DispatchError:
+        return side.group._submit_call(call)
+    except DispatchError as exc:
+        exc.add_note(f"(a weight transfer step on the {side.role} group {side.label})")
         raise
-    except Exception as exc:
-        raise DispatchError(f"{side.role} group {side.label} could not start a weight transfer step: {exc}") from exc
 
 
-def wait(side: Side, handle: CallHandle, what: str, source: Side | None = None, source_rank: int = -1) -> list[Any]:
+def wait(side: Side, sent: Any, what: str, source: Side | None = None, source_rank: int = -1) -> list[Any]:
     """The step's per-rank values; a death names the group and rank, a lost bucket names its source."""
     try:
-        return handle.result(side.timeout)
+        values: list[Any] = sent.result(side.timeout)
     except WorkerDiedError as exc:
         raise WorkerDiedError(
             exc.rank, f"{side.role} group {side.label} lost it during the weight transfer ({what}): {exc.detail}"
@@ -59,3 +75,4 @@ def wait(side: Side, handle: CallHandle, what: str, source: Side | None = None, 
                 f"could not read a bucket it sent ({exc.exc_message})",
             ) from exc
         raise
+    return values

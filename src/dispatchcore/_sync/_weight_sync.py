@@ -139,9 +139,7 @@ class WeightSync:
     # -- one transfer ---------------------------------------------------------------
     def _side(self, role: str, wg: Any) -> Side:
         wg.ensure_usable()
-        executor = wg.executor
-        timeout = wg.call_timeout
-        return Side(role, repr(wg), executor, tuple(wg.rank_ids), wg.role_prefix, timeout, executor.spec.isolate)
+        return Side.of(role, wg)
 
     def _run(self, version: Any) -> TransferReport:
         started = time.monotonic()

@@ -104,9 +104,8 @@ from .._lane import (
     unframe_object,
 )
 from .._rows import (
-    FREE_ROWS_METHOD,
-    TAKE_ROWS_METHOD,
     HeldRows,
+    RowAccess,
     RowRequest,
     free_kept_rows,
     holds_kept_rows,
@@ -155,7 +154,7 @@ from .._spi import (
     remaining,
 )
 from .._trace import TimedResult
-from .._transfer import TRANSFER_METHOD, TensorLink, TensorSourceLost, TensorSpec, TransferPlan, plan_transfer, run_step
+from .._transfer import TensorLink, TensorSourceLost, TensorSpec, TransferPlan, plan_transfer, run_step
 from .._wire import keep_freed_memory
 from .._worker import STORE_ENV as COLLECTIVE_STORE_ENV
 from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_names
@@ -163,12 +162,9 @@ from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_
 __all__ = [
     "ATOMS",
     "COLLECTIVE_STORE_ENV",
-    "FREE_ROWS_METHOD",
     "LOOPBACK",
     "PLAIN",
     "RANK_ENV_KEYS",
-    "TAKE_ROWS_METHOD",
-    "TRANSFER_METHOD",
     "Call",
     "CallHandle",
     "ChunkPlan",
@@ -186,6 +182,7 @@ __all__ = [
     "RankThread",
     "RemoteFailure",
     "ResultShape",
+    "RowAccess",
     "RowPiece",
     "RowRequest",
     "StoreCollective",
