@@ -29,7 +29,7 @@ from dispatchcore import (
     driver_traffic,
     register,
 )
-from dispatchcore.executor import TRANSFER_METHOD, TensorSpec, plan_transfer, run_step
+from dispatchcore.executor import TensorSpec, plan_transfer, run_step
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
 from executors_ray.testing import ray_session  # noqa: F401
 
@@ -167,10 +167,6 @@ def test_rows_held_by_no_source_are_refused() -> None:
     t = torch.zeros(6, 2)
     with pytest.raises(ValueError, match=r"rows 3\.\.6 of 'w'"):
         _transfer([_Source({"w": Shard(t[:3], 0, (6, 2))})], [_Sink({})], bucket_bytes=64)
-
-
-def test_core_step_name_is_not_a_method() -> None:
-    assert not hasattr(WeightTrainer, TRANSFER_METHOD)
 
 
 # -- on backends ---------------------------------------------------------------------------------

@@ -17,13 +17,25 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
 from .._runtime import stacks_note, timeout_error
-from .._spi import Call, CallHandle
-from ._site import CallSite
+from .._spi import Call, CallHandle, Executor
 from ._stragglers import unfinished_ranks
+
+
+class CallSite(Protocol):
+    """What these hooks read of a call site (``_site.CallSite``): named, not imported, so the submit
+    path that calls them stays a floor lower."""
+
+    #: The group's ``SharedRanks`` (its membership, ledger, backend, restart policy).
+    shared: Any
+    ranks: tuple[int, ...]
+
+    @property
+    def executor(self) -> Executor: ...
+
 
 #: How long a failed or timed-out call waits for its ranks' stacks before raising without them.
 STACKS_TIMEOUT_S = 2.0
@@ -73,21 +85,21 @@ def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None =
     stuck = membership.stragglers.settle(site.ranks if ranks is None else ranks, membership.cancel_grace)
     if not stuck:
         return
-    ranks = sorted(stuck)
-    first = stuck[ranks[0]]
+    stuck_ranks = sorted(stuck)
+    first = stuck[stuck_ranks[0]]
     executor = site.executor
     what = (
-        f"rank(s) {ranks} are still running {first.method!r}, "
+        f"rank(s) {stuck_ranks} are still running {first.method!r}, "
         f"{time.monotonic() - first.since:.1f} s after they were asked to stop (the call ended because {first.why}); "
         "a rank that does not leave a call is blocked in C code (a collective, a sleep) or ignores the interrupt"
     )
     if executor.can_replace_ranks():
         if shared.on_rank_death == "replace":
             root = shared.root() if shared.root is not None else None
-            membership.replace(root if root is not None else group, tuple(ranks))
+            membership.replace(root if root is not None else group, tuple(stuck_ranks))
             return
         error = DispatchError(
-            f"{what}. Restart them with wg.replace_rank({', '.join(map(str, ranks))}) (setup is replayed and "
+            f"{what}. Restart them with wg.replace_rank({', '.join(map(str, stuck_ranks))}) (setup is replayed and "
             "on_membership_change runs on every rank), or create the group with on_rank_death='replace' to "
             "have that done before the next call"
         )
@@ -98,8 +110,8 @@ def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None =
             f"{group!r} can take no more calls: {reason}. Shut it down (shutdown() returns at once) and "
             "create a new group"
         )
-    error.ranks = tuple(ranks)  # type: ignore[attr-defined]
-    note_stacks(site, error, ranks)
+    error.ranks = tuple(stuck_ranks)  # type: ignore[attr-defined]
+    note_stacks(site, error, stuck_ranks)
     raise error
 
 
