@@ -33,7 +33,7 @@ from dispatchcore import (
     driver_traffic,
     register,
 )
-from dispatchcore.executor import TAKE_ROWS_METHOD, Call, RowRequest
+from dispatchcore.executor import Call, RowAccess, RowRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -279,7 +279,8 @@ def test_a_busy_producer_serves_driver_reads_and_frees() -> None:
 
         def still_held() -> bool:
             probe = RowRequest(executor.row_address(1), 1, held.key, (), slice(0, 0))
-            handle = executor.submit(Call(TAKE_ROWS_METHOD, (1,), [([probe],)], [{}], 30.0))
+            read = Call("probe", (1,), [(RowAccess((probe,)),)], [{}], 30.0, beside=True)  # the core's beside read
+            handle = executor.submit(read)
             try:
                 handle.result(30.0)
             except DispatchError as exc:
