@@ -190,7 +190,7 @@ def run_call(
     cancels = on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
     planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
-    call, handle = planned.call, submit(group, site, planned.call, trace).handle
+    call, handle = planned.call, submit(group, site, planned.call, trace, settled=True).handle
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def resolve(wait: float | None) -> Any:
@@ -235,8 +235,8 @@ def run_call(
 def _begin(group: Any, site: CallSite, name: str, registration: Registration) -> DispatchSpec:
     """What every call checks first: the mode can be called, the group is open, no rank is stuck in an old call.
 
-    Stragglers are settled before planning (a restart there changes what the plan reads); ``submit``
-    then finds none.
+    Stragglers are settled here, before planning (a restart changes what the plan reads), so the
+    call's ``submit`` is told they were.
     """
     spec = resolve_mode(registration.dispatch_mode)
     if spec.direct:
@@ -266,7 +266,7 @@ def start_stream(
     if planned.unwrap:
         raise DispatchError(f"{name!r} runs on rank 0 only (Execute.RANK_ZERO): there is nothing to stream")
     call = planned.call
-    submitted = submit(group, site, call)
+    submitted = submit(group, site, call, settled=True)
     handle = submitted.handle
     if not hasattr(handle, "position_outcome"):
         handle.result(timeout)

@@ -30,6 +30,8 @@ from ._tracing import CallTrace
 
 #: Sentinel: wait as long as the call's own bound (``Call.timeout``).
 CALL_BOUND: Any = object()
+#: Sentinel: begin the call's trace here (inside a trace block).
+BEGIN: Any = object()
 
 
 class Submitted:
@@ -63,19 +65,21 @@ class Submitted:
 
 
 def submit(
-    group: Any, site: CallSite, call: Call, trace: CallTrace | None = None, *, settled: bool = False
+    group: Any, site: CallSite, call: Call, trace: CallTrace | None = BEGIN, *, settled: bool = False
 ) -> Submitted:
     """Send ``call`` to ``site``'s executor (``group`` names the group in errors and is what a restart rebuilds).
 
-    ``trace``: the call's trace when the caller began it earlier (``run_call``
-    times its dispatch); else one is begun here inside a trace block.
-    ``settled``: the caller already settled stragglers and must not again
-    (the rejoin of a replacement, which settles them itself).
+    ``trace``: the call's trace (or ``None``) when the caller began it
+    earlier (``run_call`` times its dispatch); by default one is begun here
+    inside a trace block.
+    ``settled``: the caller settled stragglers already (a registered call
+    or stream, before planning; the rejoin of a replacement, which settles
+    them itself and must not again).
     """
     shared = site.shared
     if not (settled or call.beside):
         clear_stragglers(group, site, call.ranks)
-    if trace is None:
+    if trace is BEGIN:
         trace = CallTrace.begin(shared.label, "", call.method)
     if trace is not None:
         trace.dispatched(call)

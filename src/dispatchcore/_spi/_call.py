@@ -57,7 +57,8 @@ def call_instructions(keep_rows: str | None, call_id: int) -> Instructions:
     """``Instructions(keep_rows=..., call_id=...)`` as every call makes it, without the frozen dataclass's
     per-field ``object.__setattr__`` (a microsecond a call: the call path's most-built object)."""
     made = _new_instructions(Instructions)
-    made.__dict__.update(timed=False, keep_rows=keep_rows, call_id=call_id, free=(), operation=None)
+    # ``free`` and ``operation`` keep their defaults: the dataclass's class attributes answer for them.
+    made.__dict__.update(timed=False, keep_rows=keep_rows, call_id=call_id)
     return made
 
 
