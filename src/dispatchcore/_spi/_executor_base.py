@@ -1,22 +1,11 @@
-"""The executor contract: what a backend plugin implements.
+"""The executor contract's base classes: :class:`Executor`, :class:`GroupSpec`, :class:`CallHandle`.
 
-An executor owns processes, actors or threads; the core owns dispatch,
-collect, padding and binding (docs/design.md, "The executor contract").  A backend subclasses
-:class:`Executor`, sets :attr:`Executor.name`, and implements three things:
-
-* ``__init__(spec)`` starts ``spec.world_size`` ranks, each hosting
-  ``spec.worker_cls`` (use :class:`dispatchcore.WorkerHost` on the rank side;
-  it sets ``rank``/``world_size`` before the worker's ``__init__`` and turns
-  exceptions into :class:`RemoteFailure` records);
-* :meth:`Executor.submit` sends a :class:`~dispatchcore.Call` to its ranks at
-  once and returns a :class:`CallHandle` without waiting;
-* :meth:`Executor.shutdown` releases everything, idempotently.
-
-:meth:`CallHandle.result` is where every bound lives: it returns one value
-per rank of the call, or raises :class:`~dispatchcore.WorkerError` (a rank
-raised), :class:`~dispatchcore.WorkerDiedError` (a rank is gone; noticed
-within ``spec.death_timeout``) or :class:`~dispatchcore.DispatchTimeoutError`.
-It must never block forever.
+The contract is written out once, in ``docs/executor-contract.md``.  In
+short: a backend subclasses :class:`Executor`, sets :attr:`Executor.name` and
+implements ``__init__(spec)`` (start ``spec.world_size`` ranks, each a
+``WorkerHost``), :meth:`Executor.submit` (send a ``Call`` at once, return a
+:class:`CallHandle`) and :meth:`Executor.shutdown`; :meth:`CallHandle.result`
+is where every bound lives and never blocks forever.
 """
 
 from __future__ import annotations
