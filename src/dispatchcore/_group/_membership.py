@@ -21,9 +21,12 @@ from typing import Any
 
 from .._base import DispatchError, WorkerDiedError, WorkerError
 from .._runtime import isolated_copy
-from .._spi import Call
-from .._worker import REJOIN_METHOD, MembershipChange
+from .._spi import Call, Instructions, Operation
+from .._worker import REJOIN_CALL, MembershipChange
 from ._stragglers import Stragglers
+
+#: The rejoin's instructions: the core's operation, not a worker method.
+_REJOIN = Instructions(operation=Operation.REJOIN)
 
 #: What a group may do when a call finds a rank dead.
 ON_RANK_DEATH = ("raise", "replace")
@@ -91,11 +94,12 @@ def run_replacement(
     log: SetupLog = group.setup_log
     all_ranks = tuple(range(n))
     call = Call(
-        REJOIN_METHOD,
+        REJOIN_CALL,
         all_ranks,
         [(change, log.for_rank(r) if r in ranks else []) for r in all_ranks],
         [{} for _ in all_ranks],
         timeout=group.call_timeout,
+        instructions=_REJOIN,
     )
     try:
         # Through the group's submit path; the stragglers were settled above (``Membership._with_stuck``).

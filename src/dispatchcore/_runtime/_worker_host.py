@@ -24,7 +24,7 @@ from .._trace import TimedResult, now_us
 from .._transfer import TensorLink
 from .._transfer import run_step as run_transfer_step
 from .._wire import find_unpicklable
-from .._worker import CollectiveLink, enter_method, leave_method, rank_context, swap_collective
+from .._worker import CollectiveLink, enter_method, leave_method, rank_context, rejoin, swap_collective
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 from ._unpicklable import wording
 
@@ -185,7 +185,7 @@ class WorkerHost:
         running: RunningCall,
     ) -> tuple[bool, Any]:
         if instructions.operation is not None:
-            return self._operation(instructions.operation, method, args)
+            return self._operation(instructions.operation, method, args, running)
         keep = instructions.keep_rows
         fn = self._bound.get(method)
         if fn is None:
@@ -201,8 +201,8 @@ class WorkerHost:
                 args, kwargs, self.fetch_rows, self.fetched_rows_private, self.share_kept_rows
             )
             context = self._collective_context
-            if context is None or context[0] is not self.collective:  # built once (and again if relinked)
-                context = self._collective_context = (self.collective, self.rank, self.world_size)
+            if context is None or context[0] is not self.collective:  # inline: every call on every rank
+                context = self._method_context()
             previous = enter_method(running, context)
             try:
                 value = fn(*args, **kwargs)
@@ -216,16 +216,31 @@ class WorkerHost:
             return False, RemoteFailure.capture(self.rank, method, exc)
         return True, value
 
-    def _operation(self, operation: Operation, label: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
-        """The core's own work: kept rows freed and read (a ``RowAccess``), or a weight-transfer step."""
+    def _operation(
+        self, operation: Operation, label: str, args: tuple[Any, ...], running: RunningCall
+    ) -> tuple[bool, Any]:
+        """The core's own work: kept rows freed and read (a ``RowAccess``), a weight-transfer step, a rejoin."""
         try:
             if operation is Operation.ROWS:
                 access = args[0]
                 ROW_STORE.free(access.free)
                 return True, [ROW_STORE.take(request) for request in access.requests]
+            if operation is Operation.REJOIN:
+                previous = enter_method(running, self._method_context())
+                try:
+                    return True, rejoin(self.worker, *args)
+                finally:
+                    leave_method(previous)
             return True, run_transfer_step(self, args)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, label, exc)
+
+    def _method_context(self) -> tuple[Any, int, int]:
+        """The collective context a method runs in (built once, and again if the executor relinked)."""
+        context = self._collective_context
+        if context is None or context[0] is not self.collective:
+            context = self._collective_context = (self.collective, self.rank, self.world_size)
+        return context
 
     def _await(self, awaitable: Any, running: RunningCall) -> Any:
         """Run a coroutine method to its end on the private loop, as a task :meth:`cancel` can cancel."""

@@ -23,6 +23,8 @@ class Operation(enum.Enum):
     ROWS = "rows"
     #: One step of a weight transfer between groups (``_transfer.run_step``).
     TRANSFER = "transfer"
+    #: After a replacement: replay setup on new ranks, then ``on_membership_change`` (``_worker.rejoin``).
+    REJOIN = "rejoin"
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from ._rank_context import (
     rank_context,
     swap_collective,
 )
-from ._rejoin import REJOIN_METHOD, MembershipChange
+from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
 from ._worker import Worker
 
 __all__ = [
-    "REJOIN_METHOD",
+    "REJOIN_CALL",
     "STORE_ENV",
     "CancelFlag",
     "ClassWithInitArgs",
@@ -44,5 +44,6 @@ __all__ = [
     "method_names",
     "rank_context",
     "rank_info",
+    "rejoin",
     "swap_collective",
 ]

@@ -8,7 +8,6 @@ layer reads it without importing the worker classes' machinery.
 from __future__ import annotations
 
 from .._dispatch import registered_methods
-from ._rejoin import REJOIN_METHOD
 
 #: The core's query of a rank's mesh declarations (``Worker._dispatchcore_mesh_info``).
 MESH_INFO_METHOD = "_dispatchcore_mesh_info"
@@ -19,12 +18,11 @@ def method_names(worker_cls: type) -> tuple[str, ...]:
 
     The ``@register`` methods (a colocated class's role-prefixed ones among
     them, and those of each role class under its prefix), plus the core's
-    mesh query and rejoin call.  Executors that bind entry points per method read it from
+    mesh query.  Executors that bind entry points per method read it from
     :attr:`GroupSpec.methods`.
     """
     names = set(registered_methods(worker_cls)) | {
         MESH_INFO_METHOD,
-        REJOIN_METHOD,
     }
     roles: dict[str, type] = getattr(worker_cls, "_dispatchcore_roles", None) or {}
     for role, cls in roles.items():

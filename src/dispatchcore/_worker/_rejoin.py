@@ -1,4 +1,4 @@
-"""Rejoining after a replacement, rank side: what changed, and the rejoin call every rank runs.
+"""Rejoining after a replacement, rank side: what changed, and the rejoin every rank runs (``Operation.REJOIN``).
 
 The driver half (the setup log, starting the new ranks) is
 :mod:`dispatchcore._group._membership`; this half runs on the ranks, so the
@@ -16,8 +16,8 @@ from typing import Any
 
 from ._rank_context import current_collective
 
-#: The worker method the core calls on every rank after a replacement.
-REJOIN_METHOD = "_dispatchcore_rejoin"
+#: What the core's rejoin call is called in errors and traces (it names no worker method).
+REJOIN_CALL = "<rejoin>"
 
 
 @dataclass(frozen=True)

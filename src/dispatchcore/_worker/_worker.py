@@ -67,14 +67,6 @@ class Worker(DispatchCollectInfo):
         were replayed.  The default does nothing.
         """
 
-    def _dispatchcore_rejoin(
-        self, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]
-    ) -> None:
-        """The core's rejoin call (see :mod:`dispatchcore._worker._rejoin`)."""
-        from ._rejoin import rejoin
-
-        rejoin(self, change, replay)
-
     @property
     def fused_worker_dict(self) -> dict[str, Any]:
         """The role objects of the fused worker hosting this one, by role (verl's name; ``{}`` if none)."""
