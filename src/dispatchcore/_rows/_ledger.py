@@ -51,7 +51,7 @@ class RowLedger:
     def __init__(self, executor: Executor, budget: int | None) -> None:
         self._executor = weakref.ref(executor)
         self.budget = budget
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a handle's finalizer may run inside a locked section (cyclic GC)
         self._held: dict[int, int] = {}
         self._unfreed: dict[int, list[str]] = {}
         #: Ranks seen dead (their kept rows are gone).
@@ -131,7 +131,9 @@ class RowLedger:
     def flush(self) -> None:
         """Send every queued free now, one beside call per rank, not waited on (no call follows: shutdown)."""
         executor = self._executor()
-        taken = self.take_frees(list(self._unfreed))
+        with self._lock:
+            pending = list(self._unfreed)
+        taken = self.take_frees(pending)
         if executor is None or executor.broken:
             return
         for rank, keys in taken.items():
