@@ -22,10 +22,11 @@ from dispatchcore import (
     Worker,
     WorkerError,
     WorkerGroup,
+    available_backends,
     register,
     trace,
 )
-from dispatchcore.executor import Call, CallHandle, register_executor
+from dispatchcore.executor import Call, CallHandle, holds_kept_rows, register_executor
 from dispatchcore.testing import MockExecutor
 from dispatchcore.testing.conformance import batch
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer
@@ -132,23 +133,34 @@ def test_a_call_by_name_settles_stragglers_instead_of_queueing_behind_them() -> 
             wg.execute_all("rank_of")  # refused after cancel_grace, not queued for 20 s
 
 
-def test_a_lazy_row_read_is_traced_on_a_process_backend() -> None:
-    pytest.importorskip("dispatchcore_mp_executor")
-    with WorkerGroup(EchoWorker, 2, backend="multiprocess") as wg:
+def _process_backend(name: str) -> str:
+    if name not in available_backends():
+        pytest.skip(f"{name} backend unavailable")
+    return name
+
+
+#: Backends whose ranks keep rows in processes of their own (torchrun's rank 0 lives in the driver).
+PROCESSES = ["multiprocess", "torchrun"]
+
+
+@pytest.mark.parametrize("backend", PROCESSES)
+def test_a_lazy_row_read_is_traced_on_a_process_backend(backend: str) -> None:
+    with WorkerGroup(EchoWorker, 2, backend=_process_backend(backend)) as wg:
         lazy = wg.echo.options(lazy=True)(batch(4))
+        remote = [s.rank for s in lazy.remote_sources() if not holds_kept_rows(s.held.key)]
         with trace() as tracer:
             assert lazy.batch["x"].tolist() == list(range(4))
-        (label,) = _label(tracer, "EchoWorker")
-        reads = _rank_slices(tracer, label)
-        assert len(reads) == 2 and all("kept rows" in name for name in reads), reads
+    driver = [e["name"] for e in tracer.events if e["ph"] == "X" and e["tid"] == 0]
+    assert remote and driver.count("<kept rows> execute") == len(remote), driver
 
 
-def test_frees_ride_the_next_call_on_a_process_backend() -> None:
-    pytest.importorskip("dispatchcore_mp_executor")
-    with WorkerGroup(EchoWorker, 2, backend="multiprocess") as wg:
+@pytest.mark.parametrize("backend", PROCESSES)
+def test_frees_ride_the_next_call_on_a_process_backend(backend: str) -> None:
+    with WorkerGroup(EchoWorker, 2, backend=_process_backend(backend)) as wg:
         baseline = wg.kept_row_keys()
         lazy = wg.echo.options(lazy=True)(batch(4))
         assert [k - b for k, b in zip(wg.kept_row_keys(), baseline, strict=True)] == [1, 1]
+        remote = sorted(s.held.key for s in lazy.remote_sources() if not holds_kept_rows(s.held.key))
         sent: list[Call] = []
         submit = wg.executor.submit
         wg.executor.submit = lambda call: sent.append(call) or submit(call)  # type: ignore[method-assign]
@@ -156,15 +168,15 @@ def test_frees_ride_the_next_call_on_a_process_backend() -> None:
         gc.collect()
         assert wg.kept_row_keys() == baseline  # freed before the method counted
         (counted,) = sent  # one call: no free calls of their own
-        assert counted.method == "kept_row_keys" and len(counted.instructions.free) == 2
+        assert counted.method == "kept_row_keys" and sorted(counted.instructions.free) == remote
 
 
-def test_frees_left_when_no_call_follows_go_at_shutdown() -> None:
-    pytest.importorskip("dispatchcore_mp_executor")
-    wg = WorkerGroup(EchoWorker, 2, backend="multiprocess")
+@pytest.mark.parametrize("backend", PROCESSES)
+def test_frees_left_when_no_call_follows_go_at_shutdown(backend: str) -> None:
+    wg = WorkerGroup(EchoWorker, 2, backend=_process_backend(backend))
     try:
         lazy = wg.echo.options(lazy=True)(batch(4))
-        keys = sorted(source.held.key for source in lazy.remote_sources())
+        remote = {s.rank: s.held.key for s in lazy.remote_sources() if not holds_kept_rows(s.held.key)}
         sent: list[Call] = []
         submit = wg.executor.submit
         wg.executor.submit = lambda call: sent.append(call) or submit(call)  # type: ignore[method-assign]
@@ -172,5 +184,5 @@ def test_frees_left_when_no_call_follows_go_at_shutdown() -> None:
         gc.collect()
     finally:
         wg.shutdown()
-    assert all(call.beside for call in sent) and sorted(call.ranks[0] for call in sent) == [0, 1]
-    assert sorted(key for call in sent for key in call.args[0][0].free) == keys
+    assert remote and all(call.beside for call in sent)
+    assert {call.ranks[0]: call.args[0][0].free for call in sent} == {r: (k,) for r, k in remote.items()}
