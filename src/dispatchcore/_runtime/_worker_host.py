@@ -228,9 +228,10 @@ class WorkerHost:
             if operation is Operation.REJOIN:
                 previous = enter_method(running, self._method_context())
                 try:
-                    return True, rejoin(self.worker, *args)
+                    rejoin(self.worker, *args)
                 finally:
                     leave_method(previous)
+                return True, None
             return True, run_transfer_step(self, args)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, label, exc)
