@@ -35,7 +35,7 @@ from ._retry import should_retry
 from ._site import CallSite
 from ._stream import CallStream
 from ._stuck import cancel_on_ranks, clear_stragglers, ended_early
-from ._submit import submit
+from ._submit import send, submit
 from ._tracing import CallTrace
 
 P = ParamSpec("P")
@@ -190,7 +190,7 @@ def run_call(
     cancels = on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
     planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
-    call, handle = planned.call, submit(group, site, planned.call, trace, settled=True).handle
+    call, handle = planned.call, send(group, site, planned.call, trace, True)
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def resolve(wait: float | None) -> Any:

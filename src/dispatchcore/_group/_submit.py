@@ -70,29 +70,35 @@ def submit(
     """Send ``call`` to ``site``'s executor (``group`` names the group in errors and is what a restart rebuilds).
 
     ``trace``: the call's trace (or ``None``) when the caller began it
-    earlier (``run_call`` times its dispatch); by default one is begun here
-    inside a trace block.
+    earlier; by default one is begun here inside a trace block.
     ``settled``: the caller settled stragglers already (a registered call
     or stream, before planning; the rejoin of a replacement, which settles
     them itself and must not again).
     """
-    shared = site.shared
-    if not (settled or call.beside):
-        clear_stragglers(group, site, call.ranks)
     if trace is BEGIN:
-        trace = CallTrace.begin(shared.label, "", call.method)
+        trace = CallTrace.begin(site.shared.label, "", call.method)
+    return Submitted(call, send(group, site, call, trace, settled), site, trace)
+
+
+def send(group: Any, site: CallSite, call: Call, trace: CallTrace | None, settled: bool) -> CallHandle:
+    """:func:`submit` for a caller that waits its own way (``run_call``: retries, cancels): the handle only."""
+    shared = site.shared
+    beside = call.beside
+    if not (settled or beside):
+        clear_stragglers(group, site, call.ranks)
     if trace is not None:
         trace.dispatched(call)
     ledger = shared.ledger
-    frees = {} if call.beside else ledger.take_frees(call.ranks)
+    if beside or not ledger.unfreed:  # no frees queued (the usual case): nothing to attach
+        return submit_call(shared.executor, call, shared.backend)
+    frees = ledger.take_frees(call.ranks)
     if frees:
         call.instructions = replace(call.instructions, free=tuple(k for keys in frees.values() for k in keys))
     try:
-        handle = submit_call(shared.executor, call, shared.backend)
+        return submit_call(shared.executor, call, shared.backend)
     except BaseException:
         ledger.give_back(frees)
         raise
-    return Submitted(call, handle, site, trace)
 
 
 def ledger_sender(shared: SharedRanks, ranks: tuple[int, ...]) -> Callable[[Call], Submitted]:

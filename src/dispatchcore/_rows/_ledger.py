@@ -53,7 +53,8 @@ class RowLedger:
         self.budget = budget
         self._lock = threading.RLock()  # a handle's finalizer may run inside a locked section (cyclic GC)
         self._held: dict[int, int] = {}
-        self._unfreed: dict[int, list[str]] = {}
+        #: Keys released on the driver, by rank, waiting for the next call or read that reaches the rank.
+        self.unfreed: dict[int, list[str]] = {}
         #: Ranks seen dead (their kept rows are gone).
         self.dead: set[int] = set()
         #: How row calls are sent; the group sets its submit path (until then: straight to the executor).
@@ -84,7 +85,7 @@ class RowLedger:
         if over:
             for rank, value in zip(ranks, results, strict=True):
                 if isinstance(value, HeldRows):
-                    self._unfreed.setdefault(rank, []).append(value.key)
+                    self.unfreed.setdefault(rank, []).append(value.key)
             rank = over[0]
             raise MemoryBudgetError(
                 f"rank {rank} would hold {self._held.get(rank, 0) + incoming[rank]:,} bytes of lazy results, "
@@ -105,14 +106,14 @@ class RowLedger:
         """A handle's finalizer: account at once; the rank frees at the next :meth:`flush`."""
         with self._lock:
             self._held[rank] = max(0, self._held.get(rank, 0) - nbytes)
-            self._unfreed.setdefault(rank, []).append(key)
+            self.unfreed.setdefault(rank, []).append(key)
 
     def take_frees(self, ranks: Sequence[int]) -> dict[int, list[str]]:
         """The keys queued for ``ranks``, handed to the call about to reach them (keys kept here: freed now)."""
-        if not self._unfreed:
+        if not self.unfreed:
             return {}
         with self._lock:
-            taken = {rank: self._unfreed.pop(rank) for rank in ranks if rank in self._unfreed}
+            taken = {rank: self.unfreed.pop(rank) for rank in ranks if rank in self.unfreed}
         out: dict[int, list[str]] = {}
         for rank, keys in taken.items():
             local = [k for k in keys if ROW_STORE.has(k)]
@@ -126,13 +127,13 @@ class RowLedger:
         """The call that was to carry ``taken`` was not sent: they wait for the next one."""
         with self._lock:
             for rank, keys in taken.items():
-                self._unfreed.setdefault(rank, []).extend(keys)
+                self.unfreed.setdefault(rank, []).extend(keys)
 
     def flush(self) -> None:
         """Send every queued free now, one beside call per rank, not waited on (no call follows: shutdown)."""
         executor = self._executor()
         with self._lock:
-            pending = list(self._unfreed)
+            pending = list(self.unfreed)
         taken = self.take_frees(pending)
         if executor is None or executor.broken:
             return
