@@ -69,7 +69,7 @@ from ._runtime import RemoteFailure, WorkerHost
 from ._spi import Call, CallHandle, Executor, GroupSpec, UniqueValues, available_backends, hookimpl, hookspec
 from ._sync import TransferFuture, TransferReport, WeightSync
 from ._trace import DriverTraffic, Tracer, driver_traffic, trace
-from ._transfer import Shard, Slice
+from ._transfer import RowShard, Shard, Slice, WeightMismatchError, WeightOfferError, WeightTypeError
 from ._worker import (
     ClassWithInitArgs,
     MembershipChange,
@@ -121,6 +121,7 @@ __all__ = [
     "Registration",
     "RegistrationError",
     "RemoteFailure",
+    "RowShard",
     "Shard",
     "Slice",
     "StreamPart",
@@ -130,7 +131,10 @@ __all__ = [
     "TransferReport",
     "UniqueValues",
     "UnpicklableError",
+    "WeightMismatchError",
+    "WeightOfferError",
     "WeightSync",
+    "WeightTypeError",
     "Worker",
     "WorkerDiedError",
     "WorkerError",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._errors import WeightOfferError
 from ._layout import Held, Slice, row_elements, rows_of
 
 #: Bytes of one bucket unless the caller says otherwise.
@@ -110,7 +111,7 @@ def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]]) -> li
         if h is None:
             continue
         if h.full_shape != spec.full_shape:
-            raise ValueError(
+            raise WeightOfferError(
                 f"source ranks disagree on the shape of {spec.source_name!r}: {h.full_shape} and {spec.full_shape}"
             )
         holders.append((h.offset, h.offset + h.rows, source))
@@ -122,7 +123,10 @@ def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]]) -> li
             continue
         candidates = [s for lo, hi, s in holders if lo <= a and b <= hi]
         if not candidates:
-            raise ValueError(f"rows {a}..{b} of {spec.source_name!r} (for {name!r}) are held by no source rank")
+            raise WeightOfferError(
+                f"rows {a}..{b} of {spec.source_name!r} (for {name!r}) are held by no source rank; every row of a "
+                "weight must be offered by some source rank (a RowShard or DTensor shard each)"
+            )
         source = candidates[k % len(candidates)]
         if segments and segments[-1][1] == a and segments[-1][2] == source:
             segments[-1] = (segments[-1][0], b, source)
