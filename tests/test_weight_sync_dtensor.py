@@ -158,10 +158,10 @@ def test_verify_names_the_parameter_and_rank_that_differ(groups: Any) -> None:
     src.configure("fsdp")
     sync = WeightSync(src, dst)
     sync(version=1)
-    dst.corrupt("2.bias")
-    with pytest.raises(WeightMismatchError, match=r"'2\.bias' on destination rank \d+ \(other bytes") as info:
+    dst.corrupt("3.bias")
+    with pytest.raises(WeightMismatchError, match=r"'3\.bias' on destination rank \d+ \(other bytes") as info:
         sync.verify()
-    assert [name for name, _, _ in info.value.mismatches] == ["2.bias"]
+    assert [name for name, _, _ in info.value.mismatches] == ["3.bias"]
     dst.spoil("0.weight")  # load_weights now keeps other bytes than it got
     with pytest.raises(WeightMismatchError, match=r"'0\.weight' on destination rank"):
         WeightSync(src, dst, verify=True)(version=2)

@@ -24,9 +24,10 @@ OFFER_KINDS = ("fsdp", "state_dict", "replicate", "hsdp_2x1", "hsdp_1x2", "shard
 
 
 def model() -> torch.nn.Module:
-    """The same model on every rank and on the driver: 5 and 3 rows over 2 ranks (uneven) on purpose."""
+    """The same model on every rank and on the driver: over 2 ranks 5 rows split 3 + 2 (uneven), 4 rows
+    2 + 2 (even), 1 row 1 + 0 (one rank holds none)."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4), torch.nn.Linear(4, 1))
 
 
 def full_weights() -> dict[str, torch.Tensor]:
