@@ -126,6 +126,8 @@ def test_dtensors_arrive_equal_to_the_full_parameters(groups: Any, kind: str) ->
     _equal_to_full(dst, kind)
     # Replicas (Replicate, HSDP's replicate dim) take turns: every byte leaves one source once.
     assert sync.last_plan is not None and sync.last_plan.nbytes == sum(t.nbytes for t in full_weights().values())
+    if kind in ("replicate", "hsdp_2x1"):  # and both replicas send a share
+        assert {bucket.source for bucket in sync.last_plan.buckets} == {0, 1}
     assert sync.verify() == sorted(full_weights())
 
 

@@ -25,7 +25,7 @@ Region = tuple[int, Piece, tuple[int, ...]]
 def digest(tensor: torch.Tensor) -> str:
     """A 128-bit digest of ``tensor``'s bytes (any dtype, any device)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.blake2b(flat.numpy(), digest_size=16).hexdigest()
+    return hashlib.blake2b(flat.numpy().data, digest_size=16).hexdigest()
 
 
 def source_sums(offered: Mapping[str, tuple[torch.Tensor, Held]], regions: Sequence[Region]) -> dict[int, str]:

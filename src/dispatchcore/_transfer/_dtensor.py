@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -53,7 +53,7 @@ def offered_record(value: Any, name: str) -> torch.Tensor | RowShard | None:
         return value
     if type(value) in _PLAIN:
         _check_plain(value, name)
-        return value
+        return cast(torch.Tensor, value)
     if not isinstance(value, torch.Tensor):
         raise WeightTypeError(
             f"offered weight {name!r} is a {type(value).__qualname__}: offer a torch.Tensor, a DTensor or a "
@@ -100,7 +100,7 @@ def _from_dtensor(value: Any, name: str) -> torch.Tensor | RowShard | None:
     coordinate = mesh.get_coordinate()
     if coordinate is None:
         return None  # this rank is outside the DTensor's mesh: it holds none of it
-    local = value.to_local().detach()
+    local: torch.Tensor = value.to_local().detach()
     _check_plain(local, name)
     offset, rows = shard_rows(full[0] if full else 1, [(mesh.size(d), coordinate[d]) for d in splits_on])
     expected = (rows, *full[1:]) if splits_on else full
