@@ -110,6 +110,12 @@ class Metrics(Worker):
         out.meta_info["metrics"] = {"loss": loss, "rows": n}
         return out
 
+    @register(dispatch_mode=reduce_metrics_mode("sum", Dispatch.DP_COMPUTE_PROTO), blocking=False)
+    def update_later(self, data: DataProto) -> DataProto:
+        out = DataProto.from_dict({"y": data.batch["x"]})
+        out.meta_info["metrics"] = {"rows": real_rows(data)}
+        return out
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def plain(self, data: DataProto) -> dict[str, int]:
         return {"rows": real_rows(data)}
@@ -141,6 +147,7 @@ def _check_group(wg: WorkerGroup[Metrics], length: int) -> None:
     assert out.meta_info["metrics"]["loss"] == pytest.approx(sum(sums) / n)
     assert wg.plain(batch) == [{"rows": max(0, min(size, length - r * size))} for r in range(n)]  # default: a list
     assert wg.slowest() == n - 1
+    assert wg.update_later(batch).get().meta_info["metrics"] == {"rows": length}  # a future's collect too
 
 
 @settings(max_examples=20, deadline=None)
