@@ -29,7 +29,9 @@ def reduce_metrics_mode(
     """
     for chosen in how.values() if isinstance(how, Mapping) else [how]:
         if not callable(chosen) and chosen not in REDUCTIONS:
-            raise RegistrationError(f"reduction {chosen!r} is not one of {sorted(REDUCTIONS)} or a function of the values")
+            raise RegistrationError(
+                f"reduction {chosen!r} is not one of {sorted(REDUCTIONS)} or a function of the values"
+            )
     base = resolve_mode(mode)
 
     def collect(wg: Any, outputs: list[Any]) -> Any:
