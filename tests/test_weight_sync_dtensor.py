@@ -7,9 +7,9 @@ trainer builds its DTensors with ``fully_shard`` or ``distribute_tensor``
 (torch's own split, so the offsets are checked against torch, uneven
 shards included), the rollout's weights must equal the full parameters
 exactly, and a bad offer is refused by name with every process alive.
-2x2 HSDP needs four trainer ranks (too heavy for this machine's two
-cores): the 2-D cases run on 2x1 and 1x2 meshes, and the 2x2 row
-arithmetic is in the property test.
+2-D meshes run as 2x1 and 1x2 on both backends and as 2x2 HSDP (four
+trainer ranks) on torchrun only; the row arithmetic of any mesh is in the
+property test.
 """
 
 from __future__ import annotations
@@ -129,6 +129,21 @@ def test_dtensors_arrive_equal_to_the_full_parameters(groups: Any, kind: str) ->
     if kind in ("replicate", "hsdp_2x1"):  # and both replicas send a share
         assert {bucket.source for bucket in sync.last_plan.buckets} == {0, 1}
     assert sync.verify() == sorted(full_weights())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_hsdp_2x2_on_four_torchrun_ranks() -> None:
+    with (
+        WorkerGroup(FsdpTrainer, 4, backend="torchrun") as src,
+        WorkerGroup(Rollout, 1, backend="torchrun") as dst,
+    ):
+        src.configure("hsdp_2x2")
+        sync = WeightSync(src, dst, bucket_bytes=48, verify=True)
+        assert sync(version="2x2").verified
+        _equal_to_full(dst, "2x2")
+        assert sync.last_plan is not None and sync.last_plan.nbytes == sum(t.nbytes for t in full_weights().values())
+        assert {bucket.source for bucket in sync.last_plan.buckets} == {0, 1, 2, 3}  # both replicas, both shards
 
 
 @pytest.mark.timeout(240)

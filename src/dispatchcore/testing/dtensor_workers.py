@@ -19,8 +19,8 @@ from .. import Dispatch, Worker, register
 
 __all__ = ["OFFER_KINDS", "FsdpTrainer", "Rollout", "full_weights", "model"]
 
-#: What :meth:`FsdpTrainer.configure` can offer; the last two cannot be sent as they are.
-OFFER_KINDS = ("fsdp", "state_dict", "replicate", "hsdp_2x1", "hsdp_1x2", "shard1", "partial")
+#: What :meth:`FsdpTrainer.configure` can offer (``hsdp_2x2``: four ranks); the last two cannot be sent as they are.
+OFFER_KINDS = ("fsdp", "state_dict", "replicate", "hsdp_2x1", "hsdp_1x2", "hsdp_2x2", "shard1", "partial")
 
 
 def model() -> torch.nn.Module:
@@ -66,8 +66,8 @@ class FsdpTrainer(Worker):
         elif kind == "replicate":
             mesh = init_device_mesh("cpu", (n,))
             self._offer = {k: DTensor.from_local(t, mesh, [Replicate()], run_check=False) for k, t in full.items()}
-        elif kind in ("hsdp_2x1", "hsdp_1x2"):
-            shape = (n, 1) if kind == "hsdp_2x1" else (1, n)
+        elif kind in ("hsdp_2x1", "hsdp_1x2", "hsdp_2x2"):
+            shape = {"hsdp_2x1": (n, 1), "hsdp_1x2": (1, n), "hsdp_2x2": (2, n // 2)}[kind]
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
             placed = [Replicate(), Placed(0)]
             self._offer = {k: distribute_tensor(t, mesh, placed, src_data_rank=None) for k, t in full.items()}
