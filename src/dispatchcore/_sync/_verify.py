@@ -58,10 +58,7 @@ def check(
     handles = [submit(src, range(len(src.ranks)), src_steps), submit(dst, range(len(dst.ranks)), dst_steps)]
     from_sources = wait(src, handles[0], "verify")
     from_destinations = wait(dst, handles[1], "verify")
-    # One entry per name and rank (a name's regions from several sources would repeat it).
-    mismatches = list(
-        {(n, r): (n, r, why) for n, r, why in _compare(src, dst, regions, from_sources, from_destinations)}.values()
-    )
+    mismatches = _per_name_and_rank(_compare(src, dst, regions, from_sources, from_destinations))
     if mismatches:
         shown = "; ".join(_said(name, rank, why) for name, rank, why in mismatches[:_SHOWN])
         more = f"; and {len(mismatches) - _SHOWN} more" if len(mismatches) > _SHOWN else ""
@@ -92,6 +89,14 @@ def _compare(
                 why = got if " " in got else f"other bytes at {where}"  # a digest has no spaces, a reason has
                 out.append((piece.name, dst.ranks[d], why))
     return out
+
+
+def _per_name_and_rank(found: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    """One entry per name and rank, its regions' reasons joined (a name's shards would repeat it)."""
+    joined: dict[tuple[str, int], list[str]] = {}
+    for name, rank, why in found:
+        joined.setdefault((name, rank), []).append(why)
+    return [(name, rank, "; ".join(whys)) for (name, rank), whys in joined.items()]
 
 
 def _said(name: str, rank: int, why: str) -> str:

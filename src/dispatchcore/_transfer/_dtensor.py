@@ -93,7 +93,7 @@ def _from_dtensor(value: Any, name: str) -> torch.Tensor | RowShard | None:
             continue
         raise WeightOfferError(
             f"offered weight {name!r} is a DTensor placed {placements} on a mesh of shape "
-            f"{tuple(mesh.shape)}: {placement} on mesh dim {dim} cannot be sent as it is (only Shard(0) and "
+            f"{tuple(mesh.shape)}: {placement!r} on mesh dim {dim} cannot be sent as it is (only Shard(0) and "
             "Replicate(), as FSDP2 and HSDP place parameters); offer value.redistribute(placements=[Shard(0) "
             "or Replicate()...]) or value.full_tensor()"
         )
