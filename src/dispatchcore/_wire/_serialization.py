@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ._buffers import BUFFERS
-from ._by_value import names_by_value_module, refresh
+from ._by_value import names_by_value_module, refresh_by_value
 from ._tensor_pickle import reduce_tensor
 
 PROTOCOL = 5
@@ -131,7 +131,7 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
     functions and classes of ``__main__`` and of modules a rank process
     cannot import by name travel by value (see ``_by_value``).
     """
-    refresh()  # cloudpickle must know every module that goes by value before it pickles
+    refresh_by_value()  # cloudpickle must know every module that goes by value before it pickles
     file = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     if share_callables:

@@ -12,7 +12,9 @@ back goes through :func:`dumps` / :func:`loads`:
   core dependency), with their class attributes, closures and the globals
   they use; installed code (site packages, editable installs,
   ``PYTHONPATH``, the standard library) goes by name
-  (:func:`importable_by_name`, :func:`by_value_modules`);
+  (:func:`importable_by_name`, :func:`by_value_modules`; an executor that
+  pickles with its own cloudpickle subclass calls :func:`refresh_by_value`
+  first);
 * :func:`dumps_portable` takes the C pickler when its stream names only
   code the ranks import, else cloudpickle (the fast path for process
   executors);
@@ -59,6 +61,7 @@ from .._wire import (
     rebuild_tensor,
     receive_buffer,
     reduce_tensor,
+    refresh_by_value,
     round_trip,
 )
 
@@ -81,5 +84,6 @@ __all__ = [
     "rebuild_tensor",
     "receive_buffer",
     "reduce_tensor",
+    "refresh_by_value",
     "round_trip",
 ]
