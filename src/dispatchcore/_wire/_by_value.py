@@ -70,7 +70,8 @@ def _pth_paths(site_dir: str) -> Iterable[str]:
                 yield os.path.join(site_dir, line)
 
 
-def _installed_dirs() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _installed_dirs() -> tuple[str, ...]:
     """The standard library's and the site packages' directories."""
     dirs: list[str] = [p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_path(key))]
     dynload = sysconfig.get_config_var("DESTSHARED")
@@ -79,7 +80,7 @@ def _installed_dirs() -> list[str]:
     dirs += getattr(site, "getsitepackages", list)()
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
-    return dirs
+    return tuple(dirs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,9 +93,9 @@ def installed_prefixes() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1)
 def startup_roots() -> frozenset[str]:
     """Directories every fresh interpreter of this environment has on its path (real paths and as given)."""
-    roots = _installed_dirs()
-    for site_dir in [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]:
-        roots += _pth_paths(site_dir)
+    roots = list(_installed_dirs())
+    for directory in _installed_dirs():  # the site directories' .pth files (editable installs among them)
+        roots += _pth_paths(directory)
     roots += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     script = sys.argv[0] if sys.argv else ""
     if script.endswith(".py") and os.path.isfile(script):
