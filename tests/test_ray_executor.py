@@ -21,7 +21,8 @@ from dispatchcore import (  # noqa: E402
     WorkerGroup,
 )
 from executors_ray import PlacementError, RayResourcePool  # noqa: E402
-from executors_ray.testing import BadInit, DataWorker, EnvWorker, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import BadInit, DataWorker, EnvWorker  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 

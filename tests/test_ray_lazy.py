@@ -24,7 +24,8 @@ from dispatchcore import DataProto, LazyDataProto, WorkerDiedError, WorkerGroup,
 from dispatchcore.executor import RowRequest  # noqa: E402
 from dispatchcore.testing import assert_dataproto_equal  # noqa: E402
 from executors_ray._tags import OK_PACKED, ROWS_GROUP  # noqa: E402
-from executors_ray.testing import RowsWorker, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import RowsWorker  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(60)]
 

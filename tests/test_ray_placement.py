@@ -18,7 +18,8 @@ from executors_ray import (  # noqa: E402
     kill_detached,
     split_resource_pool,
 )
-from executors_ray.testing import Counter, DataWorker, Doubler, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import Counter, DataWorker, Doubler  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
