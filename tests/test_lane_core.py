@@ -13,6 +13,7 @@ import pickle
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
