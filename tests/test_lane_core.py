@@ -39,9 +39,11 @@ class FileBulk:
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.puts: list[tuple[int, tuple[int, ...]]] = []
+        self.gets: list[str] = []
 
     def put(self, value: Serialized, ranks: tuple[int, ...]) -> Any:
-        path = Path(self.folder) / f"value{len(self.puts)}"
+        name = f"value{len(self.puts)}" if ranks else f"result{os.environ['LANE_TEST_RANK']}-{len(self.puts)}"
+        path = Path(self.folder) / name
         raws = [bytes(memoryview(b).cast("B")) for b in value.buffers]
         path.write_bytes(pickle.dumps((value.data, raws)))
         self.puts.append((value.nbytes, ranks))
@@ -50,8 +52,8 @@ class FileBulk:
     def get(self, token: Any) -> Serialized:
         path = token
         data, raws = pickle.loads(Path(path).read_bytes())  # noqa: S301 - written by this test
-        marker = Path(f"{path}.read{os.environ['LANE_TEST_RANK']}")
-        marker.touch()
+        Path(f"{path}.read{os.environ.get('LANE_TEST_RANK', 'bydriver')}").touch()
+        self.gets.append(Path(path).name)
         return Serialized(data, [bytearray(raw) for raw in raws])
 
 
@@ -216,9 +218,14 @@ def test_a_bulk_path_carries_large_values_once_for_every_rank_reading_them() -> 
             out = executor.submit(call("one_to_all", big, "small")).result(30)
             assert all(torch.equal(args[0], big) and args[1] == "small" for _, args, _ in out)
             assert [ranks for _, ranks in bulk.puts] == [(0, 1)], "the big value alone, put once for both ranks"
-            assert sorted(p.name for p in Path(folder).glob("*.read*")) == ["value0.read0", "value0.read1"]
+            assert sorted(p.name for p in Path(folder).glob("value*.read*")) == ["value0.read0", "value0.read1"]
             touched = executor.submit(call("mutate_inputs", big, *_inputs())).result(30)
             assert touched == [int(big.sum())] * 2 and torch.equal(big, torch.arange(10_000))
+            executor.submit(Call("keep", (0, 1), [(big,), (big + 1,)], [{}, {}])).result(30)
+            before = len(bulk.gets)
+            kept = executor.submit(call("kept")).result(30)  # results that large come back by the path too
+            assert torch.equal(kept[0], big) and torch.equal(kept[1], big + 1)
+            assert sorted(name.split("-")[0] for name in bulk.gets[before:]) == ["result0", "result1"]
         finally:
             executor.shutdown()
 

@@ -32,7 +32,7 @@ from .._spi import Call
 from .._wire import Serialized
 from ._address import LaneAddress
 from ._door import open_lane
-from ._envelope import BulkPath, inline, open_part, pack_call
+from ._envelope import BulkPath, Part, inline, is_bulk, open_part, pack_call
 from ._framing import unframe_object
 from ._link import LaneLink
 from ._messages import CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
@@ -88,13 +88,16 @@ class LaneDriver:
         on_broken: Callable[[str], None] = lambda reason: None,
         rank_dead: RankDead | None = None,
         bulk: BulkPath | None = None,
+        isolate: bool = True,
         name: str = "group",
     ) -> None:
+        """``isolate``: the group's; results a bulk path hands over in shared memory are then copied."""
         self.host = host
         self.death_timeout = death_timeout
         self.on_broken = on_broken
         self._rank_dead = rank_dead
         self._bulk = bulk
+        self._isolate = isolate
         self._ranks: dict[int, _Rank] = {}
         self._cids = itertools.count(1)
         self._reader = LinkReader(f"dispatchcore-lane-{name}", self._on_message, self._on_end)
@@ -238,12 +241,10 @@ class LaneDriver:
                 waiter = entry.pending.pop(cid, None)
             if waiter is None:
                 return
-            handle, position = waiter
-            try:
-                value = open_part(part)
-            except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
-                ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
-            handle.deliver(position, ok, value)
+            if is_bulk(part):  # a bulk path may take a while: not on the thread every rank's answers wait on
+                threading.Thread(target=self._deliver, args=(entry, waiter, ok, part), daemon=True).start()
+            else:
+                self._deliver(entry, waiter, ok, part)
         elif kind == PONG:
             entry.unanswered_since = None
         elif kind == STACKS:
@@ -251,6 +252,14 @@ class LaneDriver:
             if box is not None:
                 box[1].append(message[2])
                 box[0].set()
+
+    def _deliver(self, entry: _Rank, waiter: tuple[RankCallHandle, int], ok: bool, part: Part | None) -> None:
+        handle, position = waiter
+        try:
+            value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
+        except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
+            ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
+        handle.deliver(position, ok, value)
 
     def _on_end(self, entry: _Rank) -> None:
         """A link of ``entry`` ended: the rank is gone (named by the death signal when it speaks soon)."""

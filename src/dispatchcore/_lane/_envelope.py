@@ -12,7 +12,8 @@ buffers the lane link sends straight from their memory and the rank
 receives into its own (no copy for isolation); or, when the executor offers
 a :class:`BulkPath` and the value is large enough, ``(None, token)``, which
 the rank turns back into the value through the same path (Ray's object
-store, gloo point to point).  Results come back as inline parts.
+store, gloo point to point).  A rank's result comes back the same way: an
+inline part, or by the bulk path when it is large.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ _NONE: RankValues = ([], (), {})
 
 
 class BulkPath(Protocol):
-    """A way for large values to reach ranks beside the lane link, which an executor may offer.
+    """A way for large values to move beside the lane link, which an executor may offer.
 
     Ray would put a value in its object store once for every rank that reads
     it; torchrun would post gloo sends to each rank into receive buffers.
-    The driver calls :meth:`put`; the rank, with the token it received in
-    the call's envelope, calls :meth:`get` (in call order, on its method
-    thread).  Without one, every value rides the lane inline.
+    An argument: the driver calls :meth:`put` with the ranks that read it;
+    each rank, with the token it received in the call's envelope, calls
+    :meth:`get` (in call order, on its method thread).  A result: the rank
+    calls :meth:`put` with no ranks (for the driver), the driver :meth:`get`
+    (on a thread of its own, not the group's reader).  Without one, every
+    value rides the lane inline.
     """
 
     #: Values whose pickle (stream and buffers) has at least this many bytes go by this path.
@@ -48,12 +52,24 @@ class BulkPath(Protocol):
     private: bool
 
     def put(self, value: Serialized, ranks: tuple[int, ...]) -> Any:
-        """Driver side: start moving ``value`` to ``ranks``; a small picklable token each of them gets."""
+        """Start moving ``value`` to ``ranks`` (none: to the driver); a small picklable token the reader gets."""
         ...
 
     def get(self, token: Any) -> Serialized:
-        """Rank side: the value :meth:`put` moved under ``token``."""
+        """The value :meth:`put` moved under ``token`` (a rank's argument, or the driver's result)."""
         ...
+
+
+def to_part(value: Serialized, bulk: BulkPath | None = None, ranks: tuple[int, ...] = ()) -> Part:
+    """``value`` as a part: by the bulk path when there is one and it is large enough, else inline."""
+    if bulk is not None and value.nbytes >= bulk.min_bytes:
+        return None, bulk.put(value, ranks)
+    return inline(value)
+
+
+def is_bulk(part: Part | None) -> bool:
+    """Whether ``part`` went by the bulk path (the reader must not wait for it)."""
+    return part is not None and part[0] is None
 
 
 def inline(value: Serialized) -> Part:
@@ -69,7 +85,7 @@ def pack_call(call: Call, bulk: BulkPath | None = None) -> list[RankValues]:
     unique = call.unique_values()
     pickled = [_pickle(value, call.method) for value in unique.values]  # every one before the first send
     used = [sorted({*a, *k.values()}) for a, k in zip(unique.arg_slots, unique.kwarg_slots, strict=True)]
-    parts = [_part(value, slot, used, call.ranks, bulk) for slot, value in enumerate(pickled)]
+    parts = [to_part(value, bulk, _readers(slot, used, call.ranks)) for slot, value in enumerate(pickled)]
     out: list[RankValues] = []
     for position, slots in enumerate(used):
         index = {slot: i for i, slot in enumerate(slots)}
@@ -86,11 +102,9 @@ def _pickle(value: Any, method: str) -> Serialized:
         raise unpicklable_error(method, value, exc) from exc
 
 
-def _part(value: Serialized, slot: int, used: list[list[int]], ranks: Sequence[int], bulk: BulkPath | None) -> Part:
-    if bulk is not None and value.nbytes >= bulk.min_bytes:
-        readers = tuple(rank for rank, slots in zip(ranks, used, strict=True) if slot in slots)
-        return None, bulk.put(value, readers)
-    return inline(value)
+def _readers(slot: int, used: list[list[int]], ranks: Sequence[int]) -> tuple[int, ...]:
+    """The ranks whose arguments use value ``slot``."""
+    return tuple(rank for rank, slots in zip(ranks, used, strict=True) if slot in slots)
 
 
 def open_part(part: Part | None, bulk: BulkPath | None = None, isolate: bool = True) -> Any:

@@ -51,6 +51,7 @@ class LaneExecutor(Executor):
             on_broken=self.mark_broken,
             rank_dead=self.rank_dead,
             bulk=bulk,
+            isolate=spec.isolate,
             name=spec.name,
         )
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks

@@ -19,7 +19,7 @@ from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stac
 from .._wire import dumps
 from ._address import LaneAddress
 from ._door import connect_lane
-from ._envelope import BulkPath, Part, inline, open_part, open_values
+from ._envelope import BulkPath, Part, inline, open_part, open_values, to_part
 from ._link import LaneLink
 from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 
@@ -101,10 +101,14 @@ class LaneRank:
         if value is None:
             return ok, None
         try:
-            return ok, inline(dumps(value))
+            pickled = dumps(value)
         except BaseException as exc:  # noqa: BLE001
             failure = RemoteFailure.unpicklable(self.rank, method, "result", exc, in_process=False, value=value)
             return False, inline(dumps(failure))
+        try:
+            return ok, to_part(pickled, self._bulk)
+        except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
+            return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
 
     def _serve_control(self, control: LaneLink, method_thread: int) -> None:
         """Pings, cancels and stacks, beside whatever call runs; the driver's end when the link ends."""
