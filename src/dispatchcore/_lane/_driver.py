@@ -127,7 +127,7 @@ class LaneDriver:
                 self._end(old, f"rank {rank} was replaced")
             self._reader.add(entry, (entry.calls, entry.control))
 
-    def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, isolate: bool, timeout: float) -> None:
+    def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
         """Build the worker on each of ``ranks`` from ``boot`` (worker class, init args, init kwargs).
 
         Raises the ``WorkerError`` of a failing ``__init__``, ``WorkerDiedError``,
@@ -138,7 +138,7 @@ class LaneDriver:
         cid = next(self._cids)
         part = inline(boot)
         for position, rank in enumerate(ranks):
-            self._send(rank, handle, position, cid, (START, cid, part, world_size, isolate))
+            self._send(rank, handle, position, cid, (START, cid, part, world_size, self._isolate))
         handle.result(timeout)
 
     # -- calls -----------------------------------------------------------------------

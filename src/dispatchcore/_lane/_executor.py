@@ -73,7 +73,7 @@ class LaneExecutor(Executor):
         """Launch ``ranks``, accept their links and build their workers, within ``timeout`` seconds each step."""
         ranks = tuple(ranks)
         self.lane.join(ranks, lambda address: self.launch_ranks(ranks, address), timeout)
-        self.lane.start(ranks, self._boot, self.spec.world_size, self.spec.isolate, timeout)
+        self.lane.start(ranks, self._boot, self.spec.world_size, timeout)
 
     # -- the contract ---------------------------------------------------------------
     @property
