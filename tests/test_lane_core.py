@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from dispatchcore import DataProto, UnpicklableError, WorkerDiedError, WorkerError
+from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
 from dispatchcore.executor import Call, GroupSpec, Instructions, LaneAddress, LaneExecutor, LaneRank
 from dispatchcore.testing.workers import EchoWorker
 from dispatchcore.wire import Serialized
@@ -65,10 +65,18 @@ def rank_main(address: str, rank: int, bulk_folder: str | None) -> None:
     os._exit(0)
 
 
+def exit_at_once(address: str, rank: int, bulk_folder: str | None) -> None:
+    """A rank process that dies before it connects."""
+    os._exit(3)
+
+
 class SpawnLane(LaneExecutor):
     """The whole backend: spawn a process per rank, say when one exited, stop them."""
 
     name = "lane-test"
+    #: What each rank process runs (a test may make ranks that never connect).
+    target = staticmethod(rank_main)
+    start_timeout = 120.0
 
     def __init__(self, spec: GroupSpec, *, bulk: FileBulk | None = None, death_signal: bool = True) -> None:
         super().__init__(spec, bulk=bulk)
@@ -78,7 +86,7 @@ class SpawnLane(LaneExecutor):
         self.declared: dict[int, str] = {}
         self.processes: dict[int, Any] = {}
         try:
-            self.open_ranks(range(spec.world_size), 120.0)
+            self.open_ranks(range(spec.world_size), self.start_timeout)
         except BaseException:
             self.shutdown()
             raise
@@ -86,7 +94,7 @@ class SpawnLane(LaneExecutor):
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         ctx = multiprocessing.get_context("spawn")
         for rank in ranks:
-            process = ctx.Process(target=rank_main, args=(address.encode(), rank, self.bulk_folder), daemon=True)
+            process = ctx.Process(target=self.target, args=(address.encode(), rank, self.bulk_folder), daemon=True)
             process.start()
             self.processes[rank] = process
 
@@ -207,6 +215,16 @@ def test_a_silent_rank_is_given_up_after_death_timeout() -> None:
         assert info.value.rank == 1 and "liveness ping" in str(info.value)
     finally:
         executor.shutdown()
+
+
+class NeverJoins(SpawnLane):
+    target = staticmethod(exit_at_once)
+    start_timeout = 600.0  # far past the case's bound: only the death signal can end the wait in time
+
+
+def test_a_rank_that_dies_before_joining_fails_the_start_at_once_by_the_death_signal() -> None:
+    with pytest.raises(DispatchError, match=r"never connected.*exited with code 3"):
+        NeverJoins(spec())
 
 
 def test_a_bulk_path_carries_large_values_once_for_every_rank_reading_them() -> None:
