@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import subprocess
 import sys
 import threading
 
@@ -99,6 +100,30 @@ def test_ray_client_is_refused_at_once_with_the_way_out(address: str | None) -> 
     assert "Ray Client" in str(error) and "run the driver on the cluster" in str(error) and "Ray job" in str(error)
     assert ray_client_error(None, connected=False) is None
     assert ray_client_error("10.0.0.1:6379", connected=False) is None
+
+
+def test_a_group_over_a_ray_client_connection_fails_before_any_actor_starts(monkeypatch) -> None:
+    monkeypatch.setattr(ray.util.client.ray, "is_connected", lambda: True)  # as after ray.init("ray://...")
+    with pytest.raises(DispatchError, match="Ray Client") as info:
+        WorkerGroup(Threads, 2, backend="ray", name="client")
+    assert "Ray job" in str(info.value)
+    monkeypatch.undo()
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("client-")]
+
+
+def test_a_ray_client_address_fails_at_once_without_connecting() -> None:
+    """No Ray Client server is needed: the ``ray://`` address is refused before Ray is reached."""
+    code = (
+        "import dispatchcore as d\n"
+        "class W(d.Worker): pass\n"
+        "try:\n"
+        "    d.WorkerGroup(W, 2, backend='ray', address='ray://127.0.0.1:1')\n"
+        "except d.DispatchError as e:\n"
+        "    import ray; print('refused', ray.is_initialized(), e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.startswith("refused False "), out.stdout + out.stderr
+    assert "ray://127.0.0.1:1" in out.stdout and "run the driver on the cluster" in out.stdout
 
 
 def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_are_in(monkeypatch) -> None:

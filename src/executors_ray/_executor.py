@@ -56,7 +56,7 @@ from dispatchcore.executor import (
 
 from . import _payload
 from ._actor import actor_class
-from ._handle import RayCallHandle
+from ._handle import RowsCallHandle
 from ._lane import LaneCallHandle, RayLane
 from ._lane_setup import inline_bytes, lane_host, lane_tasks, rank_task, refuse_ray_client, refuse_removed
 from ._pool import PlacementError, RayResourcePool
@@ -105,7 +105,6 @@ class RayExecutor(Executor):
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
-        self._remotes: list[dict[str, Any]] = [{} for _ in range(spec.world_size)]
         #: Every rank on the driver's node: several ranks' chunks may share one object.
         self._same_node = False
         self._spare_count = _spare_count(opts["spare_ranks"], self._pool is not None, self._detached)
@@ -253,7 +252,6 @@ class RayExecutor(Executor):
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
             group.actors[rank], _, group.names[rank] = fresh[rank]
-            self._remotes[rank] = {}
             self._row_addresses.pop(rank, None)
             group.infos[rank] = info
         here = ray.get_runtime_context().get_node_id()
@@ -454,19 +452,12 @@ class RayExecutor(Executor):
         refs = []
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)
-            refs.append(self._rows_remote(rank)(call.method, layout, *tops))
+            actor = self._rank_actors.actors[rank]
+            refs.append(actor.call_beside.options(concurrency_group=ROWS_GROUP).remote(call.method, layout, *tops))
         if call.method == TAKE_ROWS_METHOD:
             call = dataclasses.replace(call, results_are_copied=True)
         assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
-        return RayCallHandle(self._lane, call, refs)
-
-    def _rows_remote(self, rank: int) -> Any:
-        cache = self._remotes[rank]
-        remote = cache.get(ROWS_GROUP)
-        if remote is None:
-            actor = self._rank_actors.actors[rank]
-            remote = cache[ROWS_GROUP] = actor.call_beside.options(concurrency_group=ROWS_GROUP).remote
-        return remote
+        return RowsCallHandle(self._lane, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
@@ -601,7 +592,6 @@ class RayExecutor(Executor):
         actors, self._rank_actors.actors = self._rank_actors.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
-        self._remotes = [{} for _ in self._remotes]
         self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
             for actor in actors:

@@ -6,14 +6,14 @@ never wait behind a running call.
 :class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
 module only says how results arrive and how death is seen:
 
-* :meth:`RayCallHandle.wait_for_progress` first tries one ``ray.get`` of
+* :meth:`RowsCallHandle.wait_for_progress` first tries one ``ray.get`` of
   every reference, bounded by :data:`FAST_GET_S` (a short call's results in
   one round trip), then waits with ``ray.wait`` and fetches each result as
   it lands, so a dead rank's failed reference (``RayActorError``) and a
   raising rank's failure are seen at once (a get of every reference would
   wait for the slowest rank: fail fast needs the first);
 * a dead actor fails its reference (Ray's process-death signal), and
-  :meth:`RayCallHandle.check_alive` asks the lane, whose pings on each
+  :meth:`RowsCallHandle.check_alive` asks the lane, whose pings on each
   rank's control link are the one liveness rule: a link that ended, or
   pings unanswered for ``death_timeout``, means the rank is gone.
 
@@ -34,7 +34,7 @@ from ._lane import RayLane
 FAST_GET_S = 0.05
 
 
-class RayCallHandle(RankCallHandle):
+class RowsCallHandle(RankCallHandle):
     """One row read or free: a result reference per rank of the call."""
 
     def __init__(self, lane: RayLane, call: Call, refs: list[Any]) -> None:
