@@ -16,8 +16,7 @@ same run also measures verl's ``RayWorkerGroup`` with an equivalent worker
 (``torch.save`` of the batch) and its numpy one
 (``VERL_DATAPROTO_SERIALIZATION_METHOD=numpy``, read by ``DataProto.__getstate__``
 on the driver and on the workers, so it is set on both), and prints
-dispatchcore / verl-best.  It also times the opt-in compiled path
-(``compiled=True``) against plain calls: empty call and 1 MB echo.
+dispatchcore / verl-best.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import importlib.util
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -234,8 +232,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# -- the control lane against the old path, raw Ray, torchrun's lane and compiled graphs ------------------
-LANE_VARIANTS = ("lane", "old path", "raw Ray", "torchrun lane", "compiled")
+# -- the control lane against raw Ray and torchrun's lane ------------------------------------------------
+LANE_VARIANTS = ("lane", "raw Ray", "torchrun lane")
 
 
 def bench_lane(ray: Any, n: int, sizes: dict[str, int], repeats: dict[str, int]) -> list[dict[str, Any]]:
@@ -243,7 +241,6 @@ def bench_lane(ray: Any, n: int, sizes: dict[str, int], repeats: dict[str, int])
     raw = Raw(ray, n)
     groups = {
         "lane": WorkerGroup(BenchWorker, n, backend="ray"),
-        "old path": WorkerGroup(BenchWorker, n, backend="ray", lane=False),
         "torchrun lane": WorkerGroup(BenchWorker, n, backend="torchrun"),
     }
     assert groups["lane"].executor._lane is not None, "the lane did not come up"  # noqa: SLF001 - a benchmark check
@@ -265,18 +262,6 @@ def bench_lane(ray: Any, n: int, sizes: dict[str, int], repeats: dict[str, int])
         for group in groups.values():
             group.shutdown()
         raw.close()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # retired, measured here to show why
-        compiled = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)  # alone: its actors spin a core each
-    try:
-        for row in rows:
-            if row["case"] in ("empty call", "echo 8 KB", "echo 1 MB"):
-                cols = SIZES.get(row["case"][5:], 0)
-                data = DataProto.from_dict({"input_ids": torch.zeros(ROWS, max(cols, 1), dtype=torch.int64)})
-                fn = compiled.noop if cols == 0 else (lambda d=data: compiled.echo(d))
-                row["compiled"] = median_ms(fn, repeats["empty"] if cols == 0 else 10, 5)
-    finally:
-        compiled.shutdown()
     return rows
 
 
@@ -293,8 +278,8 @@ def _rounds(fns: dict[str, Callable[[], Any]], reps: int, big: bool) -> dict[str
 
 def lane_table(rows: list[dict[str, Any]]) -> str:
     """The lane's goals at N = 2 and 4, each marked met or not."""
-    head = "| N | case | lane (ms) | old path | raw Ray | torchrun lane | compiled | goal | met |"
-    lines = [head, "|" + " --- |" * 9]
+    head = "| N | case | lane (ms) | raw Ray | torchrun lane | goal | met |"
+    lines = [head, "|" + " --- |" * 7]
     for r in rows:
         goal, met = _lane_goal(r)
         cells = [f"{r[k]:.2f}" if k in r else "-" for k in LANE_VARIANTS]
@@ -313,48 +298,6 @@ def _lane_goal(r: dict[str, Any]) -> tuple[str, bool]:
     if r["case"] == "echo 8 KB":
         return "within 1.2x of torchrun's lane", lane <= 1.2 * r["torchrun lane"]
     return "no slower than raw Ray", lane <= r["raw Ray"]
-
-
-# -- the opt-in compiled path ------------------------------------------------------------
-def bench_compiled(ray: Any, n: int, repeats: dict[str, int]) -> list[dict[str, Any]]:
-    """Empty call and 1 MB echo: plain calls, then the same group compiled (then shut down: it spins cores)."""
-    x = torch.arange(ROWS * SIZES["1 MB"], dtype=torch.int64).reshape(ROWS, SIZES["1 MB"])
-    data = DataProto.from_dict({"input_ids": x})
-    plain = WorkerGroup(BenchWorker, n, backend="ray")
-    try:
-        plain_ms = {"empty call": median_ms(plain.noop, repeats["empty"], 5)}
-        plain_ms["echo 1 MB"] = median_ms(lambda: plain.echo(data), repeats["1 MB"], 2)
-    finally:
-        plain.shutdown()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        fast = WorkerGroup(BenchWorker, n, backend="ray", compiled=True)
-    try:
-        start = time.perf_counter()
-        fast.noop()
-        first_s = time.perf_counter() - start
-        compiled_ms = {"empty call": median_ms(fast.noop, repeats["empty"], 5)}
-        assert torch.equal(fast.echo(data).batch["input_ids"], x)
-        compiled_ms["echo 1 MB"] = median_ms(lambda: fast.echo(data), repeats["1 MB"], 2)
-    finally:
-        fast.shutdown()
-    return [
-        {"n": n, "case": case, "plain": plain_ms[case], "compiled": compiled_ms[case], "first_s": first_s}
-        for case in plain_ms
-    ]
-
-
-def compiled_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| N | case | plain (ms) | compiled (ms) | plain / compiled (target >= 2) | first call incl. compile (s) |",
-        "|" + " --- |" * 6,
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['n']} | {r['case']} | {r['plain']:.2f} | {r['compiled']:.2f} | {r['plain'] / r['compiled']:.2f}x "
-            f"| {r['first_s']:.1f} |"
-        )
-    return "\n".join(lines)
 
 
 # -- verl 0.9.1 in the same run (when importable) ----------------------------------------------
@@ -471,7 +414,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {k: SIZES[k] for k in args.sizes}
     rows: list[dict[str, Any]] = []
     verl_rows: list[dict[str, Any]] = []
-    compiled_rows: list[dict[str, Any]] = []
     lane_rows: list[dict[str, Any]] = []
     lane_sizes = {k: v for k, v in sizes.items() if k != "256 MB"}
     try:
@@ -479,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
             lane_rows += bench_lane(ray, n, lane_sizes, repeats)
             if args.lane_only:
                 continue
-            compiled_rows += bench_compiled(ray, n, repeats)
             rows += bench_n(ray, n, sizes, repeats)
             if have_verl:
                 verl_rows += bench_verl(ray, n, repeats)
@@ -492,8 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.lane_only:
         return 0
     print(table(rows))
-    print()
-    print(compiled_table(compiled_rows))
     print()
     if have_verl:
         print(verl_table(rows, verl_rows))

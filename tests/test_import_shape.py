@@ -20,7 +20,6 @@ PACKAGES = ("dispatchcore", "executors_local", "executors_ray", "executors_torch
 #: The core's layers, lowest first: a module may import its own layer and the ones before it only.
 LAYERS = (
     "_base",
-    "_lane",
     "_wire",
     "_data",
     "_trace",
@@ -30,6 +29,7 @@ LAYERS = (
     "_dispatch",
     "_worker",
     "_runtime",
+    "_lane",  # its links import nothing; its driver and rank sides run calls through _runtime's WorkerHost
     "_group",
     "_sync",
 )

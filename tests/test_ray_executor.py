@@ -21,7 +21,8 @@ from dispatchcore import (  # noqa: E402
     WorkerGroup,
 )
 from executors_ray import PlacementError, RayResourcePool  # noqa: E402
-from executors_ray.testing import BadInit, DataWorker, EnvWorker, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import BadInit, DataWorker, EnvWorker  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -104,22 +105,19 @@ def test_isolation_rank_zero_mutates(data2):
     assert int(big[0]) == 0
 
 
-#: Both ways a call reaches the actors: the lane with large values in the object store (as the default does
-#: past 8 MiB; a small bound here keeps the test cheap), and every call a Ray task (``lane=False``).
-PATHS = [pytest.param({"lane_inline_bytes": 1024}, id="lane"), pytest.param({"lane": False}, id="ray-tasks")]
+#: Large values in the object store, as the lane sends them past 8 MiB (a small bound here keeps the test cheap).
+STORE = {"lane_inline_bytes": 1024}
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_isolate_false_hands_shared_buffers(groups, path):
-    wg = groups(DataWorker, 2, isolate=False, **path)
+def test_isolate_false_hands_shared_buffers(groups):
+    wg = groups(DataWorker, 2, isolate=False, **STORE)
     big = torch.zeros(64 * 1024, dtype=torch.int64)
     assert wg.shared_write(big) == [7, 7]  # one object-store copy seen by both ranks: do not write
     assert int(big[0]) == 0
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_broadcast_is_put_once(groups, path, monkeypatch):
-    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **path)
+def test_broadcast_is_put_once(groups, monkeypatch):
+    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **STORE)
     executor = data2.executor
     puts = []
     real_put = executor.ray.put
@@ -129,9 +127,8 @@ def test_broadcast_is_put_once(groups, path, monkeypatch):
     assert len(puts) == 1
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_large_chunks_share_one_put_and_stay_isolated(groups, path, monkeypatch):
-    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **path)
+def test_large_chunks_share_one_put_and_stay_isolated(groups, monkeypatch):
+    data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **STORE)
     executor = data2.executor
     assert executor._same_node  # a local Ray: every rank on the driver's node
     puts = []
@@ -148,15 +145,12 @@ def test_large_chunks_share_one_put_and_stay_isolated(groups, path, monkeypatch)
 
 
 def test_atoms_tuples_and_unregistered_methods(data2):
-    executor = data2.executor
     assert data2.pid() != data2.fail(5)  # atoms come back as they are
-    assert data2.execute_all("pid") == data2.pid()  # registered: its own actor method
-    with pytest.raises(WorkerError, match="registered no mesh"):  # not registered: the generic `call`
+    assert data2.execute_all("pid") == data2.pid()  # registered
+    with pytest.raises(WorkerError, match="registered no mesh"):  # not registered
         data2.execute_all("_dispatchcore_mesh_info", "no-mesh")
     assert data2.execute_all("_register_dispatch_collect_info", "m", 0, True) == [None, None]
     assert data2.execute_all("_dispatchcore_mesh_info", "m") == [(0, True), (0, True)]  # a tuple result
-    assert executor._method(0, "pid") is executor._method(0, "pid")  # cached
-    assert executor._method(0, "no_such_method").func.__self__ is not None  # falls back to `call`
 
 
 def test_worker_error_keeps_group_usable(data2):

@@ -6,8 +6,9 @@ The lane itself (order, tokens, sends that never block) is tested once in
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import socket
+import subprocess
 import sys
 import threading
 
@@ -17,7 +18,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 import executors_ray._lane as ray_lane  # noqa: E402 - the door it opens, watched (a private module, on purpose)
-from dispatchcore import DataProto, Dispatch, Worker, WorkerGroup, register  # noqa: E402
+from dispatchcore import DataProto, Dispatch, DispatchError, DispatchValueError, Worker, WorkerGroup, register  # noqa: E402
+from executors_ray._lane_setup import ray_client_error  # noqa: E402
 from executors_ray.testing import ray_session  # noqa: E402, F401
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
@@ -73,10 +75,55 @@ def test_references_and_large_values_take_ray_beside_the_lane() -> None:
         assert torch.equal(group.echo(big).batch["x"], big.batch["x"])
 
 
-def test_the_old_path_stays_behind_a_flag() -> None:
-    with WorkerGroup(Threads, 2, backend="ray", lane=False) as group:
-        assert group.executor._lane is None  # noqa: SLF001
+@pytest.mark.parametrize("option", [{"lane": False}, {"compiled": True}, {"compiled_idle_s": 5.0}])
+def test_the_removed_call_paths_options_say_so_and_start_nothing(option: dict[str, object]) -> None:
+    with pytest.raises(DispatchValueError) as info:
+        WorkerGroup(Threads, 2, backend="ray", name="removed", **option)
+    message = str(info.value)
+    assert f"{next(iter(option))}=" in message and "removed" in message
+    assert "one socket per actor" in message and "object store" in message  # why
+    assert "drop it" in message  # what to do
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("removed-")]  # nothing was started
+
+
+def test_the_removed_options_at_their_old_defaults_change_nothing() -> None:
+    with WorkerGroup(Threads, 2, backend="ray", lane=True, compiled=False) as group:
+        assert group.executor._lane is not None  # noqa: SLF001
         assert len(group.threads()) == 2
+
+
+@pytest.mark.parametrize("address", ["ray://head:10001", None])
+def test_ray_client_is_refused_at_once_with_the_way_out(address: str | None) -> None:
+    """Decided before any actor starts: over Ray Client (an address, or a connection already made)."""
+    error = ray_client_error(address, connected=address is None)
+    assert isinstance(error, DispatchError)
+    assert "Ray Client" in str(error) and "run the driver on the cluster" in str(error) and "Ray job" in str(error)
+    assert ray_client_error(None, connected=False) is None
+    assert ray_client_error("10.0.0.1:6379", connected=False) is None
+
+
+def test_a_group_over_a_ray_client_connection_fails_before_any_actor_starts(monkeypatch) -> None:
+    monkeypatch.setattr(ray.util.client.ray, "is_connected", lambda: True)  # as after ray.init("ray://...")
+    with pytest.raises(DispatchError, match="Ray Client") as info:
+        WorkerGroup(Threads, 2, backend="ray", name="client")
+    assert "Ray job" in str(info.value)
+    monkeypatch.undo()
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("client-")]
+
+
+def test_a_ray_client_address_fails_at_once_without_connecting() -> None:
+    """No Ray Client server is needed: the ``ray://`` address is refused before Ray is reached."""
+    code = (
+        "import dispatchcore as d\n"
+        "class W(d.Worker): pass\n"
+        "try:\n"
+        "    d.WorkerGroup(W, 2, backend='ray', address='ray://127.0.0.1:1')\n"
+        "except d.DispatchError as e:\n"
+        "    import ray; print('refused', ray.is_initialized(), e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.startswith("refused False "), out.stdout + out.stderr
+    assert "ray://127.0.0.1:1" in out.stdout and "run the driver on the cluster" in out.stdout
 
 
 def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_are_in(monkeypatch) -> None:
@@ -103,10 +150,27 @@ def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_a
         strangers[0].close()
 
 
-def test_a_driver_that_cannot_open_the_lane_falls_back_to_ray_tasks_with_a_log_line(monkeypatch, caplog) -> None:
+def test_a_driver_that_cannot_open_the_lane_fails_the_group_and_leaves_no_actor(monkeypatch) -> None:
     monkeypatch.setattr("executors_ray._executor.lane_host", lambda ray, infos: "192.0.2.1")  # not ours: bind fails
-    with caplog.at_level(logging.WARNING, logger="dispatchcore.ray"), WorkerGroup(Threads, 2, backend="ray") as group:
-        assert group.executor._lane is None  # noqa: SLF001
-        for init_thread, call_thread in group.threads():
-            assert call_thread == init_thread  # the Ray path hands calls to the same method thread
-    assert "could not join the driver's control lane" in caplog.text
+    with pytest.raises(DispatchError, match=r"could not open its control lane on 192\.0\.2\.1") as info:
+        WorkerGroup(Threads, 2, backend="ray", name="no-door")
+    assert "cannot start" in str(info.value)
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("no-door-")]
+
+
+def test_actors_that_cannot_reach_the_lane_fail_the_group_naming_them(monkeypatch) -> None:
+    real = ray_lane.open_lane
+
+    def unreachable(host: str):  # type: ignore[no-untyped-def]
+        door = real(host)
+        door.address = dataclasses.replace(door.address, port=1)  # the actors are told a port nobody listens on
+        return door
+
+    monkeypatch.setattr(ray_lane, "open_lane", unreachable)
+    with pytest.raises(DispatchError) as info:
+        WorkerGroup(Threads, 2, backend="ray", name="cut-off", start_timeout=20)
+    message = str(info.value)
+    assert "could not reach the driver's control lane" in message
+    assert "cut-off-rank0" in message and "cut-off-rank1" in message  # the actors
+    assert "never connected" in message and "ConnectionRefusedError" in message  # why
+    assert not [a for a in ray.util.list_named_actors() if a.startswith("cut-off-")]

@@ -24,7 +24,8 @@ from dispatchcore import DataProto, LazyDataProto, WorkerDiedError, WorkerGroup,
 from dispatchcore.executor import RowRequest  # noqa: E402
 from dispatchcore.testing import assert_dataproto_equal  # noqa: E402
 from executors_ray._tags import OK_PACKED, ROWS_GROUP  # noqa: E402
-from executors_ray.testing import RowsWorker, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import RowsWorker  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(60)]
 
@@ -184,20 +185,3 @@ def test_a_busy_producer_serves_rows_and_frees(fresh_producer: Any, consumer: An
         pytest.fail(f"{key} still held after its free")
     assert not busy.done()
     assert np.array_equal(second.non_tensor_batch["uid"], expected.non_tensor_batch["uid"])
-
-
-@pytest.mark.filterwarnings("ignore:compiled=True is deprecated:FutureWarning")
-def test_a_compiled_group_fetches_and_serves_rows_too(producer: Any) -> None:
-    """compiled=True runs methods in the graph's thread: fetching from there, and serving beside the graph."""
-    data = prompts(10)
-    expected = producer.echo(producer.gen(data))
-    with WorkerGroup(RowsWorker, 2, backend="ray", compiled=True, death_timeout=DEATH_TIMEOUT) as graphed:
-        lazy = graphed.gen.options(lazy=True)(data)  # kept by a group served by a compiled graph
-        before = driver_traffic()
-        fetched = graphed.echo(producer.echo.options(lazy=True)(lazy))  # and fetched back inside the graph
-        assert (driver_traffic() - before).sent_bytes == 0
-        assert graphed.executor.compiled.live
-        assert_dataproto_equal(
-            fetched.select(["tokens", "logp", "reward"]), expected.select(["tokens", "logp", "reward"])
-        )
-        assert torch.equal(lazy.batch["tokens"], expected.batch["tokens"])  # a driver read beside the graph

@@ -18,7 +18,8 @@ from executors_ray import (  # noqa: E402
     kill_detached,
     split_resource_pool,
 )
-from executors_ray.testing import Counter, DataWorker, Doubler, ray_session  # noqa: E402, F401
+from executors_ray.testing import ray_session  # noqa: E402, F401
+from ray_workers import Counter, DataWorker, Doubler  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -125,9 +126,9 @@ def test_verl_shaped_driver():
 
 
 def test_future_forwarded_between_groups_without_the_driver(monkeypatch):
-    """On the Ray-task path (``lane=False``); on the lane, results come to the driver as they land (below)."""
-    producer = WorkerGroup(EchoWorker, 3, backend="ray", lane=False)
-    consumer = WorkerGroup(EchoWorker, 2, backend="ray", lane=False)
+    """The producer's results stay in the object store (``lane_inline_bytes=0``, as results past 8 MiB do)."""
+    producer = WorkerGroup(EchoWorker, 3, backend="ray", lane_inline_bytes=0)
+    consumer = WorkerGroup(EchoWorker, 2, backend="ray")
     try:
         forwarded = []
         real = consumer.executor.forward_chunk

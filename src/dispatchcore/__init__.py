@@ -43,6 +43,8 @@ from ._data import (
     unpad_dataproto,
     values_equal,
 )
+from ._data._metrics import reduce_metrics
+from ._data._padding import real_rows
 from ._dispatch import (
     CallContext,
     CallFuture,
@@ -63,13 +65,14 @@ from ._dispatch import (
     unregister_dispatch_mode,
     update_dispatch_mode,
 )
+from ._dispatch._metric_modes import reduce_metrics_mode
 from ._group import CallStream, MethodProxy, StreamPart, WorkerGroup
 from ._rows import LazyDataProto
 from ._runtime import RemoteFailure, WorkerHost
 from ._spi import Call, CallHandle, Executor, GroupSpec, UniqueValues, available_backends, hookimpl, hookspec
 from ._sync import TransferFuture, TransferReport, WeightSync
 from ._trace import DriverTraffic, Tracer, driver_traffic, trace
-from ._transfer import Shard, Slice
+from ._transfer import RowShard, Shard, Slice, WeightMismatchError, WeightOfferError, WeightTypeError
 from ._worker import (
     ClassWithInitArgs,
     MembershipChange,
@@ -121,6 +124,7 @@ __all__ = [
     "Registration",
     "RegistrationError",
     "RemoteFailure",
+    "RowShard",
     "Shard",
     "Slice",
     "StreamPart",
@@ -130,7 +134,10 @@ __all__ = [
     "TransferReport",
     "UniqueValues",
     "UnpicklableError",
+    "WeightMismatchError",
+    "WeightOfferError",
     "WeightSync",
+    "WeightTypeError",
     "Worker",
     "WorkerDiedError",
     "WorkerError",
@@ -153,6 +160,9 @@ __all__ = [
     "hookspec",
     "make_nd_compute_dataproto_dispatch_fn",
     "pad_dataproto_to_divisor",
+    "real_rows",
+    "reduce_metrics",
+    "reduce_metrics_mode",
     "register",
     "register_dispatch_mode",
     "trace",

@@ -1,7 +1,8 @@
-"""Ray executor: one actor per rank, resource pools, detached groups, verl adapters.
+"""Ray executor: one actor per rank, resource pools, detached groups.
 
-The colocation helpers are re-exported so ``verl.single_controller.ray`` imports
-port by renaming the module only.
+verl's adapter names live in :mod:`executors_ray.verl` and are re-exported
+here (with the colocation helpers), so ``verl.single_controller.ray``
+imports port by renaming the module only.
 
 Importing this package does not import ray; the first group does.
 """
@@ -10,17 +11,15 @@ from dispatchcore import create_colocated_worker_cls, create_colocated_worker_ra
 
 from ._detached import attach_detached, detached_world_size, kill_detached
 from ._executor import RayExecutor
-from ._pool import (
-    NODE_ORDER_LABEL,
-    PlacementError,
-    RayResourcePool,
+from ._pool import NODE_ORDER_LABEL, PlacementError, RayResourcePool, SubRayResourcePool, split_resource_pool
+from .verl import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    RefList,
     ResourcePoolManager,
     ResourcePoolShortageError,
-    SubRayResourcePool,
-    split_resource_pool,
+    create_colocated_worker_cls_fused,
 )
-from ._verl import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls_fused
-from ._verl_refs import RefList
 
 __all__ = [
     "NODE_ORDER_LABEL",

@@ -1,28 +1,22 @@
 """The Ray actor behind one rank: a :class:`~dispatchcore.WorkerHost` plus plumbing.
 
 The class is plain Python; :func:`actor_class` wraps it with ``ray.remote``
-on first use, so importing this module never imports ray.  Worker methods
-run in the actor's default concurrency group (one thread, so every call,
-``__init__`` included, runs on the same thread: CUDA's current device and
-thread-locals stay put).  ``ping`` runs in a separate ``control`` group so
-the driver can tell a busy rank from a dead one while a call is running, and
-lazy results' rows are served (``take_rows``, the core's row reads and
+on first use, so importing this module never imports ray.  Calls come by the
+control lane (``_lane_rank``) and run on the rank's method thread, where the
+worker's ``__init__`` ran too (CUDA's current device and thread-locals stay
+put).  Ray actor methods are left for start-up and joining the lane (a
+one-thread ``control`` concurrency group, answering beside a running call),
+for what only Ray can hand over (values holding object references, large
+results) and lazy results' rows (``take_rows``, the core's row reads and
 frees) in a ``rows`` group of their own, so a rank keeps serving the rows it
-holds while it runs a long call (``_rows``).
-
-Every method a call may name (``GroupSpec.methods``) also gets an actor
-method of its own (``w_<name>``, see :func:`actor_class`): each task
-argument costs Ray ~0.1 ms to serialize and resolve, so a call without
-arguments sends none at all (not even the method name), and one with
-arguments sends a single layout (``_tags.Layout``) plus the object
-references Ray has to resolve.
+holds while it runs a long call (``_rows``), and for verl's plain calls
+(:meth:`RankActor.call_plain`), whose references verl's own code reads.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +26,6 @@ from dispatchcore.executor import (
     ResultShape,
     StoreCollective,
     WorkerHost,
-    cancel_in_process,
     free_port,
     keep_freed_memory,
     thread_stacks,
@@ -43,18 +36,7 @@ from ._lane_rank import RankLane
 from ._method_thread import MethodThread
 from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index, node_ip
-from ._tags import (
-    CONTROL_GROUP,
-    DEDICATED_PREFIX,
-    FAILED,
-    FORWARD,
-    NO_ARGS,
-    OK_PACKED,
-    RAW,
-    ROWS_GROUP,
-    ROWS_THREADS,
-    Layout,
-)
+from ._tags import CONTROL_GROUP, FAILED, FORWARD, OK_PACKED, RAW, ROWS_GROUP, ROWS_THREADS, Layout
 from ._transfer import RayTensorLink
 
 
@@ -68,11 +50,9 @@ class RankActor:
         self._world_size = 0
         self._group = ""
         self._cls_name = ""
-        #: The thread worker methods run on (the actor's default group), for :meth:`stacks`.
-        self._method_thread: int | None = None
-        #: With the control lane: the one thread every worker method runs on, whichever way it came.
-        self._methods: MethodThread | None = None
-        self._lane: RankLane | None = None
+        #: The one thread every worker method runs on, ``__init__`` included, whichever way the call came.
+        self._methods = MethodThread()
+        self._lane = RankLane(self._run, self._methods)
 
     # -- start-up (driver calls these in order) --------------------------------
     def describe(self, want_port: bool = False) -> dict[str, Any]:
@@ -98,23 +78,16 @@ class RankActor:
         isolate: bool,
         group: str,
         death_timeout: float = 60.0,
-        lane: bool = False,
     ) -> RemoteFailure | None:
         """Set the environment and device, then build the worker (failures returned).
 
         ``death_timeout`` bounds this rank's wait on other actors for the rows it fetches.
-        With ``lane`` the worker is built on the method thread that will run
-        every call (see ``_method_thread``); the driver then joins the lane.
+        The worker is built on the method thread that runs every call; the
+        driver then joins the lane.
         """
         os.environ.update(env)
         self._rank, self._world_size, self._isolate, self._group = rank, world_size, isolate, group
-        if lane and self._methods is None:
-            self._methods = MethodThread()
-            self._lane = RankLane(self._run, self._methods)
-        if self._methods is not None:
-            self._method_thread = self._methods.ident
-            return self._methods.run(self._build, packed_spec, rank, world_size, isolate, death_timeout)  # type: ignore[no-any-return]
-        return self._build(packed_spec, rank, world_size, isolate, death_timeout)
+        return self._methods.run(self._build, packed_spec, rank, world_size, isolate, death_timeout)  # type: ignore[no-any-return]
 
     def _build(
         self, packed_spec: Any, rank: int, world_size: int, isolate: bool, death_timeout: float
@@ -136,8 +109,6 @@ class RankActor:
     # -- the control lane ----------------------------------------------------------
     def join_lane(self, address: str, rank: int, timeout: float, inline_max: int) -> str | None:
         """Connect to the driver's lane (control group); ``None``, or why it could not."""
-        if self._lane is None:
-            return "this actor was started without the lane"
         self._lane.isolate = self._isolate
         try:
             self._lane.join(address, rank, timeout, inline_max)
@@ -147,12 +118,10 @@ class RankActor:
 
     def take_result(self, key: Any) -> Any:
         """A lane call's result that is an object reference (``rows`` group)."""
-        assert self._lane is not None  # noqa: S101 - only lane groups keep results
         return self._lane.take_result(key)
 
     def stash(self, key: Any, *values: Any) -> None:
         """A lane call's values that hold object references, resolved by Ray (``rows`` group)."""
-        assert self._lane is not None  # noqa: S101 - only lane groups send stashes
         self._lane.stash(key, values)
 
     @staticmethod
@@ -169,36 +138,17 @@ class RankActor:
             torch.cuda.set_device(index % max(1, torch.cuda.device_count()))
 
     # -- calls -------------------------------------------------------------------
-    def call(self, method: str, layout: Layout = NO_ARGS, *values: Any) -> Any:
-        """Run ``method``; ``layout`` says how ``values`` map onto its arguments.
-
-        Returns an atom result as it is (Ray stores ``None`` and small atoms
-        cheapest, ~30 us less per task than a tuple), anything else as
-        ``(OK_PACKED, payload)`` and a failure as ``(FAILED, RemoteFailure)``:
-        the driver tells them apart by ``type(result) is tuple``.
-        """
-        if self._methods is not None:
-            return self._methods.run(self._run, method, layout, values, self._isolate)
+    def call_beside(self, method: str, layout: Layout, *values: Any) -> Any:
+        """The core's row reads and frees, run in the ``rows`` group itself: never behind a running call."""
         return self._run(method, layout, values, self._isolate)
 
-    def call_beside(self, method: str, layout: Layout = NO_ARGS, *values: Any) -> Any:
-        """The core's row reads and frees, run in the ``rows`` group itself: never behind a running call."""
-        return self._run(method, layout, values, self._isolate, beside=True)
+    def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool) -> Any:
+        """Run ``method``; ``layout`` says how ``values`` map onto its arguments.
 
-    def compiled_call(self, task: Any) -> Any:
-        """One rank's step of a compiled graph (``_compiled``): ``task`` is ``(method, layout, values)``,
-        or ``None`` when the call leaves this rank out.  Inputs always copied: they are views of the
-        graph's channel buffer, which the next step overwrites."""
-        if task is None:
-            return None
-        method, layout, values = task
-        if self._methods is not None:
-            return self._methods.run(self._run, method, layout, values, True)
-        return self._run(method, layout, values, True)
-
-    def _run(self, method: str, layout: Layout, values: tuple[Any, ...], isolate: bool, beside: bool = False) -> Any:
-        if not beside:
-            self._method_thread = threading.get_ident()  # the Ray default group's thread, or the method thread
+        Returns an atom result as it is, anything else as ``(OK_PACKED,
+        payload)`` and a failure as ``(FAILED, RemoteFailure)``: the driver
+        tells them apart by ``type(result) is tuple``.
+        """
         host = self._host
         if host is None:
             failure = RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -231,26 +181,15 @@ class RankActor:
         """verl's ``execute_*_async``: the value itself in the object store, errors raised."""
         if self._host is None:
             raise RuntimeError("worker was not started")
-        if self._methods is not None:
-            ok, value = self._methods.run(self._host.run, method, args, kwargs)
-        else:
-            ok, value = self._host.run(method, args, kwargs)
+        ok, value = self._methods.run(self._host.run, method, args, kwargs)
         if not ok:
             raise value.to_error()
         return value
 
     # -- control group (runs beside a busy call) --------------------------------
-    def ping(self) -> int:
-        """Liveness probe; answers even while a worker method is running."""
-        return threading.get_ident()
-
-    def cancel(self, call_id: int) -> int:
-        """Stop call ``call_id`` if this rank runs it (or skip it when it comes); how many ran it."""
-        return cancel_in_process(call_id)
-
     def stacks(self, all_threads: bool) -> str:
         """Where this rank is: the stack of the thread running its methods (or every thread)."""
-        return thread_stacks(self._method_thread, all_threads)
+        return thread_stacks(self._methods.ident, all_threads)
 
     def identity(self) -> dict[str, Any]:
         """Rank, world size and class of the hosted worker (for attaching by name)."""
@@ -276,10 +215,7 @@ class RankActor:
 
     def close(self) -> None:
         if self._host is not None:
-            if self._methods is not None:
-                self._methods.run(self._host.close)
-            else:
-                self._host.close()
+            self._methods.run(self._host.close)
 
 
 def _locate(source: Any, inline: Any, values: tuple[Any, ...]) -> Any:
@@ -298,35 +234,11 @@ def _resolve(kind: int, value: Any, isolate: bool) -> Any:
     return _payload.unpack(value, copy=isolate)
 
 
-_ACTOR_CLASSES: dict[tuple[str, ...], Any] = {}
+@functools.cache
+def actor_class() -> Any:
+    """``ray.remote`` of ``RankActor`` (made once): a one-thread ``control`` concurrency
+    group for start-up and joining the lane, and a ``rows`` group serving kept rows."""
+    import ray
 
-
-def _dedicated(method: str) -> Any:
-    def run(self: RankActor, layout: Layout = NO_ARGS, *values: Any) -> Any:
-        return self.call(method, layout, *values)
-
-    run.__name__ = run.__qualname__ = DEDICATED_PREFIX + method
-    return run
-
-
-def actor_class(methods: tuple[str, ...] = ()) -> Any:
-    """``ray.remote`` of ``RankActor`` plus ``w_<name>`` for each of ``methods``.
-
-    One class per set of method names (cached); a one-thread ``control``
-    concurrency group for pings and a ``rows`` group serving kept rows.
-    """
-    key = tuple(sorted(set(methods)))
-    cls = _ACTOR_CLASSES.get(key)
-    if cls is None:
-        import ray
-
-        attrs: dict[str, Any] = {DEDICATED_PREFIX + name: _dedicated(name) for name in key if name.isidentifier()}
-        base: type = RankActor
-        if attrs:
-            # A distinct name per method set: Ray identifies actor classes by module and name.
-            digest = hashlib.sha1(",".join(key).encode()).hexdigest()[:10]  # noqa: S324 - a name, not security
-            attrs["__module__"] = __name__
-            base = type(f"RankActor_{digest}", (RankActor,), attrs)
-        remote: Any = ray.remote  # its overloads do not list concurrency_groups
-        cls = _ACTOR_CLASSES[key] = remote(concurrency_groups={CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS})(base)
-    return cls
+    remote: Any = ray.remote  # its overloads do not list concurrency_groups
+    return remote(concurrency_groups={CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS})(RankActor)

@@ -7,11 +7,12 @@ worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
 ``MASTER_ADDR``/``MASTER_PORT`` already in its environment.  Each phase is
 bounded by ``start_timeout``.
 
-Calls: each distinct argument is packed once (``_payload``) and every rank's
-task carries the packed values it needs, as arguments of the method's own
-actor method (``w_<name>``; none at all for a call without arguments: each
-task argument costs Ray ~0.1 ms); results come back through
-:class:`RayCallHandle`, on the core's time bounds.
+Calls: once the actors are up, each joins the driver's control lane
+(``_lane``), and every call goes there: each distinct argument is packed once
+(``_payload``), small values and results ride the lane, large ones the
+object store; results come back through :class:`LaneCallHandle`, on the
+core's time bounds.  Actors that cannot reach the lane fail the group's
+start (so does Ray Client, whose driver is outside the cluster).
 
 Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
 core the producing results' shapes without fetching them, the core plans
@@ -27,10 +28,8 @@ group, beside whatever call is running.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -38,7 +37,6 @@ from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, W
 from dispatchcore.executor import (
     COLLECTIVE_STORE_ENV,
     LOOPBACK,
-    PLAIN,
     Call,
     CallHandle,
     ChunkPlan,
@@ -55,16 +53,14 @@ from dispatchcore.executor import (
 
 from . import _payload
 from ._actor import actor_class
-from ._compiled import CompiledGraph
-from ._handle import RayCallHandle
+from ._handle import RowsCallHandle
 from ._lane import LaneCallHandle, RayLane
-from ._lane_setup import LANE_CONNECT_S, inline_bytes, lane_host, lane_tasks, lane_wanted, log
+from ._lane_setup import inline_bytes, lane_host, lane_tasks, rank_task, refuse_ray_client, refuse_removed
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, DEDICATED_PREFIX, ROWS_GROUP, Forwarded, bare_layout
-from ._task_layout import rank_task
+from ._tags import CONTROL_GROUP, ROWS_GROUP, Forwarded
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -83,18 +79,8 @@ OPTIONS: dict[str, Any] = {
     "start_timeout": 300.0,  # bound on placing the actors and on building the workers
     "poll_interval": None,  # cap on the seconds between liveness checks (default: the core's)
     "spare_ranks": 0,  # actors started ahead, to replace dead ranks without waiting for a process
-    "compiled": False,  # deprecated: serve calls through a Ray Compiled Graph (see _compiled)
-    "compiled_idle_s": 30.0,  # tear the compiled graph down after this long without a call
-    "lane": True,  # calls and small results on the control lane (False: every call is a Ray task)
     "lane_inline_bytes": None,  # values and results up to this size ride the lane, larger ones the object store
 }
-
-#: ``compiled=True`` is retired: the control lane is faster on every case measured (see CHANGELOG).
-COMPILED_RETIRED = (
-    "compiled=True is deprecated and will be removed in the next release: calls on the control lane "
-    "(the default) are faster than a Ray Compiled Graph in every case benchmarks/bench_ray.py measures, "
-    "and Ray is winding Compiled Graphs down; drop the option"
-)
 
 
 class RayExecutor(Executor):
@@ -106,7 +92,7 @@ class RayExecutor(Executor):
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
-        opts = check_options(self.name, spec.options, OPTIONS)
+        opts = check_options(self.name, refuse_removed(spec.options), OPTIONS)
         self.options = opts
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
@@ -116,7 +102,6 @@ class RayExecutor(Executor):
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
-        self._remotes: list[dict[str, Any]] = [{} for _ in range(spec.world_size)]
         #: Every rank on the driver's node: several ranks' chunks may share one object.
         self._same_node = False
         self._spare_count = _spare_count(opts["spare_ranks"], self._pool is not None, self._detached)
@@ -128,30 +113,23 @@ class RayExecutor(Executor):
         #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
         self._collective: tuple[Any, str] | None = None
         self._pool_acquired = False
-        compiled_idle_s = _compiled_idle_s(opts["compiled"], opts["compiled_idle_s"])
-        if compiled_idle_s is not None:
-            warnings.warn(COMPILED_RETIRED, FutureWarning, stacklevel=3)
+        self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
         # Pickled before Ray or any actor starts, so what cannot be pickled is refused with nothing sent.
         self._spec_payload = _pack_spec(spec) if opts["actors"] is None and not opts["attach"] else None
+        refuse_ray_client(opts["address"])  # its actors could never reach this driver's lane
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
         #: The rank actors, their names and nodes, and whether the group is shut down: all that its
-        #: call handles and compiled graph see of it (kept current here, in place).
+        #: call handles see of it (kept current here, in place).
         self._rank_actors = self._new_rank_actors(spec)
-        # The graph, if asked for, runs what it cannot serve as plain calls.
-        self.compiled = (
-            None if compiled_idle_s is None else CompiledGraph(self._rank_actors, compiled_idle_s, self.submit_plain)
-        )
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        #: The control lane, once the actors joined it (``None``: calls are Ray tasks).
+        #: The control lane, once the actors joined it (every call goes there).
         self._lane: RayLane | None = None
-        self._lane_wanted = lane_wanted(opts["lane"], self.ray, spec.name)
-        self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
         try:
             if opts["actors"] is not None:
                 self._attach_handles(list(opts["actors"]))
@@ -182,7 +160,7 @@ class RayExecutor(Executor):
         deadline = time.monotonic() + self._start_timeout
         self._packed_spec = ray.put(self._spec_payload)
         actor_opts = self._actor_opts = self._actor_options()
-        cls = actor_class(spec.methods)
+        cls = actor_class()
         for options in actor_opts:
             group.actors.append(cls.options(**options).remote())
         self._add_spares(self._spare_count)
@@ -205,36 +183,34 @@ class RayExecutor(Executor):
     def _start_workers(self, ranks: Sequence[int], env: list[dict[str, str]]) -> list[Any]:
         """Build the worker of each of ``ranks`` in its actor (the references to wait on)."""
         spec, actors = self.spec, self._rank_actors.actors
-        packed, n, lane = self._packed_spec, spec.world_size, self._lane_wanted
-        return [
-            actors[r].start.remote(packed, r, n, env[r], spec.isolate, spec.name, spec.death_timeout, lane)
-            for r in ranks
-        ]
+        packed, n, isolate = self._packed_spec, spec.world_size, spec.isolate
+        return [actors[r].start.remote(packed, r, n, env[r], isolate, spec.name, spec.death_timeout) for r in ranks]
 
     # -- the control lane ------------------------------------------------------------
     def _join_lane(self, ranks: Sequence[int]) -> None:
-        """Have ``ranks``' actors join the lane; if they cannot, calls stay Ray tasks (said in a log line)."""
-        if not self._lane_wanted:
-            return
+        """Have ``ranks``' actors join the lane, within ``start_timeout``; the group cannot start without it."""
+        if self._lane is None:
+            host = lane_host(self.ray, self._rank_actors.infos)
+            self._lane = RayLane(self._rank_actors, host, self._start_timeout, self._lane_inline)
         try:
-            if self._lane is None:
-                host = lane_host(self.ray, self._rank_actors.infos)
-                self._lane = RayLane(self._rank_actors, host, LANE_CONNECT_S, self._lane_inline)
             self._lane.connect(list(ranks))
-        except (OSError, RuntimeError, TimeoutError) as exc:
-            log.warning(
-                "ray group %r: its actors could not join the driver's control lane (%s); its calls go as Ray tasks",
-                self.spec.name,
-                exc,
-            )
-            if self._lane is not None:
-                self._lane.close()
-            self._lane, self._lane_wanted = None, False
+        except (RuntimeError, TimeoutError) as exc:
+            names = [self._rank_actors.names[rank] for rank in ranks]
+            raise DispatchError(
+                f"ray group {self.spec.name!r}: the actors of rank(s) {list(ranks)} ({names}) could not reach the "
+                f"driver's control lane on {self._lane.host} ({exc}); every call goes by the lane, so the group "
+                "cannot start: let the actors' nodes open TCP connections to this driver (a firewall between them?)"
+            ) from exc
+        except OSError as exc:
+            raise DispatchError(
+                f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
+                f"({type(exc).__name__}: {exc}); every call goes by the lane, so the group cannot start"
+            ) from exc
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
         """Start ``count`` spare actors (no rank, no worker yet); returns at once."""
-        cls = actor_class(self.spec.methods)
+        cls = actor_class()
         for _ in range(count):
             options = {**self._actor_opts[0], "name": next(self._spare_names)}
             actor = cls.options(**options).remote()
@@ -250,9 +226,7 @@ class RayExecutor(Executor):
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if self._detached:
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
-        if self.compiled is not None:
-            self.compiled.close("ranks replaced", wait=self.spec.death_timeout)
-        ray, spec, group = self.ray, self.spec, self._rank_actors
+        ray, group = self.ray, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
         if self._lane is not None:
             self._lane.close(ranks)
@@ -261,7 +235,7 @@ class RayExecutor(Executor):
                 ray.kill(group.actors[rank], no_restart=True)
             except Exception:  # noqa: BLE001, S110 - already gone
                 pass
-        cls = actor_class(spec.methods)
+        cls = actor_class()
         fresh: dict[int, tuple[Any, Any, str]] = {}
         used_spares = 0
         for rank in ranks:
@@ -275,7 +249,6 @@ class RayExecutor(Executor):
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
             group.actors[rank], _, group.names[rank] = fresh[rank]
-            self._remotes[rank] = {}
             self._row_addresses.pop(rank, None)
             group.infos[rank] = info
         here = ray.get_runtime_context().get_node_id()
@@ -452,53 +425,9 @@ class RayExecutor(Executor):
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if call.beside:
-            return self._submit_rows(call)  # beside the graph and any running call, never queued behind them
-        if self.compiled is not None:
-            try:
-                handle = self.compiled.try_submit(call)
-            except _payload.EncodeError:
-                handle = None  # the plain path reports it
-            except Exception as exc:  # noqa: BLE001 - no graph on this cluster: plain calls from now on
-                warnings.warn(
-                    f"ray group {self.spec.name!r}: compiled=True could not compile a Ray Compiled Graph "
-                    f"({type(exc).__name__}: {exc}); its calls run as plain Ray tasks",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self.compiled = None
-                return self.submit_plain(call)
-            if handle is not None:
-                return handle
-            self.compiled.drain()  # a plain call never overlaps one the graph is serving
-        return self.submit_plain(call)
-
-    def submit_plain(self, call: Call) -> CallHandle:
-        """``call`` on the lane, or as one Ray task per rank (``lane=False``, or actors that could not join)."""
+            return self._submit_rows(call)  # beside any running call, never queued behind it
         lane = self._lane
-        if lane is not None and lane.has(call.ranks):
-            return self._submit_lane(lane, call)
-        if not any(call.args) and not any(call.kwargs):
-            # No arguments anywhere: no task argument either (the common control call).
-            if call.instructions != PLAIN:  # traced or lazy: the instructions are the one task argument
-                layout = bare_layout(call.instructions)
-                refs = [self._method(rank, call.method)(layout) for rank in call.ranks]
-            else:
-                refs = [self._method(rank, call.method)() for rank in call.ranks]
-            return RayCallHandle(self._rank_actors, call, refs)
-        unique = call.unique_values()
-        try:
-            encoded = _payload.encode_all(unique.values, self.ray.put, bundle=self._same_node)
-        except _payload.EncodeError as exc:
-            cause = exc.__cause__ if exc.__cause__ is not None else exc
-            raise unpicklable_error(call.method, exc.value, cause) from cause
-        refs = []
-        for position, rank in enumerate(call.ranks):
-            layout, tops = rank_task(call, unique, encoded, position)
-            refs.append(self._method(rank, call.method)(layout, *tops))
-        return RayCallHandle(self._rank_actors, call, refs)
-
-    def _submit_lane(self, lane: RayLane, call: Call) -> CallHandle:
-        """Each rank's layout and values in one lane message (values holding references by a stash task)."""
+        assert lane is not None  # noqa: S101 - joined before the group was handed out
         try:
             tasks = lane_tasks(call, self.ray.put, self._same_node, self._lane_inline)
         except _payload.EncodeError as exc:
@@ -517,27 +446,10 @@ class RayExecutor(Executor):
         refs = []
         for position, rank in enumerate(call.ranks):
             layout, tops = rank_task(call, unique, encoded, position)
-            refs.append(self._rows_remote(rank)(call.method, layout, *tops))
-        return RayCallHandle(self._rank_actors, call, refs)
-
-    def _rows_remote(self, rank: int) -> Any:
-        cache = self._remotes[rank]
-        remote = cache.get(ROWS_GROUP)
-        if remote is None:
             actor = self._rank_actors.actors[rank]
-            remote = cache[ROWS_GROUP] = actor.call_beside.options(concurrency_group=ROWS_GROUP).remote
-        return remote
-
-    def _method(self, rank: int, method: str) -> Any:
-        """The ``.remote`` of ``method``'s own actor method on ``rank`` (cached), else of ``call``."""
-        cache = self._remotes[rank]
-        remote = cache.get(method)
-        if remote is None:
-            actor = self._rank_actors.actors[rank]
-            dedicated = getattr(actor, DEDICATED_PREFIX + method, None) if method.isidentifier() else None
-            remote = dedicated.remote if dedicated is not None else functools.partial(actor.call.remote, method)
-            cache[method] = remote
-        return remote
+            refs.append(actor.call_beside.options(concurrency_group=ROWS_GROUP).remote(call.method, layout, *tops))
+        assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
+        return RowsCallHandle(self._lane, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
@@ -567,32 +479,20 @@ class RayExecutor(Executor):
     def _stored_results(self, handle: CallHandle) -> list[Any] | None:
         """One object reference per rank holding the call's results, or ``None`` (the driver path then).
 
-        A Ray-task call's results are its task references (waited for, not
-        fetched); a lane call's only when every result was large enough to be
+        A lane call has them only when every result was large enough to be
         kept in the object store (its ``take_result`` references).
         """
-        if isinstance(handle, LaneCallHandle):
-            producer = handle.lane.rank_actors
-            if producer.job_id != self.job_id or producer.closed:
-                return None
-            return handle.stored_results()
-        if not isinstance(handle, RayCallHandle):
+        if not isinstance(handle, LaneCallHandle):
             return None
-        producer = handle.rank_actors
-        if producer.job_id != self.job_id or producer.closed or handle.fetched_any():
+        producer = handle.lane.rank_actors
+        if producer.job_id != self.job_id or producer.closed:
             return None
-        try:
-            handle.readiness().result()
-        except DispatchError:
-            return None
-        return list(handle.refs)
+        return handle.stored_results()
 
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
-        if isinstance(handle, LaneCallHandle):
-            return Forwarded({p: handle.kept[p] for p in plan.sources}, plan)
-        assert isinstance(handle, RayCallHandle)  # noqa: S101 - describe_results declined any other
-        return Forwarded({p: handle.refs[p] for p in plan.sources}, plan)
+        assert isinstance(handle, LaneCallHandle)  # noqa: S101 - describe_results declined any other
+        return Forwarded({p: handle.kept[p] for p in plan.sources}, plan)
 
     # -- lazy results: rows fetched actor to actor --------------------------------------
     def row_address(self, rank: int) -> RowAddress:
@@ -639,13 +539,13 @@ class RayExecutor(Executor):
         return self._rank_actors.closed
 
     def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
-        """Each rank's actor stops the call from its control group, beside the running call (not waited for)."""
-        if self.closed:
+        """Each rank is asked on its lane control link, beside the running call (not waited for).
+
+        A rank whose link ended is gone: its call fails by that, nothing to stop.
+        """
+        if self.closed or self._lane is None:
             return False
-        call_id = call.instructions.call_id
-        missed = list(ranks) if self._lane is None else self._lane.cancel(ranks, call_id)
-        for rank in missed:
-            self.actor(rank).cancel.options(concurrency_group=CONTROL_GROUP).remote(call_id)
+        self._lane.cancel(ranks, call.instructions.call_id)
         return True
 
     def can_replace_ranks(self) -> bool:
@@ -678,16 +578,12 @@ class RayExecutor(Executor):
         self._release(kill=not self._detached)
 
     def _release(self, kill: bool) -> None:
-        compiled = getattr(self, "compiled", None)
-        # A graph still serving a hung call is ended by killing its actors below (its channels close).
-        gone = compiled is None or compiled.close("shutdown", wait=0 if self.broken else 5.0)
         lane, self._lane = getattr(self, "_lane", None), None
         if lane is not None:
             lane.close()
         actors, self._rank_actors.actors = self._rank_actors.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
-        self._remotes = [{} for _ in self._remotes]
         self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
             for actor in actors:
@@ -695,20 +591,9 @@ class RayExecutor(Executor):
                     self.ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001, S110 - already gone
                     pass
-        if not gone and compiled is not None:
-            compiled.close("shutdown", wait=5.0)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
-
-
-def _compiled_idle_s(compiled: Any, idle_s: Any) -> float | None:
-    """The compiled graph's idle bound, or ``None`` without one; checked before Ray is reached."""
-    if not isinstance(compiled, bool):
-        raise DispatchTypeError(f"compiled must be True or False, got {compiled!r}")
-    if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s <= 0:
-        raise DispatchValueError(f"compiled_idle_s must be a number of seconds > 0, got {idle_s!r}")
-    return float(idle_s) if compiled else None
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:

@@ -22,7 +22,8 @@ answers from N ranks wake one thread, not N.
 
 Liveness: a link that ends fails every call waiting on that rank at once
 (the actor's process is gone); a rank that stops answering lane pings for
-``death_timeout`` is given up, as on the Ray path.  One door per group,
+``death_timeout`` is given up (the one liveness rule, with Ray's word that
+an actor died).  One door per group,
 open only while its actors connect; each group's links are its own.
 """
 

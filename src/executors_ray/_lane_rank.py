@@ -17,7 +17,7 @@ Driver to rank (objects framed by ``LaneLink.send_object``)::
 
 Rank to driver::
 
-    ("done", cid, result)                        what ``RankActor.call`` returns on the Ray path
+    ("done", cid, result)                        what ``RankActor._run`` returns
     ("kept", cid, key)                           a result that is an object reference, or larger than
                                                  the lane's inline bound: the driver takes it with
                                                  ``take_result(key)``, a Ray task (a reference only Ray
@@ -40,7 +40,7 @@ from ._method_thread import MethodThread
 from ._payload import packed_nbytes
 from ._tags import CONTROL_LINK, FAILED, OK_PACKED, Layout
 
-#: Runs one call as the Ray path does: ``(method, layout, values, isolate) -> result``.
+#: Runs one call (``RankActor._run``): ``(method, layout, values, isolate) -> result``.
 RunCall = Callable[[str, Layout, tuple[Any, ...], bool], Any]
 
 

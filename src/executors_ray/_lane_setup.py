@@ -1,38 +1,74 @@
-"""What a Ray group decides about its control lane: whether to use it, where it listens, how a call is laid out.
+"""What a Ray group decides about its control lane: whether it can have one, where it listens, how a call is laid out.
 
 The lane itself is ``_lane``; the executor only asks these questions once
 per group (and per call for :func:`lane_tasks`), so they live apart from it.
+The lane is a Ray group's one call path: options that chose another are
+refused here, and so is a driver whose actors could not reach it.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dispatchcore import DispatchTypeError, DispatchValueError
-from dispatchcore.executor import LOOPBACK, PLAIN, Call
+from dispatchcore import DispatchError, DispatchValueError
+from dispatchcore.executor import LOOPBACK, Call
 
 from . import _payload
-from ._tags import NO_ARGS, Layout, bare_layout
-from ._task_layout import rank_task
+from ._tags import Layout, bare_layout
 
 #: Values and results up to this many bytes ride the lane; larger ones the object store.  Measured (DP echo,
 #: N = 2, one run): per-rank values of 0.125-8 MiB are 1.2-8x faster inline, 16 MiB and up faster by the store.
 LANE_INLINE_BYTES = 8 << 20
-#: How long actors may take to connect to the driver's lane before calls fall back to Ray tasks.
-LANE_CONNECT_S = 30.0
-log = logging.getLogger("dispatchcore.ray")
+
+#: Options of the call paths a Ray group no longer has, and the one value each may still be given (its old default).
+REMOVED_OPTIONS: dict[str, Any] = {"lane": True, "compiled": False, "compiled_idle_s": None}
+
+ONE_LANE = (
+    "a Ray group has one call path, the control lane: calls and small results on one socket per actor, "
+    "large values and results by the object store"
+)
 
 
-def lane_wanted(lane: Any, ray: Any, name: str) -> bool:
-    """Whether to try the lane: asked for, and not over Ray Client (its actors cannot reach this driver)."""
-    if not isinstance(lane, bool):
-        raise DispatchTypeError(f"lane must be True or False, got {lane!r}")
-    if lane and ray.util.client.ray.is_connected():
-        log.warning("ray group %r: connected through Ray Client, so its calls go as Ray tasks (no control lane)", name)
-        return False
-    return lane
+def refuse_removed(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` less the removed ones left at their old defaults; any other use of one raises."""
+    used = sorted(name for name, keep in REMOVED_OPTIONS.items() if name in options and options[name] is not keep)
+    if used:
+        said = ", ".join(f"{name}={options[name]!r}" for name in used)
+        raise DispatchValueError(
+            f"{said}: the option was removed with the Ray-task call path and the compiled graph ({ONE_LANE}); drop it"
+        )
+    return {name: value for name, value in options.items() if name not in REMOVED_OPTIONS}
+
+
+def ray_client_error(address: Any, connected: bool) -> DispatchError | None:
+    """Why a group cannot start over Ray Client (``ray://``), or ``None``.
+
+    Ray Client's actors run on the cluster and cannot reach a driver outside
+    it, so they could never join its lane.  ``address`` is where this
+    process is about to connect (the ``address`` option, else
+    ``RAY_ADDRESS``), ``connected`` whether it already talks to Ray through
+    Ray Client.
+    """
+    if not connected and not str(address or "").startswith("ray://"):
+        return None
+    return DispatchError(
+        f"Ray Client ({'connected' if connected else address}): a Ray group's actors must reach the driver's "
+        f"control lane, and a Ray Client driver is outside the cluster ({ONE_LANE}); run the driver on the "
+        "cluster instead, e.g. as a Ray job (ray job submit -- python driver.py) or on the head node"
+    )
+
+
+def refuse_ray_client(address: Any) -> None:
+    """Raise :func:`ray_client_error`'s error for this process (before connecting, when not connected yet)."""
+    import ray
+
+    connected = ray.is_initialized()
+    client = connected and bool(ray.util.client.ray.is_connected())
+    error = ray_client_error(None if connected else address or os.environ.get("RAY_ADDRESS"), client)
+    if error is not None:
+        raise error
 
 
 def inline_bytes(value: Any) -> int:
@@ -57,8 +93,43 @@ def lane_host(ray: Any, infos: Sequence[dict[str, Any]]) -> str:
 def lane_tasks(call: Call, put: Callable[[Any], Any], bundle: bool, inline_max: int) -> list[tuple[Layout, list[Any]]]:
     """Each rank's layout and top-level values for the lane (raises ``_payload.EncodeError``)."""
     if not any(call.args) and not any(call.kwargs):
-        layout = NO_ARGS if call.instructions == PLAIN else bare_layout(call.instructions)
-        return [(layout, [])] * len(call.ranks)
+        return [(bare_layout(call.instructions), [])] * len(call.ranks)
     unique = call.unique_values()
     encoded = _payload.encode_for_lane(unique.values, put, bundle, inline_max)
     return [rank_task(call, unique, encoded, p) for p in range(len(call.ranks))]
+
+
+def rank_task(call: Call, unique: Any, encoded: list[Any], position: int) -> tuple[Layout, list[Any]]:
+    """The layout and top-level values of one rank's share of ``call`` (``encoded`` from ``_payload``)."""
+    arg_slots = unique.arg_slots[position]
+    kwarg_slots = unique.kwarg_slots[position]
+    needed = sorted({*arg_slots, *kwarg_slots.values()})
+    local = {slot: i for i, slot in enumerate(needed)}
+    kinds: list[int] = []
+    sources: list[Any] = []
+    inline: list[Any] = []
+    tops: list[Any] = []
+    top_index: dict[int, int] = {}
+    for slot in needed:
+        kind, where, value = encoded[slot]
+        kinds.append(kind)
+        if where is None:
+            sources.append(-1)
+            inline.append(value)
+            continue
+        ref, member = where
+        j = top_index.get(id(ref))
+        if j is None:
+            j = top_index[id(ref)] = len(tops)
+            tops.append(ref)
+        sources.append(j if member is None else (j, member))
+        inline.append(None)
+    layout: Layout = (
+        tuple(local[s] for s in arg_slots),
+        {k: local[s] for k, s in kwarg_slots.items()},
+        tuple(kinds),
+        tuple(sources),
+        tuple(inline),
+        call.instructions,
+    )
+    return layout, tops

@@ -1,9 +1,9 @@
 """The one thread a rank's worker methods run on, whichever way a call arrived.
 
-A call can reach a rank actor as a Ray task (start-up, verl's plain calls,
-the old path) or on the control lane (every call once the lane is up).  CUDA's
-current device and thread-locals are per thread, so both paths run the
-method here, where the worker's ``__init__`` ran too.  Lane calls are read
+A call reaches a rank actor on the control lane (every call once the lane
+is up) or as a Ray task (start-up, verl's plain calls).  CUDA's current
+device and thread-locals are per thread, so both ways run the method here,
+where the worker's ``__init__`` ran too.  Lane calls are read
 by this thread itself (a selector over its lane links and a wake-up socket),
 so a call that arrives on the lane starts without a thread hand-off (about
 25 us and a context switch each, measured); Ray tasks queue a job and wake it.

@@ -6,9 +6,10 @@ serializer writes numpy arrays into the object store without an extra copy
 and hands them back as read-only views of shared memory (a torch tensor
 pickled by Ray would go through ``torch.save`` of its whole storage).
 
-Small values ride inside each task (Ray inlines arguments under 100 KiB, the
-cheapest path); larger ones are ``ray.put`` once and every rank that needs
-them gets the same reference; when every rank shares the driver's node, all
+Small values ride the control lane (``_lane``), or inside each task of the
+core's row reads and frees (Ray inlines arguments under 100 KiB); larger
+ones are ``ray.put`` once and every rank that needs them gets the same
+reference; when every rank shares the driver's node, all
 of a call's large values go into one object (one store round trip).  Plain
 atoms and Ray ``ObjectRef`` s are passed as they are (Ray resolves top-level
 references itself, as verl users expect).
@@ -94,7 +95,7 @@ Encoded = tuple[int, Any, Any]
 
 
 def encode_all(values: list[Any], put: Callable[[Any], Any], bundle: bool) -> list[Encoded]:
-    """Each distinct argument of a call, ready for the ranks' tasks.
+    """Each distinct argument of a row read or free, ready for the ranks' tasks (``rows`` group).
 
     Small values travel inline in each task (Ray inlines small arguments,
     the cheapest path); large ones go to the object store.  With ``bundle``
@@ -132,13 +133,12 @@ def encode_for_lane(values: list[Any], put: Callable[[Any], Any], bundle: bool, 
     """Each distinct argument of a call on the control lane (``_lane``).
 
     Values under ``inline_max`` bytes travel in the lane message (arrays out
-    of band, from their own memory).  Larger ones go to the object store as
-    on the Ray path (one put, shared by every rank that reads them; one put
+    of band, from their own memory).  Larger ones go to the object store
+    (one put, shared by every rank that reads them; one put
     for all of them when ``bundle``), and values holding object references
     (a forwarded chunk, an ``ObjectRef`` argument) can only be handed over by
     Ray: those become the top-level values of the call's stash task, a
-    reference wrapped in a 1-tuple so that Ray passes it on unresolved, as
-    the Ray path does.
+    reference wrapped in a 1-tuple so that Ray passes it on unresolved.
     """
     out: list[Encoded] = []
     large: list[int] = []

@@ -16,8 +16,9 @@ verl's names and defaults (a verl driver ports by changing imports): the
 constructor's positional order is verl's, ``use_gpu=True`` and
 ``max_colocate_count=10`` are verl's defaults, ``pgs`` /
 ``get_placement_groups`` / ``local_world_size_list`` / ``local_rank_list``
-are verl's, and :class:`SubRayResourcePool` and :class:`ResourcePoolManager`
-are verl 0.9.1's (see the porting guide in the README).  One deliberate
+are verl's, and :class:`SubRayResourcePool` is verl 0.9.1's (see the
+porting guide in the README; verl's ``ResourcePoolManager`` is in
+:mod:`executors_ray.verl`).  One deliberate
 difference: verl reserves ``max_colocate_count`` CPUs per bundle (each actor
 then takes one); here a bundle holds ``cpus_per_process`` CPUs (default 1)
 and each actor takes ``1/max_colocate_count`` of it, so a 2-core machine
@@ -34,7 +35,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dispatchcore import DispatchError, DispatchValueError
@@ -360,65 +361,6 @@ class SubRayResourcePool(RayResourcePool):
                 f"runs past the {len(self._root._slots or [])} bundles of its placement groups"
             )
         return found
-
-
-class ResourcePoolShortageError(PlacementError, ValueError):
-    """The cluster has fewer GPUs than a :class:`ResourcePoolManager`'s pools ask for."""
-
-
-@dataclass
-class ResourcePoolManager:
-    """Named resource pools and which role uses which (verl 0.9.1's class, same fields and methods).
-
-    ``resource_pool_spec`` maps a pool name to its processes per node,
-    ``mapping`` a role to a pool name.  :meth:`create_resource_pool` makes one
-    :class:`RayResourcePool` per name with verl's settings (``use_gpu=True``,
-    this manager's ``max_colocate_count``) and checks the cluster has the GPUs.
-    """
-
-    resource_pool_spec: dict[str, list[int]]
-    mapping: dict[Any, str]
-    max_colocate_count: int = 3
-    resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
-
-    def create_resource_pool(self) -> None:
-        """Make the pools (placed lazily, when the first group uses one) and check the GPUs exist."""
-        for name, process_on_nodes in self.resource_pool_spec.items():
-            self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes=process_on_nodes,
-                use_gpu=True,
-                max_colocate_count=self.max_colocate_count,
-                name_prefix=name,
-            )
-        self._check_resource_available()
-
-    def get_resource_pool(self, role: Any) -> RayResourcePool:
-        """The pool ``role`` is mapped to."""
-        try:
-            return self.resource_pool_dict[self.mapping[role]]
-        except KeyError:
-            if role not in self.mapping:
-                raise KeyError(f"role {role!r} is not in mapping (roles: {list(self.mapping)})") from None
-            raise KeyError(
-                f"pool {self.mapping[role]!r} of role {role!r} does not exist; call create_resource_pool() first"
-            ) from None
-
-    def get_n_gpus(self) -> int:
-        """GPUs all pools ask for together (one per process)."""
-        return sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
-
-    def _check_resource_available(self) -> None:
-        """Refuse, naming the numbers, a spec that needs more GPUs than the cluster has."""
-        from ._runtime import ensure_ray
-
-        ray = ensure_ray({})
-        have = float(ray.cluster_resources().get("GPU", 0)) or float(ray.cluster_resources().get("NPU", 0))
-        need = self.get_n_gpus()
-        if have < need:
-            raise ResourcePoolShortageError(
-                f"resource_pool_spec {self.resource_pool_spec} needs {need} GPU(s); the Ray cluster has {have:g}. "
-                "Add GPUs, shrink the spec, or (CPU tests) start Ray with ray.init(num_gpus=N) for logical GPUs"
-            )
 
 
 def split_resource_pool(pool: RayResourcePool, split_size: int | Sequence[int]) -> list[SubRayResourcePool]:

@@ -1,16 +1,15 @@
-"""What a Ray group's call handles and compiled graph see of it: its rank actors, not its executor.
+"""What a Ray group's lane and call handles see of it: its rank actors, not its executor.
 
-:class:`~executors_ray._handle.RayCallHandle` and
-:class:`~executors_ray._compiled.CompiledGraph` need a handful of things from
-their group: the ``ray`` module and which Ray its references belong to, the
-rank actors with their names and nodes (for pings and error messages), a few
+:class:`~executors_ray._lane.RayLane` and its call handles need a handful of
+things from their group: the ``ray`` module and which Ray its references belong to, the
+rank actors with their names and nodes (for error messages), a few
 settings, whether the group is shut down, and how to mark it broken.
 :class:`RankActors` holds exactly those, so neither module imports (or calls
 back into) the executor, which imports them.
 
 The executor owns its one :class:`RankActors` and keeps its tables current in
 place (a replaced rank's entries are swapped, shutdown empties ``actors``), so
-a handle or graph made earlier reads the group as it is now.
+a handle made earlier reads the group as it is now.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dispatchcore.executor import PLAIN, ChunkPlan, Instructions
+from dispatchcore.executor import ChunkPlan, Instructions
 
-#: What ``RankActor.call`` returns when the result is not sent as it is:
+#: What a rank answers when the result is not sent as it is:
 #: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``.  Anything that
 #: is not a tuple (an atom, an ``ObjectRef``) is the result itself.
 OK_PACKED, FAILED = 1, 2
@@ -22,7 +22,7 @@ OK_PACKED, FAILED = 1, 2
 #: results that the rank fetches itself (:class:`Forwarded`).
 RAW, PACKED, FORWARD = 0, 1, 2
 
-#: Concurrency group of the control methods (pings, descriptions): one thread
+#: Concurrency group of the control methods (descriptions, joining the lane, stacks): one thread
 #: beside the worker's, so a busy rank still answers.
 CONTROL_GROUP = "control"
 
@@ -34,18 +34,13 @@ ROWS_THREADS = 2
 #: Added to a rank's number in the lane handshake of its control link (its call link uses the rank itself).
 CONTROL_LINK = 1 << 30
 
-#: Prefix of the per-method actor methods (no ``RankActor`` attribute starts with it).
-DEDICATED_PREFIX = "w_"
-
 #: A call's layout: ``(arg_slots, kwarg_slots, kinds, sources, inline, instructions)``.
 #: Per distinct value: its kind and where it is: ``inline[i]`` (source
-#: ``-1``), top-level task argument ``j`` (source ``j``, a reference Ray
-#: resolves) or element ``k`` of top-level argument ``j`` (``(j, k)``, one
-#: object holding several ranks' chunks).  ``instructions`` is ``Call.instructions``, forwarded whole.
+#: ``-1``), top-level value ``j`` (source ``j``: an argument of the Ray task
+#: bringing the values, a reference Ray resolves) or element ``k`` of
+#: top-level value ``j`` (``(j, k)``, one object holding several ranks' chunks).
+#: ``instructions`` is ``Call.instructions``, forwarded whole.
 Layout = tuple[tuple[int, ...], dict[str, int], tuple[int, ...], tuple[Any, ...], tuple[Any, ...], Instructions]
-
-#: A call without arguments or instructions sends no task argument at all (each costs Ray ~0.1 ms).
-NO_ARGS: Layout = ((), {}, (), (), (), PLAIN)
 
 
 def bare_layout(instructions: Instructions) -> Layout:

@@ -1,13 +1,12 @@
 """pytest helpers for the ray backend: one local Ray per test run.
 
 Import the fixture into a test module (``from executors_ray.testing import
-ray_session  # noqa: F401``) and depend on it, or use ``ray_backend`` which is
-autouse-friendly.  Start-up costs ~5-15 s, so every module shares one Ray;
+ray_session  # noqa: F401``) and depend on it.  Start-up costs ~5-15 s, so every module shares one Ray;
 it is shut down at the end of the session only if this fixture started it.
 
-The worker classes the ray backend's own tests run (:class:`DataWorker`,
-:class:`EnvWorker`, :class:`RowsWorker`, ...) are here too: they live in an
-installed module, so every actor can import them.
+Worker classes for tests belong in the tests themselves: a class defined in
+a test module reaches the actors by value (``dispatchcore.wire``), so it
+need not live in an installed package.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from ._test_workers import BadInit, Counter, DataWorker, Doubler, EnvWorker, RowsWorker
-
-__all__ = ["TEST_NUM_CPUS", "BadInit", "Counter", "DataWorker", "Doubler", "EnvWorker", "RowsWorker", "ray_session"]
+__all__ = ["TEST_NUM_CPUS", "ray_session"]
 
 #: Logical CPUs of the test Ray (actors without a pool reserve none anyway).
 TEST_NUM_CPUS = 4

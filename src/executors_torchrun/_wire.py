@@ -31,6 +31,7 @@ import torch
 from dispatchcore import DataProto
 from dispatchcore.executor import TimedResult
 from dispatchcore.wire import INLINE_LIMIT, PROTOCOL, Serialized, dumps, loads, receive_buffer, reduce_tensor
+from dispatchcore.wire import refresh_by_value as _refresh_by_value
 
 
 @dataclass
@@ -132,6 +133,7 @@ def pack(value: Any) -> Packed:
     """Pickle ``value`` once; tensors stay views of the caller's memory (or ride inline when small)."""
     device: list[torch.Tensor] = []
     if torch.cuda.is_initialized():
+        _refresh_by_value()  # cloudpickle must know which modules go by value before it pickles
         file = io.BytesIO()
         raw: list[pickle.PickleBuffer] = []
         _DevicePickler(file, raw, device).dump(value)

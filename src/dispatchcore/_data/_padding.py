@@ -27,6 +27,7 @@ __all__ = [
     "check_positive",
     "chunk_with_padding",
     "pad_dataproto_to_divisor",
+    "real_rows",
     "split_views",
     "unpad_dataproto",
 ]
@@ -79,6 +80,16 @@ def unpad_dataproto(data: D, pad_size: int) -> D:
     if pad_size > len(data):
         raise BatchSizeError(f"cannot remove {pad_size} padding rows from a DataProto of length {len(data)}")
     return data[: len(data) - pad_size] if pad_size else data
+
+
+def real_rows(data: RowsLike) -> int:
+    """How many of ``data``'s rows are real, not padding: its length less ``meta_info[PADDING_ROWS_KEY]``.
+
+    In a worker, the count a padded chunk's loss is normalised by (padding
+    rows are its trailing ones: ``data[:real_rows(data)]`` are the real ones);
+    a chunk without the key has no padding.
+    """
+    return len(data) - (_existing_padding(data) or 0)
 
 
 def _padding_rows_in(start: int, stop: int, real_end: int) -> int:

@@ -10,19 +10,33 @@ Ray itself for Ray actors), each rank connects with :func:`connect_lane`,
 and from then on one :class:`LaneLink` per rank carries whole messages in
 order, sends never block, and a link that ends says the peer is gone.
 
-Imports nothing of dispatchcore.
+On top of the links, the lane's two sides live here once for every process
+backend: :class:`LaneDriver` (each rank's pending calls, one reader thread
+per group, one liveness rule) and :class:`LaneRank` (calls on the rank's
+method thread, pings, cancels and stacks beside them), the call envelope
+(``_envelope``, with an optional :class:`BulkPath`), and
+:class:`LaneExecutor`, the base that leaves a backend only its processes.
 """
 
 from ._address import LaneAddress, LaneDirectory
 from ._door import LaneDoor, address_toward, connect_lane, open_lane
+from ._driver import LaneCallHandle, LaneDriver
+from ._envelope import BulkPath
+from ._executor import LaneExecutor
 from ._framing import frame_object, unframe_object
 from ._link import LaneLink
+from ._rank import LaneRank
 
 __all__ = [
+    "BulkPath",
     "LaneAddress",
+    "LaneCallHandle",
     "LaneDirectory",
     "LaneDoor",
+    "LaneDriver",
+    "LaneExecutor",
     "LaneLink",
+    "LaneRank",
     "address_toward",
     "connect_lane",
     "frame_object",

@@ -8,7 +8,8 @@ next bucket moves while the destinations apply the current one, and tells
 the destinations the new version (``commit``) only once every rank applied
 every bucket.  Where both executors share a :class:`TensorLink` the bytes
 go rank to rank; otherwise through the driver (counted by
-``driver_traffic()``, and logged once as slow).
+``driver_traffic()``, and logged once as slow).  ``verify`` compares
+digests computed on the ranks (``_verify``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ from typing import Any
 
 import torch
 
-from .._base import DispatchError
+from .._base import DispatchError, WorkerError
 from .._trace import count_received_bytes, count_sent_bytes
 from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, TransferPlan, plan_transfer
+from .._transfer._errors import BY_NAME
+from . import _verify
 from ._steps import Side, submit, wait
 
 _log = logging.getLogger("dispatchcore")
 _ids = itertools.count(1)
+
+#: A bucket size no plan reaches: verify digests each region whole, not split by buckets.
+_WHOLE = 1 << 62
 
 Rename = Mapping[str, str] | Callable[[str], str | None]
 Names = Collection[str] | Callable[[str], bool]
@@ -50,6 +56,8 @@ class TransferReport:
     bytes_moved: int
     driver_bytes: int
     seconds: float
+    #: Whether the destinations' weights were checked against the sources' (``verify=True``) before the version.
+    verified: bool = False
 
 
 class TransferFuture:
@@ -70,7 +78,8 @@ class TransferFuture:
 class WeightSync:
     """Moves named tensors from ``source``'s ranks to ``destination``'s (see ``docs/weight-sync.md``).
 
-    Each source rank's ``offer`` method returns ``{name: tensor or Shard}``;
+    Each source rank's ``offer`` method returns ``{name: tensor, DTensor or
+    RowShard}`` (a ``state_dict()`` of FSDP2 DTensors as it is);
     each destination rank's ``apply`` method is called once per bucket with
     a list of ``(name, tensor)`` it completed; an optional ``want`` method
     gets ``{name: (shape, dtype)}`` and returns ``{name: Slice}`` for the
@@ -82,6 +91,9 @@ class WeightSync:
     the way (one dtype: floating-point tensors only; a mapping: by destination
     name), ``names`` keeps a subset (source names).  After a complete
     transfer each destination worker's ``weights_version`` is the version.
+    :meth:`verify` (after every transfer, before the version, with
+    ``verify=True``) compares digests of every region between the sources
+    and what each destination's ``read`` method says it holds.
     """
 
     def __init__(
@@ -97,11 +109,14 @@ class WeightSync:
         rename: Rename | None = None,
         dtype: Dtypes | None = None,
         names: Names | None = None,
+        read: str = "weights",
+        verify: bool = False,
     ) -> None:
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
         self.source, self.destination = source, destination
-        self.offer, self.apply, self.want, self.lend = offer, apply, want, lend
+        self.offer, self.apply, self.want, self.lend, self.read = offer, apply, want, lend, read
+        self.verify_each = bool(verify)
         self.bucket_bytes = int(bucket_bytes)
         self.rename, self.dtype, self.names = rename, dtype, names
         self._lock = threading.Lock()
@@ -122,6 +137,29 @@ class WeightSync:
         """Transfer every weight now; the destinations read ``version`` once it all arrived."""
         with self._lock:
             return self._run(version)
+
+    def verify(self) -> list[str]:
+        """Check that every destination holds the bytes the sources offer now; the names checked.
+
+        Each source rank digests the regions it holds (from its ``offer``
+        method) and each destination rank the regions it wants (from its
+        ``read`` method, default ``"weights"``: ``{name: tensor}`` of what it
+        holds, whole or its slice); only digests travel.  Raises
+        :class:`WeightMismatchError` naming each differing parameter and
+        destination rank (and source replicas that differ among themselves).
+        """
+        with self._lock:
+            src, dst = self._side("source", self.source), self._side("destination", self.destination)
+            tid = (os.getpid() << 20) + next(_ids)
+            ok = False
+            try:
+                held, tensors, wants = self._ask(src, dst, tid)
+                plan = plan_transfer(held, tensors, wants, _WHOLE)
+                names = _verify.check(src, dst, tid, plan, held, tensors, self.read)
+                ok = True
+            finally:
+                _end(src, dst, tid, ok)
+            return names
 
     def start(self, version: Any) -> TransferFuture:
         """The same transfer in the background (generation can go on meanwhile)."""
@@ -155,12 +193,7 @@ class WeightSync:
         everyone_src, everyone_dst = range(len(src.ranks)), range(len(dst.ranks))
         ok = False
         try:
-            layout = (("layout", tid, src.prefix + self.offer),)
-            held = wait(src, submit(src, everyone_src, [layout] * len(src.ranks)), "layout")
-            tensors = self._tensors(held)
-            shapes = {name: (spec.full_shape, spec.dtype) for name, spec in tensors.items()}
-            step = (("want", tid, dst.prefix + self.want, shapes),)
-            wants = wait(dst, submit(dst, everyone_dst, [step] * len(dst.ranks)), "want")
+            held, tensors, wants = self._ask(src, dst, tid)
             plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
             how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
             begins = [(("begin", tid, _buckets(plan, d), plan.wanted[d], *how),) for d in everyone_dst]
@@ -169,12 +202,34 @@ class WeightSync:
             for side, handle in handles:
                 wait(side, handle, "begin")
             driver_bytes = _move(plan, src, dst, tid, through_driver=transport == "driver")
+            if self.verify_each:  # before the version: a transfer whose bytes differ never sets it
+                _verify.check(src, dst, tid, plan_transfer(held, tensors, wants, _WHOLE), held, tensors, self.read)
             wait(dst, submit(dst, everyone_dst, [(("commit", tid, version),)] * len(dst.ranks)), "commit")
             ok = True
         finally:
             _end(src, dst, tid, ok)
         seconds = time.monotonic() - started
-        return TransferReport(version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds)
+        return TransferReport(
+            version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds, self.verify_each
+        )
+
+    def _ask(self, src: Side, dst: Side, tid: int) -> tuple[list[dict[str, Held]], dict[str, TensorSpec], list[Any]]:
+        """What every source rank holds (an offer it cannot take refused by name), the specs, what each wants."""
+        layout = (("layout", tid, src.prefix + self.offer),)
+        try:
+            held = wait(src, submit(src, range(len(src.ranks)), [layout] * len(src.ranks)), "layout")
+        except WorkerError as exc:
+            refused = BY_NAME.get(exc.exc_type)
+            if refused is None:
+                raise
+            raise refused(
+                f"source group {src.label} rank {exc.rank} offers weights it cannot send: {exc.exc_message}"
+            ) from exc
+        tensors = self._tensors(held)
+        shapes = {name: (spec.full_shape, spec.dtype) for name, spec in tensors.items()}
+        step = (("want", tid, dst.prefix + self.want, shapes),)
+        wants = wait(dst, submit(dst, range(len(dst.ranks)), [step] * len(dst.ranks)), "want")
+        return held, tensors, wants
 
     def _tensors(self, held: list[dict[str, Held]]) -> dict[str, TensorSpec]:
         """Destination name → spec, in the sources' order: the subset, renamed, cast."""

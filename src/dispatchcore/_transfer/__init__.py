@@ -3,7 +3,9 @@
 The driver side is ``_sync``; executors plug in a :class:`TensorLink`.  Imports ``_base``.
 """
 
-from ._layout import Held, Shard, Slice, held_of, row_elements, rows_of
+from ._dtensor import offered_record, shard_rows
+from ._errors import WeightMismatchError, WeightOfferError, WeightTypeError
+from ._layout import Held, RowShard, Shard, Slice, held_of, row_elements, rows_of
 from ._plan import DEFAULT_BUCKET_BYTES, Bucket, Piece, TensorSpec, TransferPlan, Wanted, plan_transfer
 from ._rank import TRANSFER_METHOD, VERSION_ATTRIBUTE, TensorLink, TensorSourceLost, run_step
 
@@ -14,6 +16,7 @@ __all__ = [
     "Bucket",
     "Held",
     "Piece",
+    "RowShard",
     "Shard",
     "Slice",
     "TensorLink",
@@ -21,9 +24,14 @@ __all__ = [
     "TensorSpec",
     "TransferPlan",
     "Wanted",
+    "WeightMismatchError",
+    "WeightOfferError",
+    "WeightTypeError",
     "held_of",
+    "offered_record",
     "plan_transfer",
     "row_elements",
     "rows_of",
     "run_step",
+    "shard_rows",
 ]

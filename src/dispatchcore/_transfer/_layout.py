@@ -3,7 +3,8 @@
 RL code holds weights two ways: a trainer (FSDP) holds a dim-0 shard of
 every parameter, a rollout engine (tensor parallel) wants a slice of each
 along dim 0 (column-parallel) or dim 1 (row-parallel).  These records say
-so; the plan (``_plan``) turns them into pieces and buckets.
+so; the plan (``_plan``) turns them into pieces and buckets.  A trainer's
+DTensors become :class:`RowShard` records on its rank (``_dtensor``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ._errors import WeightOfferError
+
 
 @dataclass(frozen=True)
-class Shard:
+class RowShard:
     """Rows ``offset .. offset + len(tensor)`` of a named tensor of shape ``full_shape`` (FSDP's dim-0 shard).
 
     A source rank's offer method returns ``{name: tensor}`` for a tensor it
-    holds whole and ``{name: Shard(tensor, offset, full_shape)}`` for a
-    shard; several source ranks may hold the same rows (replicas).
+    holds whole and ``{name: RowShard(tensor, offset, full_shape)}`` for a
+    shard (or the DTensor itself); several source ranks may hold the same
+    rows (replicas).  Named apart from ``torch.distributed.tensor.Shard``
+    (a placement, not a record); ``dispatchcore.Shard`` is the old name.
     """
 
     tensor: torch.Tensor
@@ -31,9 +36,13 @@ class Shard:
         object.__setattr__(self, "full_shape", full)
         shape = tuple(self.tensor.shape)
         if not full or len(shape) != len(full) or shape[1:] != full[1:]:
-            raise ValueError(f"Shard of shape {shape} cannot be dim-0 rows of a tensor of shape {full}")
+            raise WeightOfferError(f"RowShard of shape {shape} cannot be dim-0 rows of a tensor of shape {full}")
         if self.offset < 0 or self.offset + shape[0] > full[0]:
-            raise ValueError(f"Shard rows {self.offset}..{self.offset + shape[0]} lie outside 0..{full[0]}")
+            raise WeightOfferError(f"RowShard rows {self.offset}..{self.offset + shape[0]} lie outside 0..{full[0]}")
+
+
+#: The old name of :class:`RowShard` (kept working; it clashes with torch's ``Shard`` placement).
+Shard = RowShard
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,19 @@ def row_elements(shape: tuple[int, ...], cut: Slice | None) -> int:
     return n
 
 
-def held_of(value: torch.Tensor | Shard, name: str) -> tuple[torch.Tensor, Held]:
-    """The tensor behind an offered value and its :class:`Held` record."""
-    if isinstance(value, Shard):
+def rows_view(tensor: torch.Tensor, offset: int, rows: tuple[int, int], cut: Slice | None) -> torch.Tensor:
+    """Full-tensor rows ``rows`` (columns ``cut``) of ``tensor``, which holds rows from ``offset``: a view."""
+    t = tensor.reshape(1) if tensor.dim() == 0 else tensor
+    t = t.narrow(0, rows[0] - offset, rows[1] - rows[0])
+    if cut is not None:
+        t = t.narrow(cut.dim, cut.start, cut.stop - cut.start)
+    return t.reshape(()) if tensor.dim() == 0 else t
+
+
+def held_of(value: torch.Tensor | RowShard) -> tuple[torch.Tensor, Held]:
+    """The tensor behind an offered value (a plain tensor or a record, see ``_dtensor``) and its :class:`Held`."""
+    if isinstance(value, RowShard):
         rows = rows_of(tuple(value.tensor.shape))
         return value.tensor, Held(value.offset, rows, value.full_shape, value.tensor.dtype)
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"offered weight {name!r} is a {type(value).__name__}; offer a torch.Tensor or a Shard")
     shape = tuple(value.shape)
     return value, Held(0, rows_of(shape), shape, value.dtype)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._errors import WeightOfferError
 from ._layout import Held, Slice, row_elements, rows_of
 
 #: Bytes of one bucket unless the caller says otherwise.
@@ -102,15 +103,19 @@ def wanted_region(name: str, spec: TensorSpec, want: Slice | None) -> Wanted:
     return Wanted((0, rows_of(shape)), want, sliced, spec.dtype)
 
 
-def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]]) -> list[tuple[int, int, int]]:
-    """``(start, stop, source)`` segments covering every row of the tensor; replicas take turns."""
+def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]], turn: int = 0) -> list[tuple[int, int, int]]:
+    """``(start, stop, source)`` segments covering every row of the tensor; replicas take turns.
+
+    Turns go by segment and by ``turn`` (the tensor's position), so replicas
+    of whole tensors (``Replicate``) share the sending too.
+    """
     holders = []
     for source, offered in enumerate(held):
         h = offered.get(spec.source_name)
         if h is None:
             continue
         if h.full_shape != spec.full_shape:
-            raise ValueError(
+            raise WeightOfferError(
                 f"source ranks disagree on the shape of {spec.source_name!r}: {h.full_shape} and {spec.full_shape}"
             )
         holders.append((h.offset, h.offset + h.rows, source))
@@ -122,8 +127,11 @@ def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]]) -> li
             continue
         candidates = [s for lo, hi, s in holders if lo <= a and b <= hi]
         if not candidates:
-            raise ValueError(f"rows {a}..{b} of {spec.source_name!r} (for {name!r}) are held by no source rank")
-        source = candidates[k % len(candidates)]
+            raise WeightOfferError(
+                f"rows {a}..{b} of {spec.source_name!r} (for {name!r}) are held by no source rank; every row of a "
+                "weight must be offered by some source rank (a RowShard or DTensor shard each)"
+            )
+        source = candidates[(k + turn) % len(candidates)]
         if segments and segments[-1][1] == a and segments[-1][2] == source:
             segments[-1] = (segments[-1][0], b, source)
         else:
@@ -146,14 +154,14 @@ def plan_transfer(
         raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
     wanted: list[dict[str, Wanted]] = [{} for _ in wants]
     grouped: dict[tuple[int, tuple[int, ...]], list[Piece]] = {}
-    for name, spec in tensors.items():
+    for turn, (name, spec) in enumerate(tensors.items()):
         regions: dict[tuple[tuple[int, int], Slice | None], list[int]] = {}
         for d, want in enumerate(wants):
             region = wanted[d][name] = wanted_region(name, spec, want.get(name))
             regions.setdefault((region.rows, region.cut), []).append(d)
         if not regions:
             continue
-        segments = cover(name, spec, held)
+        segments = cover(name, spec, held, turn)
         for (rows, cut), dests in regions.items():
             per_row = row_elements(spec.full_shape, cut)
             if per_row == 0:

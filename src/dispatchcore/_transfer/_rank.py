@@ -2,7 +2,8 @@
 
 The driver sends every step as a call of :data:`TRANSFER_METHOD`, which
 ``WorkerHost`` hands to :func:`run_step`.  A source rank reads its offered
-tensors once per transfer and sends each bucket's pieces as views (a copy
+tensors once per transfer (DTensors as the rows it holds, ``_dtensor``:
+no transport ever sees one) and sends each bucket's pieces as views (a copy
 only where a cast or a column cut needs one); the executor's
 :class:`TensorLink`, where it has one, moves them rank to rank, otherwise
 they come back to the driver as the call's result.  A destination rank
@@ -13,7 +14,9 @@ the link may go on receiving in the background.  Its ``apply`` step, which
 the driver sends only after the next bucket's ``fetch``, waits for the
 bucket and hands the tensors it completed to the apply hook, so the next
 bucket arrives while this one is applied.  The version is set only at
-``commit``, after the driver saw every rank apply every bucket.
+``commit``, after the driver saw every rank apply every bucket.  The
+``*_sums`` steps checksum what sources offered and destinations hold
+(``_checksum``) for ``WeightSync.verify``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from typing import Any, Protocol
 import torch
 
 from .._wire import numpy_tensor
-from ._layout import Held, held_of
+from ._checksum import destination_sums, source_sums
+from ._dtensor import offered_record
+from ._layout import Held, held_of, rows_view
 from ._plan import Bucket, Piece, Wanted
 
 #: The method name of every transfer step (no worker method may be called so).
@@ -115,6 +120,10 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
         return _apply(worker, state, state.receiving[args[0][2]], host.tensor_link)
     if step == "commit":
         return _commit(worker, state, args[0][2])
+    if step == "source_sums":
+        return source_sums(state.offered, args[0][2])
+    if step == "destination_sums":
+        return destination_sums(worker, args[0][2], args[0][3], args[0][4])
     raise ValueError(f"unknown transfer step {step!r}")
 
 
@@ -122,20 +131,16 @@ def _layout(worker: Any, state: _Transfer, offer: str) -> dict[str, Held]:
     fn = getattr(worker, offer, None)
     if fn is None:
         raise AttributeError(f"{type(worker).__name__} has no method {offer!r} offering its weights")
-    offered = fn()
-    state.offered = {name: held_of(value, name) for name, value in dict(offered).items()}
+    records = {name: offered_record(value, name) for name, value in dict(fn()).items()}
+    # Every value is read before any is kept: one refused name leaves nothing half offered.
+    state.offered = {name: held_of(record) for name, record in records.items() if record is not None}
     return {name: held for name, (_, held) in state.offered.items()}
 
 
 def _source_view(state: _Transfer, piece: Piece, cast: bool) -> torch.Tensor:
     """The piece as a view of the offered tensor (cast and made contiguous when it leaves the process)."""
     tensor, held = state.offered[piece.source_name]
-    t = tensor.reshape(1) if tensor.dim() == 0 else tensor
-    t = t.narrow(0, piece.rows[0] - held.offset, piece.rows[1] - piece.rows[0])
-    if piece.cut is not None:
-        t = t.narrow(piece.cut.dim, piece.cut.start, piece.cut.stop - piece.cut.start)
-    if not piece.shape:
-        t = t.reshape(())
+    t = rows_view(tensor, held.offset, piece.rows, piece.cut)
     if cast:
         t = t.detach().to(piece.dtype).contiguous()
     return t.detach()

@@ -6,8 +6,9 @@ The public face is :mod:`dispatchcore.wire`; this package imports only ``_base``
 
 from ._allocator import keep_freed_memory
 from ._buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor, receive_buffer
+from ._by_value import by_value_modules, importable_by_name, refresh_by_value
 from ._culprit import Culprit, find_unpicklable
-from ._serialization import INLINE_LIMIT, PROTOCOL, Serialized, dumps, loads, round_trip
+from ._serialization import INLINE_LIMIT, PROTOCOL, Serialized, dumps, dumps_portable, loads, round_trip
 from ._tensor_pickle import rebuild_tensor, reduce_tensor
 
 __all__ = [
@@ -18,14 +19,18 @@ __all__ = [
     "RowBuffers",
     "Serialized",
     "adopting",
+    "by_value_modules",
     "cat_rows",
     "dumps",
+    "dumps_portable",
     "find_unpicklable",
+    "importable_by_name",
     "keep_freed_memory",
     "loads",
     "numpy_tensor",
     "rebuild_tensor",
     "receive_buffer",
     "reduce_tensor",
+    "refresh_by_value",
     "round_trip",
 ]

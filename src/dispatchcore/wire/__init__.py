@@ -6,9 +6,18 @@ back goes through :func:`dumps` / :func:`loads`:
 * pickle protocol 5 (:data:`PROTOCOL`); tensors and numpy arrays travel as
   out-of-band buffers of exactly their own bytes (a view never drags its
   whole storage along), rebuilt without a copy on the other side;
-* functions and classes defined in the driver script travel by value
-  (cloudpickle, a core dependency), with their class attributes, closures
-  and the globals they use;
+* functions and classes defined in the driver script, or in any module a
+  fresh rank process could not import by name (a pytest test module, a
+  helper put on ``sys.path`` at run time), travel by value (cloudpickle, a
+  core dependency), with their class attributes, closures and the globals
+  they use; installed code (site packages, editable installs,
+  ``PYTHONPATH``, the standard library) goes by name
+  (:func:`importable_by_name`, :func:`by_value_modules`; an executor that
+  pickles with its own cloudpickle subclass calls :func:`refresh_by_value`
+  first);
+* :func:`dumps_portable` takes the C pickler when its stream names only
+  code the ranks import, else cloudpickle (the fast path for process
+  executors);
 * :attr:`Serialized.data` plus :attr:`Serialized.buffers` is all there is to
   move; payloads whose total size is at most :data:`INLINE_LIMIT` are worth
   sending in one message with the control data, larger ones as raw buffers.
@@ -41,14 +50,18 @@ from .._wire import (
     RowBuffers,
     Serialized,
     adopting,
+    by_value_modules,
     cat_rows,
     dumps,
+    dumps_portable,
     find_unpicklable,
+    importable_by_name,
     loads,
     numpy_tensor,
     rebuild_tensor,
     receive_buffer,
     reduce_tensor,
+    refresh_by_value,
     round_trip,
 )
 
@@ -60,13 +73,17 @@ __all__ = [
     "RowBuffers",
     "Serialized",
     "adopting",
+    "by_value_modules",
     "cat_rows",
     "dumps",
+    "dumps_portable",
     "find_unpicklable",
+    "importable_by_name",
     "loads",
     "numpy_tensor",
     "rebuild_tensor",
     "receive_buffer",
     "reduce_tensor",
+    "refresh_by_value",
     "round_trip",
 ]

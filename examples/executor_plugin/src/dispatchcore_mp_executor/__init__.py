@@ -1,4 +1,4 @@
-"""An example dispatchcore executor: one spawned process per rank, pipes between them.
+"""An example dispatchcore executor: one spawned process per rank on the core's lane.
 
 Install the package and pass ``backend="multiprocess"`` to ``WorkerGroup``.
 """

@@ -25,7 +25,7 @@ recorded; ``worker_nsight_options`` and ``master_addr`` / ``master_port`` /
 log (logger ``executors_ray.verl``).  Groups, ``spawn`` roles and views carry
 the attributes verl's trainer reads (``_dispatch_info``, ``sub_cls_name``,
 ...), and ``blocking=False`` methods return verl's shapes
-(:mod:`executors_ray._verl_refs`).
+(:mod:`executors_ray.verl._refs`).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from dispatchcore import (
     create_colocated_worker_raw_cls,
 )
 
-from ._detached import detached_world_size
-from ._executor import OPTIONS, RayExecutor
-from ._pool import RayResourcePool
-from ._verl_refs import RefProxy, gives_refs
+from .._detached import detached_world_size
+from .._executor import OPTIONS, RayExecutor
+from .._pool import RayResourcePool
+from ._refs import RefProxy, gives_refs
 
 _log = logging.getLogger("executors_ray.verl")
 _logged: set[str] = set()

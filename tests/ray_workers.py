@@ -1,4 +1,9 @@
-"""Worker classes for the ray backend's own tests (importable by every actor)."""
+"""Worker classes for the ray backend's own tests.
+
+They live beside the tests, not in an installed package: the actors cannot
+import this module by name, so their code travels by value
+(``dispatchcore.wire``), as any user's test-module workers do.
+"""
 
 from __future__ import annotations
 

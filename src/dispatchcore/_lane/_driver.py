@@ -1,0 +1,296 @@
+"""The driver's side of a group's lane: each rank's pending calls, one reader, one liveness rule.
+
+A :class:`LaneDriver` opens the door, has the executor start (or tell) its
+ranks where it is, and accepts each rank's call link and control link
+(named by rank, proved by the door's token).  From then on a call goes out
+as one envelope per rank (``_envelope``) on the call link and its answer
+comes back on the same link, read by the group's one :class:`LinkReader`
+thread and delivered to the call's :class:`LaneCallHandle`.  Pings,
+cancels and stacks go on the control link, which the rank answers while a
+method runs.
+
+Liveness, one rule for every process backend: a rank is gone when one of
+its links ends, or when its pings go unanswered for ``death_timeout``; an
+executor may add a process-death signal, ``rank_dead(rank) -> str | None``
+(a child's exit code, Ray's actor death), which names the cause and ends
+the rank even if its links outlive it (a forked child holding the socket),
+shortly after the signal, so answers the rank sent before it went still
+arrive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._base import DispatchError, DispatchTimeoutError
+from .._runtime import RankCallHandle, RemoteFailure
+from .._spi import Call
+from .._wire import Serialized
+from ._address import LaneAddress
+from ._door import open_lane
+from ._envelope import BulkPath, Part, inline, is_bulk, open_part, pack_call
+from ._framing import unframe_object
+from ._link import LaneLink
+from ._messages import CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
+from ._reader import LinkReader
+
+#: A rank whose process is seen dead while its links stay open is given up this much later.
+GONE_GRACE_S = 0.3
+#: How long a link's end waits for the process-death signal to name the cause.
+REASON_WAIT_S = 1.0
+#: Says why rank ``rank``'s process is certainly gone, or ``None`` (the executor's death signal).
+RankDead = Callable[[int], str | None]
+
+
+class LaneCallHandle(RankCallHandle):
+    """One call on the lane: the reader delivers answers; the base owns every bound; liveness asks the lane."""
+
+    def __init__(self, lane: LaneDriver, call: Call) -> None:
+        super().__init__(call, death_timeout=lane.death_timeout, on_broken=lane.on_broken)
+        self.lane = lane
+
+    def check_alive(self, waiting: list[int]) -> None:
+        for position in waiting:
+            detail = self.lane.silent(self.call.ranks[position], self.death_timeout)
+            if detail is not None:
+                self.rank_died(position, detail)
+
+
+class _Rank:
+    """One rank's two links, the calls awaiting its answers, and what its pings and process say."""
+
+    def __init__(self, rank: int, calls: LaneLink, control: LaneLink) -> None:
+        self.rank = rank
+        self.calls = calls
+        self.control = control
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple[RankCallHandle, int]] = {}
+        self.asked: dict[int, tuple[threading.Event, list[str]]] = {}
+        self.ended: str | None = None
+        self.unanswered_since: float | None = None
+        self.last_ping = 0.0
+        self.pings = itertools.count()
+        self.dead_since: float | None = None
+
+
+class LaneDriver:
+    """A group's lane on the driver: ``join`` ranks, ``start`` their workers, then ``submit`` calls."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        death_timeout: float,
+        on_broken: Callable[[str], None] = lambda reason: None,
+        rank_dead: RankDead | None = None,
+        bulk: BulkPath | None = None,
+        isolate: bool = True,
+        name: str = "group",
+    ) -> None:
+        """``isolate``: the group's; results a bulk path hands over in shared memory are then copied."""
+        self.host = host
+        self.death_timeout = death_timeout
+        self.on_broken = on_broken
+        self._rank_dead = rank_dead
+        self._bulk = bulk
+        self._isolate = isolate
+        self._ranks: dict[int, _Rank] = {}
+        self._cids = itertools.count(1)
+        self._reader = LinkReader(f"dispatchcore-lane-{name}", self._on_message, self._on_end)
+
+    # -- joining -------------------------------------------------------------------
+    def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
+        """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
+
+        A rank that joins again (replaced) ends its old links.  Raises
+        ``DispatchTimeoutError`` past ``timeout``, ``DispatchError`` when the
+        death signal says a rank will never connect.
+        """
+        expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
+        dead = self._rank_dead or (lambda rank: None)
+        with open_lane(self.host) as door:
+            launch(door.address)
+            try:
+                links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
+            except TimeoutError as exc:
+                raise DispatchTimeoutError(str(exc)) from exc
+            except RuntimeError as exc:
+                raise DispatchError(str(exc)) from exc
+        for rank in ranks:
+            old = self._ranks.get(rank)
+            entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
+            if old is not None:
+                self._end(old, f"rank {rank} was replaced")
+            self._reader.add(entry, (entry.calls, entry.control))
+
+    def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
+        """Build the worker on each of ``ranks`` from ``boot`` (worker class, init args, init kwargs).
+
+        Raises the ``WorkerError`` of a failing ``__init__``, ``WorkerDiedError``,
+        or ``DispatchTimeoutError`` past ``timeout``.
+        """
+        n = len(ranks)
+        handle = LaneCallHandle(self, Call("__init__", tuple(ranks), [()] * n, [{}] * n))
+        cid = next(self._cids)
+        part = inline(boot)
+        for position, rank in enumerate(ranks):
+            self._send(rank, handle, position, cid, (START, cid, part, world_size, self._isolate))
+        handle.result(timeout)
+
+    # -- calls -----------------------------------------------------------------------
+    def submit(self, call: Call) -> LaneCallHandle:
+        """Send ``call`` to its ranks at once (every argument pickled before the first send)."""
+        shares = pack_call(call, self._bulk)
+        handle = LaneCallHandle(self, call)
+        cid = next(self._cids)
+        method, instructions = call.method, call.instructions
+        for position, (rank, (parts, args, kwargs)) in enumerate(zip(call.ranks, shares, strict=True)):
+            self._send(rank, handle, position, cid, (CALL, cid, method, instructions, parts, args, kwargs))
+        return handle
+
+    def _send(self, rank: int, handle: RankCallHandle, position: int, cid: int, message: tuple[Any, ...]) -> None:
+        entry = self._ranks.get(rank)
+        if entry is None:
+            handle.rank_died(position, f"rank {rank} has no lane link")
+            return
+        with entry.lock:  # registered before sending: the answer may come back at once
+            ended = entry.ended
+            if ended is None:
+                entry.pending[cid] = (handle, position)
+        if ended is not None:
+            handle.rank_died(position, ended)
+            return
+        try:
+            entry.calls.send_object(message)
+        except OSError:
+            pass  # the link broke: the reader sees it end and fails the call
+
+    def cancel(self, call_id: int, ranks: Sequence[int]) -> bool:
+        """Ask ``ranks`` to stop call ``call_id`` (``cancel_in_process`` there); whether any was asked."""
+        return sum(self._control(rank, (CANCEL, call_id)) for rank in ranks) > 0
+
+    def stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        """Each rank's method-thread stack (every thread's with ``all_threads``); silent ranks are left out."""
+        sid = next(self._cids)
+        boxes: dict[int, tuple[threading.Event, list[str]]] = {}
+        for rank in ranks:
+            entry = self._ranks.get(rank)
+            if entry is not None:
+                box = entry.asked[sid] = (threading.Event(), [])
+                if self._control(rank, (STACKS, sid, all_threads)):
+                    boxes[rank] = box
+        deadline = time.monotonic() + timeout
+        out: dict[int, str] = {}
+        for rank, (answered, text) in boxes.items():
+            if answered.wait(max(0.0, deadline - time.monotonic())):
+                out[rank] = text[0]
+        for rank in ranks:
+            entry = self._ranks.get(rank)
+            if entry is not None:
+                entry.asked.pop(sid, None)
+        return out
+
+    def _control(self, rank: int, message: tuple[Any, ...]) -> bool:
+        entry = self._ranks.get(rank)
+        if entry is None or entry.ended is not None:
+            return False
+        try:
+            entry.control.send_object(message)
+        except OSError:
+            return False
+        return True
+
+    # -- liveness ----------------------------------------------------------------------
+    def silent(self, rank: int, death_timeout: float) -> str | None:
+        """Why ``rank`` counts as gone, else ``None`` (and a ping sent when one is due)."""
+        entry = self._ranks.get(rank)
+        if entry is None or entry.ended is not None:
+            return None if entry is None else entry.ended
+        now = time.monotonic()
+        reason = self._rank_dead(rank) if self._rank_dead is not None else None
+        if reason is not None:
+            if entry.dead_since is None:
+                entry.dead_since = now  # answers it sent before it went may still be on their way
+            elif now - entry.dead_since >= GONE_GRACE_S:
+                self._end(entry, reason)
+                return reason
+            return None
+        since = entry.unanswered_since
+        if since is not None and now - since > death_timeout:
+            reason = f"it has not answered a liveness ping for {death_timeout:g} s (death_timeout)"
+            self._end(entry, reason)
+            return reason
+        if now - entry.last_ping >= max(0.01, death_timeout / 4):
+            entry.last_ping = now
+            if since is None:
+                entry.unanswered_since = now
+            self._control(rank, (PING, next(entry.pings)))
+        return None
+
+    # -- what the reader calls ---------------------------------------------------------
+    def _on_message(self, entry: _Rank, raw: bytearray) -> None:
+        message = unframe_object(raw)
+        kind = message[0]
+        if kind == DONE:
+            _, cid, ok, part = message
+            with entry.lock:
+                waiter = entry.pending.pop(cid, None)
+            if waiter is None:
+                return
+            if is_bulk(part):  # a bulk path may take a while: not on the thread every rank's answers wait on
+                threading.Thread(target=self._deliver, args=(entry, waiter, ok, part), daemon=True).start()
+            else:
+                self._deliver(entry, waiter, ok, part)
+        elif kind == PONG:
+            entry.unanswered_since = None
+        elif kind == STACKS:
+            box = entry.asked.get(message[1])
+            if box is not None:
+                box[1].append(message[2])
+                box[0].set()
+
+    def _deliver(self, entry: _Rank, waiter: tuple[RankCallHandle, int], ok: bool, part: Part | None) -> None:
+        handle, position = waiter
+        try:
+            value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
+        except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
+            ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
+        handle.deliver(position, ok, value)
+
+    def _on_end(self, entry: _Rank) -> None:
+        """A link of ``entry`` ended: the rank is gone (named by the death signal when it speaks soon)."""
+        if entry.ended is not None or self._rank_dead is None:
+            self._end(entry, "its process is gone (its lane link to the driver closed)")
+            return
+        threading.Thread(target=self._end_named, args=(entry,), name="dispatchcore-lane-end", daemon=True).start()
+
+    def _end_named(self, entry: _Rank) -> None:
+        assert self._rank_dead is not None  # noqa: S101 - only started with a death signal
+        deadline = time.monotonic() + REASON_WAIT_S
+        reason = self._rank_dead(entry.rank)
+        while reason is None and time.monotonic() < deadline and entry.ended is None:
+            time.sleep(0.01)
+            reason = self._rank_dead(entry.rank)
+        self._end(entry, reason or "its process is gone (its lane link to the driver closed)")
+
+    def _end(self, entry: _Rank, reason: str) -> None:
+        """Close ``entry``'s links once and fail what still waits on it with ``reason``."""
+        with entry.lock:
+            if entry.ended is not None:
+                return
+            entry.ended = reason
+            pending, entry.pending = entry.pending, {}
+        entry.calls.close()
+        entry.control.close()
+        for handle, position in pending.values():
+            handle.rank_died(position, reason)
+
+    def close(self, reason: str = "the group was shut down") -> None:
+        """End every rank's links (their waiting calls fail with ``reason``) and the reader."""
+        for entry in list(self._ranks.values()):
+            self._end(entry, reason)
+        self._reader.stop()

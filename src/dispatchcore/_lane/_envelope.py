@@ -1,0 +1,128 @@
+"""One call envelope: what a rank receives for a call, each distinct argument pickled once.
+
+:meth:`Call.unique_values` finds the argument objects shared by several
+ranks (a broadcast batch, the same config); each is pickled once with
+:func:`dispatchcore.wire.dumps` and every rank that uses it gets the same
+bytes, with slots saying where each argument goes.  Pickling happens for
+every value before anything is sent, so a refused call (an argument that
+cannot be pickled, :func:`unpicklable_error`) sent nothing.
+
+A value travels as a *part*: inline, ``(stream, buffers)``, whose tensor
+buffers the lane link sends straight from their memory and the rank
+receives into its own (no copy for isolation); or, when the executor offers
+a :class:`BulkPath` and the value is large enough, ``(None, token)``, which
+the rank turns back into the value through the same path (Ray's object
+store, gloo point to point).  A rank's result comes back the same way: an
+inline part, or by the bulk path when it is large.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .._runtime import unpicklable_error
+from .._spi import Call
+from .._wire import INLINE_LIMIT, Serialized, dumps, loads
+
+#: A value on the lane: ``(stream, buffers)`` inline, or ``(None, token)`` by the bulk path.
+Part = tuple[Any, Any]
+#: What one rank of a call receives besides the method: its parts and where each argument comes from.
+RankValues = tuple[list[Part], tuple[int, ...], dict[str, int]]
+_NONE: RankValues = ([], (), {})
+
+
+class BulkPath(Protocol):
+    """A way for large values to move beside the lane link, which an executor may offer.
+
+    Ray would put a value in its object store once for every rank that reads
+    it; torchrun would post gloo sends to each rank into receive buffers.
+    An argument: the driver calls :meth:`put` with the ranks that read it;
+    each rank, with the token it received in the call's envelope, calls
+    :meth:`get` (in call order, on its method thread).  A result: the rank
+    calls :meth:`put` with no ranks (for the driver), the driver :meth:`get`
+    (on a thread of its own, not the group's reader).  Without one, every
+    value rides the lane inline.
+    """
+
+    #: Values whose pickle (stream and buffers) has at least this many bytes go by this path.
+    min_bytes: int
+    #: Whether :meth:`get` hands back memory the rank owns and may write (else it is copied unless isolate=False).
+    private: bool
+
+    def put(self, value: Serialized, ranks: tuple[int, ...]) -> Any:
+        """Start moving ``value`` to ``ranks`` (none: to the driver); a small picklable token the reader gets."""
+        ...
+
+    def get(self, token: Any) -> Serialized:
+        """The value :meth:`put` moved under ``token`` (a rank's argument, or the driver's result)."""
+        ...
+
+
+def to_part(value: Serialized, bulk: BulkPath | None = None, ranks: tuple[int, ...] = ()) -> Part:
+    """``value`` as a part: by the bulk path when there is one and it is large enough, else inline."""
+    if bulk is not None and value.nbytes >= bulk.min_bytes:
+        return None, bulk.put(value, ranks)
+    return inline(value)
+
+
+def is_bulk(part: Part | None) -> bool:
+    """Whether ``part`` went by the bulk path (the reader must not wait for it)."""
+    return part is not None and part[0] is None
+
+
+def inline(value: Serialized) -> Part:
+    """``value`` as an inline part (a long pickle stream goes out of band too, not copied into the frame)."""
+    data = value.data
+    return (pickle.PickleBuffer(data) if len(data) > INLINE_LIMIT else data), value.buffers
+
+
+def pack_call(call: Call, bulk: BulkPath | None = None) -> list[RankValues]:
+    """Each rank's parts and slots for ``call``; raises ``UnpicklableError`` before anything moves."""
+    if not any(call.args) and not any(call.kwargs):
+        return [_NONE] * len(call.ranks)
+    unique = call.unique_values()
+    pickled = [_pickle(value, call.method) for value in unique.values]  # every one before the first send
+    used = [sorted({*a, *k.values()}) for a, k in zip(unique.arg_slots, unique.kwarg_slots, strict=True)]
+    parts = [to_part(value, bulk, _readers(slot, used, call.ranks)) for slot, value in enumerate(pickled)]
+    out: list[RankValues] = []
+    for position, slots in enumerate(used):
+        index = {slot: i for i, slot in enumerate(slots)}
+        args = tuple(index[s] for s in unique.arg_slots[position])
+        kwargs = {k: index[s] for k, s in unique.kwarg_slots[position].items()}
+        out.append(([parts[s] for s in slots], args, kwargs))
+    return out
+
+
+def _pickle(value: Any, method: str) -> Serialized:
+    try:
+        return dumps(value)
+    except Exception as exc:
+        raise unpicklable_error(method, value, exc) from exc
+
+
+def _readers(slot: int, used: list[list[int]], ranks: Sequence[int]) -> tuple[int, ...]:
+    """The ranks whose arguments use value ``slot``."""
+    return tuple(rank for rank, slots in zip(ranks, used, strict=True) if slot in slots)
+
+
+def open_part(part: Part | None, bulk: BulkPath | None = None, isolate: bool = True) -> Any:
+    """The value in ``part`` (``None`` for no part); inline buffers are already this process's own memory."""
+    if part is None:
+        return None
+    stream, payload = part
+    if stream is None:
+        if bulk is None:
+            raise RuntimeError("a value came by a bulk path, but this rank was given none")
+        return loads(bulk.get(payload), copy=isolate and not bulk.private)
+    return loads(Serialized(stream, payload), copy=False)
+
+
+def open_values(values: RankValues, bulk: BulkPath | None, isolate: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A rank's arguments from its :func:`pack_call` share."""
+    parts, arg_slots, kwarg_slots = values
+    if not parts:
+        return (), {}
+    opened = [open_part(part, bulk, isolate) for part in parts]
+    return tuple(opened[i] for i in arg_slots), {k: opened[i] for k, i in kwarg_slots.items()}

@@ -1,0 +1,112 @@
+"""``LaneExecutor``: an executor whose ranks are processes on the core's lane; the backend only hosts them.
+
+Everything between the driver and its ranks is the core's: the lane's
+driver side (:class:`LaneDriver`), the rank side (:class:`LaneRank`), the
+call envelope, liveness, cancel and stacks.  A backend subclasses
+:class:`LaneExecutor` and writes what is its own:
+
+* :meth:`LaneExecutor.launch_ranks`: start (or place, or tell) the rank
+  processes, each of which calls ``LaneRank(rank, ...).serve(address)``;
+* :meth:`LaneExecutor.stop_ranks`: release them (their links are closed
+  first, so a rank that was told to leave on its driver's end does);
+* optionally :meth:`LaneExecutor.rank_dead`, a process-death signal, and a
+  :class:`BulkPath` for large values.
+
+Its ``__init__`` calls ``super().__init__(spec, ...)`` (which pickles the
+worker class and init arguments before anything starts) and then
+:meth:`LaneExecutor.open_ranks`; ``replace_ranks`` stops the old processes
+and calls :meth:`LaneExecutor.open_ranks` again.
+"""
+
+from __future__ import annotations
+
+import atexit
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from .._base import DispatchError
+from .._runtime import unpicklable_spec_error
+from .._spi import LOOPBACK, Call, Executor, GroupSpec
+from .._wire import Serialized, dumps
+from ._address import LaneAddress
+from ._driver import LaneCallHandle, LaneDriver
+from ._envelope import BulkPath
+
+
+class LaneExecutor(Executor):
+    """``submit``, ``cancel_call``, ``rank_stacks`` and ``shutdown`` on the core's lane (see the module doc)."""
+
+    #: Where the lane listens: an address every rank reaches (loopback when all share this machine).
+    lane_host: ClassVar[str] = LOOPBACK
+
+    def __init__(self, spec: GroupSpec, *, bulk: BulkPath | None = None) -> None:
+        super().__init__(spec)
+        self._closed = False
+        #: The worker class and init arguments as every rank gets them: pickled before any process starts.
+        self._boot = _pickle_spec(spec)
+        self.lane = LaneDriver(
+            self.lane_host,
+            death_timeout=spec.death_timeout,
+            on_broken=self.mark_broken,
+            rank_dead=self.rank_dead,
+            bulk=bulk,
+            isolate=spec.isolate,
+            name=spec.name,
+        )
+        atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
+
+    # -- the backend's part ---------------------------------------------------------
+    @abstractmethod
+    def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
+        """Start ``ranks``' processes; each runs ``LaneRank(rank, ...).serve(address)`` (pass ``address.encode()``)."""
+
+    @abstractmethod
+    def stop_ranks(self) -> None:
+        """Release every rank process this executor started (their lane links are closed already)."""
+
+    def rank_dead(self, rank: int) -> str | None:
+        """Why ``rank``'s process is certainly gone (e.g. ``"its process exited with code -9"``), else ``None``."""
+        return None
+
+    def open_ranks(self, ranks: Sequence[int], timeout: float) -> None:
+        """Launch ``ranks``, accept their links and build their workers, within ``timeout`` seconds each step."""
+        ranks = tuple(ranks)
+        self.lane.join(ranks, lambda address: self.launch_ranks(ranks, address), timeout)
+        self.lane.start(ranks, self._boot, self.spec.world_size, timeout)
+
+    # -- the contract ---------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`shutdown` ran."""
+        return self._closed
+
+    def submit(self, call: Call) -> LaneCallHandle:
+        if self._closed:
+            raise DispatchError(f"this {self.name} group is shut down")
+        return self.lane.submit(call)
+
+    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
+        return not self._closed and self.lane.cancel(call.instructions.call_id, ranks)
+
+    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
+        return {} if self._closed else self.lane.stacks(ranks, all_threads, timeout)
+
+    def can_replace_ranks(self) -> bool:
+        return not self._closed and super().can_replace_ranks()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        self.lane.close()
+        self.stop_ranks()
+
+
+def _pickle_spec(spec: GroupSpec) -> Serialized:
+    """The worker class and init arguments, pickled; the core's one error naming what cannot be."""
+    try:
+        return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+    except Exception as exc:
+        raise unpicklable_spec_error(spec, exc) from exc

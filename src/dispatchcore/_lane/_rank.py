@@ -1,0 +1,137 @@
+"""A rank's side of the lane: calls run on the method thread, pings, cancels and stacks answered beside them.
+
+A rank process makes one :class:`LaneRank` and calls :meth:`LaneRank.serve`
+with the driver's lane address on the thread that is to run the worker's
+methods (CUDA's current device and thread-locals are per thread, so
+``__init__`` runs there too).  That thread reads the call link itself, so a
+call starts with no hand-off; a daemon thread reads the control link and
+answers pings, cancels (:func:`cancel_in_process`) and stacks
+(:func:`thread_stacks` of the method thread) while a method runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
+from .._wire import dumps
+from ._address import LaneAddress
+from ._door import connect_lane
+from ._envelope import BulkPath, Part, inline, open_part, open_values, to_part
+from ._link import LaneLink
+from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
+
+
+class LaneRank:
+    """One rank's worker and its links to the driver (``serve`` may run again for another driver)."""
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        prepare: Callable[[WorkerHost], None] | None = None,
+        bulk: BulkPath | None = None,
+        on_driver_gone: Callable[[], None] | None = None,
+    ) -> None:
+        """``prepare(host)`` runs before the worker's ``__init__`` (set ``host.collective``,
+        ``host.tensor_link``...); ``on_driver_gone()`` runs on the control thread when the
+        driver's lane ends, even mid-call (a process backend exits there)."""
+        self.rank = rank
+        self.host: WorkerHost | None = None
+        self._prepare = prepare
+        self._bulk = bulk
+        self._on_driver_gone = on_driver_gone
+        self._isolate = True
+
+    def serve(self, address: LaneAddress | str, timeout: float = 60.0) -> None:
+        """Connect both links to the driver at ``address`` and run its calls here until it closes the lane."""
+        if not isinstance(address, LaneAddress):
+            address = LaneAddress.decode(address)
+        calls = connect_lane(address, self.rank, timeout)
+        control = connect_lane(address, self.rank | CONTROL_LINK, timeout)
+        threading.Thread(
+            target=self._serve_control,
+            args=(control, threading.get_ident()),
+            name="dispatchcore-lane-control",
+            daemon=True,
+        ).start()
+        try:
+            while True:
+                try:
+                    message = calls.recv_object()
+                except (ConnectionError, OSError):
+                    return
+                ok, value = self._start(message) if message[0] == START else self._call(message)
+                method = "__init__" if message[0] == START else message[2]
+                if not _send(calls, (DONE, message[1], *self._result(ok, value, method))):
+                    return
+        finally:
+            calls.close()
+            control.close()
+
+    def _start(self, message: tuple[Any, ...]) -> tuple[bool, Any]:
+        _, _, boot, world_size, isolate = message
+        try:
+            worker_cls, init_args, init_kwargs = open_part(boot)
+            if self.host is not None:
+                self.host.close()
+            host = self.host = WorkerHost(worker_cls, self.rank, world_size, init_args, init_kwargs)
+            self._isolate, host.share_kept_rows = isolate, not isolate
+            if self._prepare is not None:
+                self._prepare(host)
+        except BaseException as exc:  # noqa: BLE001 - reported as the rank's __init__ failure
+            return False, RemoteFailure.capture(self.rank, "__init__", exc)
+        failure = host.start()
+        return failure is None, failure
+
+    def _call(self, message: tuple[Any, ...]) -> tuple[bool, Any]:
+        _, _, method, instructions, parts, arg_slots, kwarg_slots = message
+        try:
+            if self.host is None:
+                raise RuntimeError("a call arrived before the worker was built")
+            args, kwargs = open_values((parts, arg_slots, kwarg_slots), self._bulk, self._isolate)
+        except BaseException as exc:  # noqa: BLE001 - e.g. an argument this rank cannot unpickle
+            return False, RemoteFailure.capture(self.rank, method, exc)
+        return self.host.run(method, args, kwargs, instructions)
+
+    def _result(self, ok: bool, value: Any, method: str) -> tuple[bool, Part | None]:
+        """``(ok, value pickled)`` for the driver; an unpicklable result fails the call, not the rank."""
+        if value is None:
+            return ok, None
+        try:
+            pickled = dumps(value)
+        except BaseException as exc:  # noqa: BLE001
+            failure = RemoteFailure.unpicklable(self.rank, method, "result", exc, in_process=False, value=value)
+            return False, inline(dumps(failure))
+        try:
+            return ok, to_part(pickled, self._bulk)
+        except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
+            return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
+
+    def _serve_control(self, control: LaneLink, method_thread: int) -> None:
+        """Pings, cancels and stacks, beside whatever call runs; the driver's end when the link ends."""
+        while True:
+            try:
+                message = control.recv_object()
+            except (ConnectionError, OSError):
+                break
+            kind = message[0]
+            if kind == PING:
+                _send(control, (PONG, message[1]))
+            elif kind == CANCEL:
+                cancel_in_process(message[1])
+            elif kind == STACKS:
+                _send(control, (STACKS, message[1], thread_stacks(method_thread, message[2])))
+        if self._on_driver_gone is not None:
+            self._on_driver_gone()
+
+
+def _send(link: LaneLink, message: tuple[Any, ...]) -> bool:
+    """Send ``message``; ``False`` once the driver is gone."""
+    try:
+        link.send_object(message)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,80 @@
+"""Checksums of transferred regions, computed on the ranks (``WeightSync.verify``): only digests travel.
+
+A source digests each region it holds of the plan's pieces, from what it
+offered, in the dtype the piece travels in; a destination digests the same
+region of what its read method says it holds now (after ``load_weights``),
+cast to that dtype.  Equal digests mean equal bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._dtensor import offered_record
+from ._layout import Held, held_of, rows_view
+from ._plan import Piece
+
+#: One region to digest: its index in the driver's list, the piece, the full shape of its name.
+Region = tuple[int, Piece, tuple[int, ...]]
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """A 128-bit digest of ``tensor``'s bytes (any dtype, any device)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.blake2b(flat.numpy().data, digest_size=16).hexdigest()
+
+
+def source_sums(offered: Mapping[str, tuple[torch.Tensor, Held]], regions: Sequence[Region]) -> dict[int, str]:
+    """Digests of the regions this source rank holds, from the tensors it offered for this transfer."""
+    out = {}
+    for index, piece, _ in regions:
+        tensor, held = offered[piece.source_name]
+        out[index] = digest(rows_view(tensor, held.offset, piece.rows, piece.cut).to(piece.dtype))
+    return out
+
+
+def destination_sums(
+    worker: Any, read: str, regions: Sequence[Region], wanted_rows: Mapping[str, int]
+) -> dict[int, str]:
+    """Digests of the regions as this destination holds them now; a reason in words where it holds none.
+
+    ``read`` names the worker's method returning ``{name: tensor}`` of what
+    it holds (whole, its slice, a RowShard or a DTensor); ``wanted_rows``
+    gives the first full-tensor row of each name's wanted region.
+    """
+    fn = getattr(worker, read, None)
+    if fn is None:
+        raise AttributeError(
+            f"{type(worker).__name__} has no method {read!r} returning the weights it holds, which verify() "
+            "reads back; define it (returning {name: tensor}) or pass WeightSync(..., read=...)"
+        )
+    held = dict(fn())
+    out: dict[int, str] = {}
+    for index, piece, full in regions:
+        value = held.get(piece.name)
+        record = None if value is None else offered_record(value, piece.name)
+        if record is None:
+            out[index] = f"no {piece.name!r} held"
+            continue
+        out[index] = _region_sum(*held_of(record), piece, full, wanted_rows[piece.name])
+    return out
+
+
+def _region_sum(tensor: torch.Tensor, held: Held, piece: Piece, full: tuple[int, ...], first_row: int) -> str:
+    """The piece's region of what a destination holds: the full tensor, its rows, or its wanted region."""
+    shape = tuple(tensor.shape)
+    if held.full_shape == full:  # whole, or rows of the whole (a RowShard / DTensor)
+        if held.offset > piece.rows[0] or piece.rows[1] > held.offset + held.rows:
+            return f"holds rows {held.offset}..{held.offset + held.rows}, not {piece.rows[0]}..{piece.rows[1]}"
+        region = rows_view(tensor, held.offset, piece.rows, piece.cut)
+    elif piece.cut is not None and shape[piece.cut.dim] == piece.shape[piece.cut.dim] and shape[0] == full[0]:
+        region = rows_view(tensor, 0, piece.rows, None)  # its column slice, every row
+    elif shape[1:] == piece.shape[1:] and shape[0] >= piece.rows[1] - first_row:
+        region = rows_view(tensor, first_row, piece.rows, None)  # its row slice
+    else:
+        return f"holds shape {shape}, which is neither {full} nor the region it wanted"
+    return digest(region.to(piece.dtype))

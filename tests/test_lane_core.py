@@ -1,0 +1,253 @@
+"""The core's lane on real processes: a LaneExecutor whose backend only spawns ranks.
+
+Each case runs a small executor written here the way a backend would
+(``launch_ranks``, ``stop_ranks``, an optional death signal and bulk path)
+against the core's driver side (``LaneDriver``) and rank side (``LaneRank``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
+from dispatchcore.executor import Call, GroupSpec, Instructions, LaneAddress, LaneExecutor, LaneRank
+from dispatchcore.testing.workers import EchoWorker
+from dispatchcore.wire import Serialized
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+class FileBulk:
+    """A bulk path for the test: a value put on the driver is a file a rank reads (and removes) by its name."""
+
+    min_bytes = 4096
+    private = True
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.puts: list[tuple[int, tuple[int, ...]]] = []
+        self.gets: list[str] = []
+
+    def put(self, value: Serialized, ranks: tuple[int, ...]) -> Any:
+        name = f"value{len(self.puts)}" if ranks else f"result{os.environ['LANE_TEST_RANK']}-{len(self.puts)}"
+        path = Path(self.folder) / name
+        raws = [bytes(memoryview(b).cast("B")) for b in value.buffers]
+        path.write_bytes(pickle.dumps((value.data, raws)))
+        self.puts.append((value.nbytes, ranks))
+        return str(path)
+
+    def get(self, token: Any) -> Serialized:
+        path = token
+        data, raws = pickle.loads(Path(path).read_bytes())  # noqa: S301 - written by this test
+        Path(f"{path}.read{os.environ.get('LANE_TEST_RANK', 'bydriver')}").touch()
+        self.gets.append(Path(path).name)
+        return Serialized(data, [bytearray(raw) for raw in raws])
+
+
+def rank_main(address: str, rank: int, bulk_folder: str | None) -> None:
+    """A rank process: the core's rank side, nothing else."""
+    os.environ["LANE_TEST_RANK"] = str(rank)
+    bulk = FileBulk(bulk_folder) if bulk_folder else None
+    LaneRank(rank, bulk=bulk, on_driver_gone=lambda: os._exit(0)).serve(address)
+    os._exit(0)
+
+
+def exit_at_once(address: str, rank: int, bulk_folder: str | None) -> None:
+    """A rank process that dies before it connects."""
+    os._exit(3)
+
+
+class SpawnLane(LaneExecutor):
+    """The whole backend: spawn a process per rank, say when one exited, stop them."""
+
+    name = "lane-test"
+    #: What each rank process runs (a test may make ranks that never connect).
+    target = staticmethod(rank_main)
+    start_timeout = 120.0
+
+    def __init__(self, spec: GroupSpec, *, bulk: FileBulk | None = None, death_signal: bool = True) -> None:
+        super().__init__(spec, bulk=bulk)
+        self.bulk_folder = bulk.folder if bulk is not None else None
+        self.death_signal = death_signal
+        #: Ranks the test declares dead through the death signal, whatever their process does.
+        self.declared: dict[int, str] = {}
+        self.processes: dict[int, Any] = {}
+        try:
+            self.open_ranks(range(spec.world_size), self.start_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for rank in ranks:
+            process = ctx.Process(target=self.target, args=(address.encode(), rank, self.bulk_folder), daemon=True)
+            process.start()
+            self.processes[rank] = process
+
+    def rank_dead(self, rank: int) -> str | None:
+        if rank in self.declared:
+            return self.declared[rank]
+        code = self.processes[rank].exitcode if self.death_signal and rank in self.processes else None
+        return None if code is None else f"its process exited with code {code}"
+
+    def stop_ranks(self) -> None:
+        for process in self.processes.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+            process.join(5)
+
+
+def spec(death_timeout: float = 60.0) -> GroupSpec:
+    return GroupSpec(EchoWorker, 2, init_kwargs={"tag": "lane"}, death_timeout=death_timeout, name="lanetest")
+
+
+def call(method: str, *args: Any, call_id: int = 0, **kwargs: Any) -> Call:
+    return Call(method, (0, 1), [args] * 2, [kwargs] * 2, instructions=Instructions(call_id=call_id))
+
+
+@pytest.fixture(scope="module")
+def lane() -> Iterator[SpawnLane]:
+    executor = SpawnLane(spec())
+    yield executor
+    executor.shutdown()
+
+
+def test_a_call_round_trip_on_one_reader_thread(lane: SpawnLane) -> None:
+    x = torch.arange(100_000)  # far above the inline frame: its bytes travel out of band
+    out = lane.submit(call("one_to_all", x, k="v")).result(30)
+    assert [rank for rank, _, _ in out] == [0, 1]
+    assert all(torch.equal(args[0], x) and kwargs == {"k": "v"} for _, args, kwargs in out)
+    per_rank = Call("all_to_all", (0, 1), [(10,), (11,)], [{}, {}])
+    assert lane.submit(per_rank).result(30) == [(0, (10,), {}), (1, (11,), {})]
+    assert lane.submit(call("keep", None)).result(30) == [None, None]
+    readers = [t for t in threading.enumerate() if t.name == "dispatchcore-lane-lanetest"]
+    assert len(readers) == 1, "one selector thread reads every link of the group"
+
+
+def test_a_raising_rank_gives_worker_error_and_the_ranks_go_on(lane: SpawnLane) -> None:
+    with pytest.raises(WorkerError) as info:
+        lane.submit(call("fail_on", 1)).result(30)
+    assert info.value.rank == 1 and info.value.method == "fail_on"
+    assert "planted failure on rank 1" in info.value.remote_traceback
+    assert lane.submit(call("fail_on", 5)).result(30) == [0, 1]
+
+
+def test_cancel_and_stacks_beside_a_running_method(lane: SpawnLane) -> None:
+    napping = call("nap_until_cancelled", call_id=4242)
+    handle = lane.submit(napping)
+    stacks = lane.rank_stacks((0, 1), False, 10)
+    while not all("nap_until_cancelled" in stacks.get(rank, "") for rank in (0, 1)):
+        time.sleep(0.01)  # cancel once both ranks run it (one that had not begun would skip it)
+        stacks = lane.rank_stacks((0, 1), False, 10)
+    assert lane.cancel_call(napping, (0, 1))
+    assert handle.result(30) == ["left", "left"]
+    assert lane.submit(call("kept")).result(30) == ["left when cancelled"] * 2
+
+
+def test_an_unpicklable_argument_is_refused_before_anything_is_sent(lane: SpawnLane) -> None:
+    lane.submit(call("keep", "before")).result(30)
+    lock = threading.Lock()
+    refused = Call("keep", (0, 1), [("sent to rank 0",), (lock,)], [{}, {}])
+    with pytest.raises(UnpicklableError, match="cannot be pickled"):
+        lane.submit(refused)
+    assert lane.submit(call("kept")).result(30) == ["before", "before"], "rank 0 got nothing either"
+
+
+def test_a_rank_killed_mid_call_is_seen_by_its_link_ending() -> None:
+    executor = SpawnLane(spec(), death_signal=False)
+    try:
+        handle = executor.submit(call("sleep", 60))
+        os.kill(executor.processes[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as info:
+            handle.result(30)
+        assert info.value.rank == 1 and "lane link" in str(info.value)
+    finally:
+        executor.shutdown()
+
+
+def test_a_rank_killed_mid_call_is_named_by_the_death_signal() -> None:
+    executor = SpawnLane(spec())
+    try:
+        handle = executor.submit(call("sleep", 60))
+        os.kill(executor.processes[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as info:
+            handle.result(30)
+        assert info.value.rank == 1 and "exited with code -9" in str(info.value)
+    finally:
+        executor.shutdown()
+
+
+def test_the_death_signal_alone_ends_a_rank_whose_links_stay_open() -> None:
+    executor = SpawnLane(spec(death_timeout=600))  # pings could not tell within the test's bound
+    try:
+        handle = executor.submit(call("sleep", 60))
+        os.kill(executor.processes[1].pid, signal.SIGSTOP)  # alive, links open, silent
+        executor.declared[1] = "its actor was declared dead"
+        with pytest.raises(WorkerDiedError) as info:
+            handle.result(60)
+        assert info.value.rank == 1 and "declared dead" in str(info.value)
+    finally:
+        executor.shutdown()
+
+
+def test_a_silent_rank_is_given_up_after_death_timeout() -> None:
+    executor = SpawnLane(spec(death_timeout=1.0), death_signal=False)
+    try:
+        handle = executor.submit(call("sleep", 60))
+        os.kill(executor.processes[1].pid, signal.SIGSTOP)
+        with pytest.raises(WorkerDiedError) as info:
+            handle.result(60)
+        assert info.value.rank == 1 and "liveness ping" in str(info.value)
+    finally:
+        executor.shutdown()
+
+
+class NeverJoins(SpawnLane):
+    target = staticmethod(exit_at_once)
+    start_timeout = 600.0  # far past the case's bound: only the death signal can end the wait in time
+
+
+def test_a_rank_that_dies_before_joining_fails_the_start_at_once_by_the_death_signal() -> None:
+    with pytest.raises(DispatchError, match=r"never connected.*exited with code 3"):
+        NeverJoins(spec())
+
+
+def test_a_bulk_path_carries_large_values_once_for_every_rank_reading_them() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        bulk = FileBulk(folder)
+        executor = SpawnLane(spec(), bulk=bulk)
+        try:
+            big = torch.arange(10_000)
+            out = executor.submit(call("one_to_all", big, "small")).result(30)
+            assert all(torch.equal(args[0], big) and args[1] == "small" for _, args, _ in out)
+            assert [ranks for _, ranks in bulk.puts] == [(0, 1)], "the big value alone, put once for both ranks"
+            assert sorted(p.name for p in Path(folder).glob("value*.read*")) == ["value0.read0", "value0.read1"]
+            touched = executor.submit(call("mutate_inputs", big, *_inputs())).result(30)
+            assert touched == [int(big.sum())] * 2 and torch.equal(big, torch.arange(10_000))
+            executor.submit(Call("keep", (0, 1), [(big,), (big + 1,)], [{}, {}])).result(30)
+            before = len(bulk.gets)
+            kept = executor.submit(call("kept")).result(30)  # results that large come back by the path too
+            assert torch.equal(kept[0], big) and torch.equal(kept[1], big + 1)
+            assert sorted(name.split("-")[0] for name in bulk.gets[before:]) == ["result0", "result1"]
+        finally:
+            executor.shutdown()
+
+
+def _inputs() -> tuple[Any, ...]:
+    data = DataProto.from_dict({"x": torch.arange(4)}, non_tensors={"s": np.array(list("abcd"), dtype=object)})
+    return data, np.zeros(3), {"k": 1}
