@@ -9,7 +9,9 @@ seen.  Subclass :class:`Executor`, set ``name`` and implement
 (send a :class:`Call` at once, return a :class:`RankCallHandle`; on the rank
 ``host.run(call.method, args, kwargs, call.instructions)``, forwarding
 :class:`Instructions` whole and never reading them; route ``call.beside``
-calls beside a busy call where you can) and ``shutdown()``.  Optional hooks
+calls beside a busy call where you can) and ``shutdown()``; a backend whose
+ranks are processes subclasses :class:`LaneExecutor` instead and writes only
+how they start and stop (the core's lane carries the calls).  Optional hooks
 (rows and futures moved rank to rank, rank stacks, cancels, replacing ranks,
 weight transfers, collectives) decline by default.  The built-in executors
 import only this module, :mod:`dispatchcore.wire` and public ``dispatchcore``
