@@ -2,7 +2,8 @@
 
 Every exception raised on purpose by the library derives from
 :class:`DispatchError` and also from the builtin it most resembles, so a
-caller can catch either::
+caller can catch either (``tests/test_error_tree.py`` scans the source for a
+bare builtin ``raise`` and lists the few allowed, each with its reason)::
 
     DispatchError (Exception)
     ├── RegistrationError (ValueError)      bad @register / dispatch-mode input
@@ -16,6 +17,8 @@ caller can catch either::
     ├── DispatchIndexError (IndexError)     a rank out of range in wg[i] / wg.ranks([...])
     ├── DispatchAttributeError (AttributeError)  no such method on a group (with a did-you-mean),
     │                                       or one not decorated with @register
+    ├── DispatchRuntimeError (RuntimeError) a state the library cannot go on from (weights that never arrived)
+    ├── DispatchImportError (ImportError)   an optional dependency a feature needs is missing (with the pip line)
     ├── WorkerError (RuntimeError)          a worker method raised
     ├── WorkerDiedError (RuntimeError)      a worker process/actor/thread is gone
     ├── MemoryBudgetError (MemoryError)     a rank would keep more lazy rows than its budget
@@ -86,6 +89,14 @@ class DispatchAttributeError(DispatchError, AttributeError):
 
     Still an ``AttributeError``: ``hasattr(wg, name)`` and ``getattr(wg, name, default)`` keep working.
     """
+
+
+class DispatchRuntimeError(DispatchError, RuntimeError):
+    """The library reached a state it cannot go on from (a transfer whose weights never all arrived)."""
+
+
+class DispatchImportError(DispatchError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the ``pip install`` line."""
 
 
 class UnpicklableError(DispatchTypeError):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dispatchcore._base._errors import DispatchIndexError, DispatchTypeError
 from dispatchcore._data._tensor_batch import TensorBatch, is_tensordict
 
 __all__ = ["as_batch", "as_column", "as_index"]
@@ -25,7 +26,7 @@ def as_batch(batch: Any) -> TensorBatch | None:
         return batch
     if is_tensordict(batch) or isinstance(batch, Mapping):
         return TensorBatch(batch)
-    raise TypeError(f"DataProto.batch must be a TensorBatch, TensorDict or dict, got {type(batch).__name__}")
+    raise DispatchTypeError(f"DataProto.batch must be a TensorBatch, TensorDict or dict, got {type(batch).__name__}")
 
 
 def as_column(key: str, value: Any) -> np.ndarray:
@@ -33,10 +34,10 @@ def as_column(key: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, torch.Tensor):
-        raise TypeError(f"non_tensor_batch[{key!r}] is a torch.Tensor; put tensors in the batch")
+        raise DispatchTypeError(f"non_tensor_batch[{key!r}] is a torch.Tensor; put tensors in the batch")
     if isinstance(value, list | tuple):
         return np.array(value, dtype=object)
-    raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
+    raise DispatchTypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
 
 
 def as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
@@ -48,11 +49,11 @@ def as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
     elif isinstance(idxs, torch.Tensor):
         arr = idxs.detach().cpu().numpy()
     else:
-        raise TypeError(f"cannot select rows with {type(idxs).__name__}; use a list, numpy array or tensor")
+        raise DispatchTypeError(f"cannot select rows with {type(idxs).__name__}; use a list, numpy array or tensor")
     if arr.ndim != 1:
-        raise IndexError(f"row index must be 1-D, got shape {arr.shape}")
+        raise DispatchIndexError(f"row index must be 1-D, got shape {arr.shape}")
     if arr.dtype != bool and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
+        raise DispatchTypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
     if arr.dtype != bool:
         arr = arr.astype(np.int64, copy=False)
     return torch.from_numpy(np.ascontiguousarray(arr)), arr

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, SupportsIndex, cast
 import numpy as np
 import torch
 
-from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._base._errors import (
+    BatchSizeError,
+    DispatchIndexError,
+    DispatchKeyError,
+    DispatchTypeError,
+    DispatchValueError,
+)
 from dispatchcore._data._coerce import as_batch, as_column, as_index
 from dispatchcore._data._item import DataProtoItem
 from dispatchcore._data._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict
@@ -98,7 +104,7 @@ class DataProto:
     ) -> Self:
         """Build from column dicts; every column must have the same length."""
         if num_batch_dims != 1:
-            raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
+            raise DispatchValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
         tensors = dict(tensors or {})
         non_tensors = {k: as_column(k, v) for k, v in (non_tensors or {}).items()}
         lengths = {f"tensors[{k!r}]": (v.shape[0] if v.dim() else None) for k, v in tensors.items()}
@@ -128,7 +134,9 @@ class DataProto:
             elif isinstance(value, np.ndarray):
                 non_tensors[key] = value
             else:
-                raise TypeError(f"from_single_dict: {key!r} is a {type(value).__name__}, not a tensor or ndarray")
+                raise DispatchTypeError(
+                    f"from_single_dict: {key!r} is a {type(value).__name__}, not a tensor or ndarray"
+                )
         return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     @classmethod
@@ -152,7 +160,7 @@ class DataProto:
         expected = len(self.batch) if self.batch is not None else None
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
-                raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array, got {type(value).__name__}")
+                raise DispatchTypeError(f"non_tensor_batch[{key!r}] must be a numpy array, got {type(value).__name__}")
             if value.ndim == 0:
                 raise BatchSizeError(f"non_tensor_batch[{key!r}] is 0-dimensional; it needs one row per item")
             if expected is None:
@@ -220,15 +228,15 @@ class DataProto:
         if isinstance(item, slice):
             return self.slice(item.start, item.stop, item.step)
         if isinstance(item, bool | np.bool_):
-            raise TypeError(f"cannot index a DataProto with a bool ({item!r}); use a bool mask")
+            raise DispatchTypeError(f"cannot index a DataProto with a bool ({item!r}); use a bool mask")
         if isinstance(item, (np.ndarray, torch.Tensor)) and item.ndim == 0:
             item = item.item()
             if isinstance(item, float):
-                raise TypeError("cannot index a DataProto with a float scalar")
+                raise DispatchTypeError("cannot index a DataProto with a float scalar")
         if isinstance(item, int | np.integer):
             length = len(self)
             if not -length <= item < length:
-                raise IndexError(f"row {item} is out of range for a DataProto of length {length}")
+                raise DispatchIndexError(f"row {item} is out of range for a DataProto of length {length}")
             row = int(item) % length
             batch = self.batch[row] if self.batch is not None else None
             return DataProtoItem(
@@ -238,7 +246,7 @@ class DataProto:
             )
         if isinstance(item, list | tuple | np.ndarray | torch.Tensor):
             return self.select_idxs(item)
-        raise TypeError(f"indexing a DataProto with {type(item).__name__} is not supported")
+        raise DispatchTypeError(f"indexing a DataProto with {type(item).__name__} is not supported")
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> Self:
         """Rows ``start:end:step`` as views (negative steps gather a copy)."""
@@ -262,9 +270,9 @@ class DataProto:
         length = len(self)
         if idx_np.dtype == bool:
             if idx_np.shape[0] != length:
-                raise IndexError(f"bool mask has {idx_np.shape[0]} entries for a DataProto of length {length}")
+                raise DispatchIndexError(f"bool mask has {idx_np.shape[0]} entries for a DataProto of length {length}")
         elif idx_np.size and not (-length <= idx_np.min() and idx_np.max() < length):
-            raise IndexError(f"row index out of range for a DataProto of length {length}")
+            raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
         if self.batch is not None and self.batch.device is not None and self.batch.device.type != "cpu":
             idx_t = idx_t.to(self.batch.device)
         batch = self.batch[idx_t] if self.batch is not None else None
@@ -300,7 +308,7 @@ class DataProto:
         lazy = None
         for pos, item in enumerate(items):
             if not isinstance(item, DataProto):
-                raise TypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
+                raise DispatchTypeError(f"DataProto.concat: item {pos} is a {type(item).__name__}, not a DataProto")
             if lazy is None and item.is_lazy:
                 lazy = item
         if lazy is not None:  # rows kept on ranks: join the plans only (LazyDataProto.concat_lazy)
@@ -308,7 +316,7 @@ class DataProto:
         batches = [item._batch for item in items]
         missing = [i for i, b in enumerate(batches) if b is None]
         if missing and len(missing) < len(items):
-            raise ValueError(
+            raise DispatchValueError(
                 f"DataProto.concat: items {missing} have no tensor batch while items "
                 f"{[i for i, b in enumerate(batches) if b is not None]} do"
             )
@@ -316,7 +324,7 @@ class DataProto:
         first_keys = items[0].non_tensor_batch.keys()
         for pos, item in enumerate(items[1:], start=1):
             if item.non_tensor_batch.keys() != first_keys:  # keys views compare as sets, without copying
-                raise ValueError(
+                raise DispatchValueError(
                     f"DataProto.concat: non_tensor_batch keys differ: item 0 has {sorted(first_keys)}, "
                     f"item {pos} has {sorted(item.non_tensor_batch)}"
                 )
@@ -334,7 +342,7 @@ class DataProto:
         if padding_size == 0:
             return
         if padding_size < 0:
-            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+            raise DispatchValueError(f"padding_size must be >= 0, got {padding_size}")
         if len(self) == 0:
             raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
         row = 0 if padding_candidate == "first" else len(self) - 1
@@ -359,7 +367,9 @@ class DataProto:
         batch = self.batch
         if batch_keys is not None:
             if batch is None:
-                raise KeyError(f"cannot select batch keys {list(batch_keys)}: this DataProto has no tensor batch")
+                raise DispatchKeyError(
+                    f"cannot select batch keys {list(batch_keys)}: this DataProto has no tensor batch"
+                )
             batch = batch.select(*batch_keys)
         elif batch is not None:
             batch = batch.copy()
@@ -392,7 +402,7 @@ class DataProto:
         ):
             missing = [k for k in names if k not in pool]
             if missing:
-                raise KeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
+                raise DispatchKeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
         tensors = {k: self.batch.pop(k) for k in batch_keys}
         non_tensors = {k: self.non_tensor_batch.pop(k) for k in nt_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_keys}
@@ -408,13 +418,13 @@ class DataProto:
         old = [old_keys] if isinstance(old_keys, str) else old_keys
         new = [new_keys] if isinstance(new_keys, str) else new_keys
         if not isinstance(old, list) or not isinstance(new, list):
-            raise TypeError(
+            raise DispatchTypeError(
                 f"keys must be a str or list of str, got {type(old_keys).__name__} and {type(new_keys).__name__}"
             )
         if len(old) != len(new):
-            raise ValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
+            raise DispatchValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
         if self.batch is None:
-            raise KeyError(f"cannot rename {old}: this DataProto has no tensor batch")
+            raise DispatchKeyError(f"cannot rename {old}: this DataProto has no tensor batch")
         for o, n in zip(old, new, strict=True):
             self.batch.rename_key_(o, n)
         return self

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._base._errors import BatchSizeError, DispatchValueError
 from dispatchcore._data._rows_like import PADDING_ROWS_KEY
 from dispatchcore._data._tensor_batch import TensorBatch
 
@@ -105,7 +105,7 @@ def union_tensor_dict(tensor_dict1: TensorBatch, tensor_dict2: TensorBatch) -> T
         if key in tensor_dict1:
             if not values_equal(tensor_dict1[key], value):
                 # verl's wording first, so logs and tests written against verl still match
-                raise ValueError(
+                raise DispatchValueError(
                     f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
                     f"(union: batch key {key!r} has different values in the two DataProtos)"
                 )
@@ -118,7 +118,7 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     """Add ``tensor_dict2``'s arrays to ``tensor_dict1``; shared keys must be equal."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not values_equal(tensor_dict1[key], value):
-            raise ValueError(
+            raise DispatchValueError(
                 f"`{key}` in tensor_dict1 and tensor_dict2 are not the same object. "
                 f"(union: non_tensor_batch key {key!r} has different values in the two DataProtos)"
             )
@@ -130,7 +130,7 @@ def union_two_dict(dict1: dict[str, Any], dict2: Mapping[str, Any]) -> dict[str,
     """Add ``dict2``'s items to ``dict1``; shared keys must hold equal values."""
     for key, value in dict2.items():
         if key in dict1 and not values_equal(dict1[key], value):
-            raise ValueError(f"union: meta_info key {key!r} differs: {dict1[key]!r} vs {value!r}")
+            raise DispatchValueError(f"union: meta_info key {key!r} differs: {dict1[key]!r} vs {value!r}")
         dict1[key] = value
     return dict1
 
@@ -171,7 +171,7 @@ def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             elif key not in merged:
                 merged[key] = value
             elif not values_equal(merged[key], value):
-                raise ValueError(
+                raise DispatchValueError(
                     f"Conflicting values for meta_info key {key!r}: {_short(merged[key])} "
                     f"(earlier items) vs {_short(value)} (item {pos})"
                 )

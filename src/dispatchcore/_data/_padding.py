@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._base._errors import BatchSizeError, DispatchTypeError, DispatchValueError
 from dispatchcore._data._rows_like import AUTO_PADDING_KEY, PADDING_ROWS_KEY, RowsLike, check_positive
 from dispatchcore._data._tensor_batch import TensorBatch
 
@@ -49,7 +49,7 @@ class _DataProtoConfigMeta(type):
     @auto_padding.setter
     def auto_padding(cls, enabled: bool) -> None:
         if not isinstance(enabled, bool):
-            raise TypeError(f"auto_padding must be a bool, got {type(enabled).__name__}")
+            raise DispatchTypeError(f"auto_padding must be a bool, got {type(enabled).__name__}")
         cls._auto_padding = enabled
 
 
@@ -76,7 +76,7 @@ def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
 def unpad_dataproto(data: D, pad_size: int) -> D:
     """Drop the last ``pad_size`` rows (``data[:-pad_size]``); a view."""
     if pad_size < 0:
-        raise ValueError(f"pad_size must be >= 0, got {pad_size}")
+        raise DispatchValueError(f"pad_size must be >= 0, got {pad_size}")
     if pad_size > len(data):
         raise BatchSizeError(f"cannot remove {pad_size} padding rows from a DataProto of length {len(data)}")
     return data[: len(data) - pad_size] if pad_size else data

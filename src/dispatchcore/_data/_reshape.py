@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._base._errors import BatchSizeError, DispatchValueError
 from dispatchcore._data._rows_like import RowsLike, check_positive
 from dispatchcore._data._tensor_batch import TensorBatch
 
@@ -33,7 +33,7 @@ D = TypeVar("D", bound=RowsLike)
 def repeat_rows(data: D, repeat_times: int = 2, interleave: bool = True) -> D:
     """Each row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
     if repeat_times < 0:
-        raise ValueError(f"repeat_times must be >= 0, got {repeat_times}")
+        raise DispatchValueError(f"repeat_times must be >= 0, got {repeat_times}")
     length = len(data)
     if interleave:
         index = np.repeat(np.arange(length), repeat_times)
@@ -51,7 +51,7 @@ def repeat_rows_per_sample(data: D, repeat_times: Sequence[int] | np.ndarray | t
     if counts.ndim != 1 or counts.shape[0] != len(data):
         raise BatchSizeError(f"repeat_times has shape {counts.shape}; expected ({len(data)},)")
     if counts.size and counts.min() < 0:
-        raise ValueError("repeat_times must be >= 0")
+        raise DispatchValueError("repeat_times must be >= 0")
     return data._take(np.repeat(np.arange(len(data)), counts.astype(np.int64)))
 
 

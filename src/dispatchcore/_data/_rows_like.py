@@ -14,6 +14,8 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
+from dispatchcore._base._errors import DispatchTypeError, DispatchValueError
+
 #: ``meta_info`` key of a chunk: how many of its trailing rows are padding.
 PADDING_ROWS_KEY = "padding_rows"
 #: ``meta_info`` flag set by ``auto_padding=True`` (verl's key, so verl data keeps working).
@@ -56,7 +58,7 @@ class RowsLike(Protocol):
 def check_positive(name: str, value: Any) -> int:
     """``value`` as an int, or a TypeError / ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise DispatchTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+        raise DispatchValueError(f"{name} must be positive, got {value}")
     return int(value)

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dispatchcore._base._errors import BatchSizeError
+from dispatchcore._base._errors import (
+    BatchSizeError,
+    DispatchIndexError,
+    DispatchKeyError,
+    DispatchTypeError,
+    DispatchValueError,
+)
 from dispatchcore._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
 from .._wire import RowBuffers, cat_rows
@@ -51,7 +57,7 @@ def _as_tensor(key: str, value: Any) -> torch.Tensor:
         return value
     if isinstance(value, np.ndarray) and value.dtype != object:
         return torch.from_numpy(value)
-    raise TypeError(
+    raise DispatchTypeError(
         f"TensorBatch values must be torch.Tensor, got {type(value).__name__} for key {key!r}; "
         "put non-tensor columns in DataProto.non_tensor_batch"
     )
@@ -60,24 +66,24 @@ def _as_tensor(key: str, value: Any) -> torch.Tensor:
 def _check_row_index(index: Any) -> Any:
     """Validate a row index and turn numpy arrays into tensors for torch."""
     if isinstance(index, bool | np.bool_):
-        raise TypeError(f"cannot index rows with a bool ({index!r}); use a bool mask array")
+        raise DispatchTypeError(f"cannot index rows with a bool ({index!r}); use a bool mask array")
     if isinstance(index, int | np.integer):
         return int(index)
     if isinstance(index, slice) or index is Ellipsis:
         return index
     if isinstance(index, np.ndarray):
         if index.dtype != bool and not np.issubdtype(index.dtype, np.integer):
-            raise TypeError(f"row index array must hold ints or bools, got dtype {index.dtype}")
+            raise DispatchTypeError(f"row index array must hold ints or bools, got dtype {index.dtype}")
         return torch.from_numpy(np.ascontiguousarray(index))
     if isinstance(index, torch.Tensor):
         if index.dtype != torch.bool and index.is_floating_point():
-            raise TypeError(f"row index tensor must hold ints or bools, got dtype {index.dtype}")
+            raise DispatchTypeError(f"row index tensor must hold ints or bools, got dtype {index.dtype}")
         return index
     if isinstance(index, list):
         if not index:
             return torch.zeros(0, dtype=torch.long)
         return _check_row_index(np.asarray(index))
-    raise TypeError(f"cannot index a TensorBatch with {type(index).__name__}")
+    raise DispatchTypeError(f"cannot index a TensorBatch with {type(index).__name__}")
 
 
 class TensorBatch:
@@ -192,9 +198,9 @@ class TensorBatch:
             try:
                 return self._tensors[index]
             except KeyError:
-                raise KeyError(f"key {index!r} not in TensorBatch (keys: {sorted(self._tensors)})") from None
+                raise DispatchKeyError(f"key {index!r} not in TensorBatch (keys: {sorted(self._tensors)})") from None
         if isinstance(index, tuple) and index and all(isinstance(i, str) for i in index):
-            raise KeyError(f"nested keys are not supported: {index!r}")
+            raise DispatchKeyError(f"nested keys are not supported: {index!r}")
         return self._index_rows(index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -215,7 +221,7 @@ class TensorBatch:
         """Remove and return the tensor ``key`` (``default`` if given and absent)."""
         if default is _MISSING:
             if key not in self._tensors:
-                raise KeyError(f"key {key!r} not in TensorBatch (keys: {sorted(self._tensors)})")
+                raise DispatchKeyError(f"key {key!r} not in TensorBatch (keys: {sorted(self._tensors)})")
             return self._tensors.pop(key)
         return self._tensors.pop(key, default)
 
@@ -230,9 +236,9 @@ class TensorBatch:
     def rename_key_(self, old_key: str, new_key: str, safe: bool = False) -> TensorBatch:
         """Rename a key in place (keeping its position); returns self."""
         if old_key not in self._tensors:
-            raise KeyError(f"key {old_key!r} not in TensorBatch (keys: {sorted(self._tensors)})")
+            raise DispatchKeyError(f"key {old_key!r} not in TensorBatch (keys: {sorted(self._tensors)})")
         if safe and new_key in self._tensors and new_key != old_key:
-            raise KeyError(f"key {new_key!r} already in TensorBatch")
+            raise DispatchKeyError(f"key {new_key!r} already in TensorBatch")
         self._tensors = {(new_key if k == old_key else k): v for k, v in self._tensors.items()}
         return self
 
@@ -251,7 +257,7 @@ class TensorBatch:
             return out
         index = _check_row_index(index)
         if not self._batch_size:
-            raise IndexError("cannot index rows of a TensorBatch with no batch dims")
+            raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
         new_size = probe[index].shape
@@ -270,7 +276,7 @@ class TensorBatch:
         """Views of ``chunks`` row ranges (sizes as ``torch.chunk``)."""
         _dim0(dim)
         if chunks <= 0:
-            raise ValueError(f"chunks must be positive, got {chunks}")
+            raise DispatchValueError(f"chunks must be positive, got {chunks}")
         n = len(self)
         step = -(-n // chunks) if n else 0
         if step == 0:
@@ -283,7 +289,7 @@ class TensorBatch:
         n = len(self)
         if isinstance(split_size, int):
             if split_size <= 0:
-                raise ValueError(f"split_size must be positive, got {split_size}")
+                raise DispatchValueError(f"split_size must be positive, got {split_size}")
             bounds = list(range(0, n, split_size)) or [0]
             return tuple(self[b : b + split_size] for b in bounds)
         if sum(split_size) != n:
@@ -306,7 +312,7 @@ class TensorBatch:
         if strict:
             missing = [k for k in keys if k not in self._tensors]
             if missing:
-                raise KeyError(f"keys {missing} not in TensorBatch (keys: {sorted(self._tensors)})")
+                raise DispatchKeyError(f"keys {missing} not in TensorBatch (keys: {sorted(self._tensors)})")
         return self._with({k: self._tensors[k] for k in keys if k in self._tensors})
 
     def exclude(self, *keys: str) -> TensorBatch:
@@ -356,7 +362,7 @@ class TensorBatch:
         keys = list(first_keys)
         for pos, item in enumerate(items[1:], start=1):
             if item._tensors.keys() != first_keys:  # keys views compare as sets, without copying
-                raise ValueError(
+                raise DispatchValueError(
                     f"cannot concatenate batches with different keys: item 0 has {sorted(keys)}, "
                     f"item {pos} has {sorted(item.keys())}"
                 )
@@ -450,7 +456,7 @@ def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
 
 def _dim0(dim: int) -> None:
     if dim != 0:
-        raise ValueError(f"TensorBatch only splits and joins along dim 0, got dim={dim}")
+        raise DispatchValueError(f"TensorBatch only splits and joins along dim 0, got dim={dim}")
 
 
 def _tensordict_items(td: Any) -> dict[str, torch.Tensor]:
@@ -458,7 +464,7 @@ def _tensordict_items(td: Any) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for key, value in td.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(
+            raise DispatchTypeError(
                 f"TensorDict entry {key!r} is a {type(value).__name__}; only plain tensors "
                 "can go in DataProto.batch (use DataProto.from_tensordict for non-tensor data)"
             )

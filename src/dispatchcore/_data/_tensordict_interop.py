@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from dispatchcore._base._errors import DispatchImportError, DispatchTypeError, DispatchValueError
 from dispatchcore._data._rows_like import RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
 
@@ -44,9 +45,9 @@ def from_tensordict(
     """
     td = _import_tensordict()
     if num_batch_dims != 1:
-        raise ValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
+        raise DispatchValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
     if not isinstance(tensor_dict, td.TensorDictBase):
-        raise TypeError(f"from_tensordict needs a tensordict.TensorDict, got {type(tensor_dict).__name__}")
+        raise DispatchTypeError(f"from_tensordict needs a tensordict.TensorDict, got {type(tensor_dict).__name__}")
     meta = dict(meta_info or {})
     tensors: dict[str, torch.Tensor] = {}
     rows: dict[str, list[Any]] = {}
@@ -58,7 +59,7 @@ def from_tensordict(
         elif isinstance(value, torch.Tensor):
             tensors[key] = value
         else:
-            raise TypeError(f"from_tensordict: unsupported entry {key!r} of type {type(value).__name__}")
+            raise DispatchTypeError(f"from_tensordict: unsupported entry {key!r} of type {type(value).__name__}")
     layouts = meta.pop(_COLUMN_LAYOUT_KEY, None) or {}
     non_tensors = {
         key: _column_from_rows(values, *layouts.get(key, (np.dtype(object), ()))) for key, values in rows.items()
@@ -83,7 +84,7 @@ def to_tensordict(data: RowsLike) -> Any:
     counts = Counter([*tensor_keys, *data.non_tensor_batch, *data.meta_info, _COLUMN_LAYOUT_KEY])
     clash = sorted(str(key) for key, n in counts.items() if n > 1)
     if clash:
-        raise ValueError(
+        raise DispatchValueError(
             f"to_tensordict: keys {clash} appear in more than one of batch, non_tensor_batch, meta_info "
             f"(or are the reserved {_COLUMN_LAYOUT_KEY!r}); one TensorDict holds them all"
         )
@@ -119,5 +120,7 @@ def _import_tensordict() -> Any:
     try:
         import tensordict
     except ImportError as exc:
-        raise ImportError("DataProto.from_tensordict / to_tensordict need tensordict: pip install tensordict") from exc
+        raise DispatchImportError(
+            "DataProto.from_tensordict / to_tensordict need tensordict: pip install tensordict"
+        ) from exc
     return tensordict

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._base import DispatchError
+from .._base import DispatchError, DispatchIndexError, DispatchValueError
 from ._call_context import CallContext, enter_call, leave_call
 from ._modes import resolve_mode
 
@@ -26,7 +26,7 @@ class _StandInGroup:
         self._meshes = {name: [(int(dp), bool(c)) for dp, c in info] for name, info in (mesh or {}).items()}
         for name, info in self._meshes.items():
             if len(info) != world_size:
-                raise ValueError(
+                raise DispatchValueError(
                     f"mesh {name!r} gives (dp_rank, is_collect) for {len(info)} ranks; the world has {world_size}"
                 )
 
@@ -62,13 +62,13 @@ class DirectCall:
     def inputs(self, rank: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The positional and keyword arguments rank ``rank`` receives."""
         if not 0 <= rank < self.world_size:
-            raise IndexError(f"rank {rank} is outside the world of {self.world_size}")
+            raise DispatchIndexError(f"rank {rank} is outside the world of {self.world_size}")
         return tuple(a[rank] for a in self.args), {k: v[rank] for k, v in self.kwargs.items()}
 
     def collect(self, outputs: Sequence[Any]) -> Any:
         """The caller's result from one output per rank, as the mode collects it."""
         if len(outputs) != self.world_size:
-            raise ValueError(f"collect needs one output per rank ({self.world_size}), got {len(outputs)}")
+            raise DispatchValueError(f"collect needs one output per rank ({self.world_size}), got {len(outputs)}")
         token = enter_call(self.context)
         try:
             return self.spec.collect_fn(self.group, list(outputs))
@@ -96,7 +96,7 @@ def direct_call(
     compute and collect at once with :meth:`DirectCall.run`).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+        raise DispatchValueError(f"world_size must be an int >= 1, got {world_size!r}")
     group = _StandInGroup(world_size, mesh)
     call = DirectCall(method, mode, group, CallContext(method, world_size))
     token = enter_call(call.context)

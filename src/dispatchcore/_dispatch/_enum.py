@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._base import RegistrationError
+from .._base import DispatchAttributeError, DispatchKeyError, RegistrationError
 
 
 class _DynamicEnumMeta(type):
@@ -26,7 +26,7 @@ class _DynamicEnumMeta(type):
         try:
             return cls._members[name]
         except KeyError:
-            raise KeyError(f"{cls.__name__} has no member {name!r}; known: {sorted(cls._members)}") from None
+            raise DispatchKeyError(f"{cls.__name__} has no member {name!r}; known: {sorted(cls._members)}") from None
 
     def __contains__(cls, item: object) -> bool:
         if isinstance(item, str):
@@ -37,7 +37,7 @@ class _DynamicEnumMeta(type):
         members = cls.__dict__.get("_members", {})
         if name in members:
             return members[name]
-        raise AttributeError(f"{cls.__name__} has no member {name!r}; known: {sorted(members)}")
+        raise DispatchAttributeError(f"{cls.__name__} has no member {name!r}; known: {sorted(members)}")
 
 
 class _DynamicEnum(metaclass=_DynamicEnumMeta):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, cast
 
-from .._base import DispatchError
+from .._base import DispatchError, DispatchValueError
 from ._builtin_modes import PerRank, collect_dp_compute_proto, split_dataprotos
 from ._call_context import current_call
 from ._spec import DispatchSpec
@@ -52,7 +52,7 @@ def make_nd_compute_dataproto_dispatch_fn(
 ) -> TypedSpec[CollectsAs[DataProto], CollectsAs[DataProtoFuture]]:
     """A ``dispatch_mode`` splitting DataProto arguments by dp rank on ``mesh_name``."""
     if not isinstance(mesh_name, str) or not mesh_name:
-        raise ValueError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
+        raise DispatchValueError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
 
     def dispatch(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
         info = wg._mesh_info(mesh_name)

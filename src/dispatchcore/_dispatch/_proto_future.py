@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .._base import DispatchValueError
 from .._data import DataProto
 from ._futures import _UNRESOLVED, CallFuture
 
@@ -52,7 +53,7 @@ class DataProtoFuture(CallFuture[DataProto]):
         """One future resolving to the concatenation of ``futures``."""
         parts = list(futures)
         if not parts:
-            raise ValueError("DataProtoFuture.concat needs at least one future, got an empty list")
+            raise DispatchValueError("DataProtoFuture.concat needs at least one future, got an empty list")
         return cls(
             lambda timeout: DataProto.concat([f.get(timeout) for f in parts]),
             lambda: all(f.done() for f in parts),
@@ -61,7 +62,7 @@ class DataProtoFuture(CallFuture[DataProto]):
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
         """``chunks`` futures, the i-th resolving to ``self.get().chunk(chunks)[i]``."""
         if chunks <= 0:
-            raise ValueError(f"chunk count must be positive, got {chunks}")
+            raise DispatchValueError(f"chunk count must be positive, got {chunks}")
 
         def piece(i: int) -> Callable[[float | None], DataProto]:
             return lambda timeout: self.get(timeout).chunk(chunks)[i]

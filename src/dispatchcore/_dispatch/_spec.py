@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._base import DispatchKeyError
+
 DispatchFn = Callable[..., tuple[tuple[list[Any], ...], dict[str, list[Any]]]]
 CollectFn = Callable[[Any, list[Any]], Any]
 
@@ -32,4 +34,4 @@ class DispatchSpec:
     def __getitem__(self, key: str) -> Any:  # verl passes modes as dicts
         if key in ("dispatch_fn", "collect_fn"):
             return getattr(self, key)
-        raise KeyError(key)
+        raise DispatchKeyError(key)

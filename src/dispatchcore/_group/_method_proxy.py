@@ -25,7 +25,7 @@ import time
 import types
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
+from .._base import DispatchAttributeError, DispatchError, DispatchValueError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
 from .._spi import CallHandle, remaining
 from ._collect import collect
@@ -98,9 +98,9 @@ class MethodProxy(Generic[P, D_co]):
             raise DispatchError(f"on_timeout must be one of {list(ON_TIMEOUT)}, got {on_timeout!r}")
         if timeout is not DEFAULT and timeout is not None:
             if not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+                raise DispatchValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         if lazy is not None and not isinstance(lazy, bool):
-            raise ValueError(f"lazy must be True, False or None, got {lazy!r}")
+            raise DispatchValueError(f"lazy must be True, False or None, got {lazy!r}")
         if timeout is DEFAULT:
             timeout = self._timeout
         return type(self)(

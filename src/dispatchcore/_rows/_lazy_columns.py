@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .._base import DispatchKeyError, DispatchTypeError
 from .._data import TensorBatch
 from ._records import ColumnSpec
 
@@ -68,7 +69,7 @@ class LazyTensorColumns:
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             if key not in self.keys():
-                raise KeyError(f"{key!r} is not a tensor column (has {sorted(self.keys())})")
+                raise DispatchKeyError(f"{key!r} is not a tensor column (has {sorted(self.keys())})")
             return self._owner.read([key])[key]
         return self._fetched()[key]
 
@@ -77,7 +78,7 @@ class LazyTensorColumns:
 
     def __setitem__(self, key: str, value: torch.Tensor) -> None:
         if not isinstance(key, str):
-            raise TypeError("a lazy DataProto's batch takes column writes only (batch['name'] = tensor)")
+            raise DispatchTypeError("a lazy DataProto's batch takes column writes only (batch['name'] = tensor)")
         self._owner.set_column(key, torch.as_tensor(value))
 
     def set(self, key: str, value: torch.Tensor) -> LazyTensorColumns:
@@ -91,7 +92,7 @@ class LazyTensorColumns:
         if key not in self.keys():
             if default:
                 return default[0]
-            raise KeyError(key)
+            raise DispatchKeyError(key)
         value = self[key]
         self._owner.drop_column(key)
         return value
@@ -136,7 +137,7 @@ class LazyArrayColumns(MutableMapping[str, Any]):
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._owner.array_keys():
-            raise KeyError(key)
+            raise DispatchKeyError(key)
         return self._owner.read([key])[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -144,7 +145,7 @@ class LazyArrayColumns(MutableMapping[str, Any]):
 
     def __delitem__(self, key: str) -> None:
         if key not in self._owner.array_keys():
-            raise KeyError(key)
+            raise DispatchKeyError(key)
         self._owner.drop_column(key)
 
     def __iter__(self) -> Iterator[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._base import BatchSizeError
+from .._base import BatchSizeError, DispatchIndexError, DispatchKeyError, DispatchValueError
 from .._data import DataProto, TensorBatch, as_index, merge_meta_info, union_two_dict
 from .._trace import count_received
 from ._column_plan import ColumnPlan, Segment
@@ -178,7 +178,7 @@ class LazyDataProto(DataProto):
 
     def drop_column(self, name: str) -> None:
         if name not in self._plans:
-            raise KeyError(f"{name!r} is not a column of this DataProto (has {sorted(self._plans)})")
+            raise DispatchKeyError(f"{name!r} is not a column of this DataProto (has {sorted(self._plans)})")
         del self._plans[name], self._specs[name]
 
     def read(self, names: Iterable[str], timeout: float | None = None) -> dict[str, Any]:
@@ -186,7 +186,7 @@ class LazyDataProto(DataProto):
         names = list(names)
         missing = [n for n in names if n not in self._plans]
         if missing:
-            raise KeyError(f"{missing} not among this DataProto's columns {sorted(self._plans)}")
+            raise DispatchKeyError(f"{missing} not among this DataProto's columns {sorted(self._plans)}")
         wanted = {n: self._plans[n] for n in names}
         requests, slots = plan_requests(wanted)
         fetched = fetch_on_driver(requests, timeout)
@@ -224,17 +224,19 @@ class LazyDataProto(DataProto):
         _, index = as_index(idxs)
         if index.dtype == bool:
             if index.shape[0] != self._length:
-                raise IndexError(f"bool mask has {index.shape[0]} entries for a DataProto of length {self._length}")
+                raise DispatchIndexError(
+                    f"bool mask has {index.shape[0]} entries for a DataProto of length {self._length}"
+                )
             index = np.flatnonzero(index)
         elif index.size and not (-self._length <= index.min() and index.max() < self._length):
-            raise IndexError(f"row index out of range for a DataProto of length {self._length}")
+            raise DispatchIndexError(f"row index out of range for a DataProto of length {self._length}")
         index = np.where(index < 0, index + self._length, index).astype(np.int64)
         return self._take(index)
 
     def __getitem__(self, item: Any) -> Any:
         if isinstance(item, int | np.integer) and not isinstance(item, bool):
             if not -self._length <= item < self._length:
-                raise IndexError(f"row {item} is out of range for a DataProto of length {self._length}")
+                raise DispatchIndexError(f"row {item} is out of range for a DataProto of length {self._length}")
             return self._take(np.array([int(item) % self._length])).materialize()[0]
         return super().__getitem__(item)
 
@@ -256,7 +258,7 @@ class LazyDataProto(DataProto):
             batch_keys = list(batch_keys)
             missing = [k for k in batch_keys if k not in self.tensor_keys()]
             if missing:
-                raise KeyError(f"select: {missing} not in batch (has {sorted(self.tensor_keys())})")
+                raise DispatchKeyError(f"select: {missing} not in batch (has {sorted(self.tensor_keys())})")
             keep -= set(self.tensor_keys()) - set(batch_keys)
         if non_tensor_batch_keys is not None:
             keep -= set(self.array_keys()) - set(non_tensor_batch_keys)
@@ -285,7 +287,7 @@ class LazyDataProto(DataProto):
         ):
             missing = [k for k in names if k not in pool]
             if missing:
-                raise KeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
+                raise DispatchKeyError(f"pop: {missing} not in {where} (has {sorted(pool)})")
         popped = {n: self._plans.pop(n) for n in [*batch_keys, *nt_keys]}
         specs = {n: self._specs.pop(n) for n in popped}
         meta = {k: self.meta_info.pop(k) for k in meta_keys}
@@ -295,10 +297,10 @@ class LazyDataProto(DataProto):
         old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
         new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
         if len(old) != len(new):
-            raise ValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
+            raise DispatchValueError(f"new_keys and old_keys must have the same length, got {len(new)} and {len(old)}")
         for o, n in zip(old, new, strict=True):
             if o not in self.tensor_keys():
-                raise KeyError(f"cannot rename {o!r}: not in batch (has {sorted(self.tensor_keys())})")
+                raise DispatchKeyError(f"cannot rename {o!r}: not in batch (has {sorted(self.tensor_keys())})")
             self._plans[n], self._specs[n] = self._plans.pop(o), self._specs.pop(o)
         return self
 
@@ -314,7 +316,7 @@ class LazyDataProto(DataProto):
                 a, b = mine[name], other_cols[name]
                 same = torch.equal(a, b) if isinstance(a, torch.Tensor) else np.array_equal(a, b)
                 if not same:
-                    raise ValueError(f"union: column {name!r} differs between the two DataProtos")
+                    raise DispatchValueError(f"union: column {name!r} differs between the two DataProtos")
         if not self._plans:
             self._length = len(theirs)
         for name, plan in theirs._plans.items():
@@ -331,7 +333,7 @@ class LazyDataProto(DataProto):
         names = list(parts[0]._plans)
         for pos, part in enumerate(parts[1:], start=1):
             if set(part._plans) != set(names):
-                raise ValueError(
+                raise DispatchValueError(
                     f"DataProto.concat: column names differ: item 0 has {sorted(names)}, item {pos} has "
                     f"{sorted(part._plans)}"
                 )
@@ -370,7 +372,7 @@ class LazyDataProto(DataProto):
         if padding_size == 0:
             return
         if padding_size < 0:
-            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+            raise DispatchValueError(f"padding_size must be >= 0, got {padding_size}")
         if self._length == 0:
             raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
         row = 0 if padding_candidate == "first" else self._length - 1

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._base import DispatchError, WorkerError
+from .._base import DispatchError, DispatchValueError, WorkerError
 from .._trace import count_received_bytes, count_sent_bytes
 from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, TransferPlan, plan_transfer
 from .._transfer._errors import BY_NAME
@@ -113,7 +113,7 @@ class WeightSync:
         verify: bool = False,
     ) -> None:
         if int(bucket_bytes) <= 0:
-            raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+            raise DispatchValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
         self.source, self.destination = source, destination
         self.offer, self.apply, self.want, self.lend, self.read = offer, apply, want, lend, read
         self.verify_each = bool(verify)

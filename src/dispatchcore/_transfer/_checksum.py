@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._base import DispatchAttributeError
 from ._dtensor import offered_record
 from ._layout import Held, held_of, rows_view
 from ._plan import Piece
@@ -48,7 +49,7 @@ def destination_sums(
     """
     fn = getattr(worker, read, None)
     if fn is None:
-        raise AttributeError(
+        raise DispatchAttributeError(
             f"{type(worker).__name__} has no method {read!r} returning the weights it holds, which verify() "
             "reads back; define it (returning {name: tensor}) or pass WeightSync(..., read=...)"
         )

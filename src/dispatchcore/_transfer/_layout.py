@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._base import DispatchValueError
 from ._errors import WeightOfferError
 
 
@@ -56,7 +57,9 @@ class Slice:
     def check(self, name: str, shape: tuple[int, ...]) -> None:
         """Refuse a slice outside ``shape`` (naming the tensor), so no plan is made from it."""
         if not 0 <= self.dim < len(shape) or not 0 <= self.start <= self.stop <= shape[self.dim]:
-            raise ValueError(f"Slice({self.dim}, {self.start}, {self.stop}) does not fit {name!r} of shape {shape}")
+            raise DispatchValueError(
+                f"Slice({self.dim}, {self.start}, {self.stop}) does not fit {name!r} of shape {shape}"
+            )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._base import DispatchValueError
 from ._errors import WeightOfferError
 from ._layout import Held, Slice, row_elements, rows_of
 
@@ -151,7 +152,7 @@ def plan_transfer(
     for; a name it does not list it receives whole.
     """
     if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        raise DispatchValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
     wanted: list[dict[str, Wanted]] = [{} for _ in wants]
     grouped: dict[tuple[int, tuple[int, ...]], list[Piece]] = {}
     for turn, (name, spec) in enumerate(tensors.items()):

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .._base import DispatchAttributeError, DispatchError, DispatchRuntimeError, DispatchValueError
 from .._wire import numpy_tensor
 from ._checksum import destination_sums, source_sums
 from ._dtensor import offered_record
@@ -66,7 +67,7 @@ class TensorLink(Protocol):
     def receive(self, token: Any, into: list[torch.Tensor | None]) -> Arrival: ...
 
 
-class TensorSourceLost(RuntimeError):
+class TensorSourceLost(DispatchError, RuntimeError):
     """A destination could not read a bucket because the source rank that sent it is gone."""
 
 
@@ -124,13 +125,13 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
         return source_sums(state.offered, args[0][2])
     if step == "destination_sums":
         return destination_sums(worker, args[0][2], args[0][3], args[0][4])
-    raise ValueError(f"unknown transfer step {step!r}")
+    raise DispatchValueError(f"unknown transfer step {step!r}")
 
 
 def _layout(worker: Any, state: _Transfer, offer: str) -> dict[str, Held]:
     fn = getattr(worker, offer, None)
     if fn is None:
-        raise AttributeError(f"{type(worker).__name__} has no method {offer!r} offering its weights")
+        raise DispatchAttributeError(f"{type(worker).__name__} has no method {offer!r} offering its weights")
     records = {name: offered_record(value, name) for name, value in dict(fn()).items()}
     # Every value is read before any is kept: one refused name leaves nothing half offered.
     state.offered = {name: held_of(record) for name, record in records.items() if record is not None}
@@ -155,9 +156,9 @@ def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, tor
     for name, t in lent.items():
         w = wanted.get(name)
         if w is None:
-            raise ValueError(f"{lend} lends a tensor for {name!r}, which this transfer does not send")
+            raise DispatchValueError(f"{lend} lends a tensor for {name!r}, which this transfer does not send")
         if tuple(t.shape) != w.shape or t.dtype != w.dtype or not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError(
+            raise DispatchValueError(
                 f"{lend} lends {name!r} as a {t.dtype} {tuple(t.shape)} tensor on {t.device} (contiguous: "
                 f"{t.is_contiguous()}); it arrives as a contiguous CPU {w.dtype} {w.shape} tensor"
             )
@@ -244,6 +245,6 @@ def _commit(worker: Any, state: _Transfer, version: Any) -> Any:
         state.done.update(n for n, _ in empty)
     missing = sorted(set(state.wanted) - state.done)
     if missing:
-        raise RuntimeError(f"weights {missing[:5]} never arrived; version {version!r} not set")
+        raise DispatchRuntimeError(f"weights {missing[:5]} never arrived; version {version!r} not set")
     setattr(worker, VERSION_ATTRIBUTE, version)
     return version

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._base import DispatchAttributeError, DispatchTypeError, DispatchValueError
 from .._dispatch import REGISTRATION_ATTR, registered_methods
 from ._worker import Worker
 
@@ -21,7 +22,7 @@ class ClassWithInitArgs:
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
         if not isinstance(cls, type):
-            raise TypeError(f"ClassWithInitArgs needs a class, got {cls!r}")
+            raise DispatchTypeError(f"ClassWithInitArgs needs a class, got {cls!r}")
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
@@ -41,7 +42,7 @@ def _role_spec(role: str, value: Any) -> ClassWithInitArgs:
     inner = getattr(value, "cls", None)  # verl's RayClassWithInitArgs and look-alikes
     if isinstance(inner, type):
         return ClassWithInitArgs(inner, *getattr(value, "args", ()), **getattr(value, "kwargs", {}))
-    raise TypeError(f"role {role!r}: expected a worker class or ClassWithInitArgs, got {value!r}")
+    raise DispatchTypeError(f"role {role!r}: expected a worker class or ClassWithInitArgs, got {value!r}")
 
 
 def _forward(role: str, method: str, registration: Any) -> Any:
@@ -69,16 +70,16 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
     ``init_kwargs`` may hold a dict per role name, merged over the role's own.
     """
     if not isinstance(class_dict, Mapping) or not class_dict:
-        raise ValueError("create_colocated_worker_cls needs a non-empty {role: worker class} mapping")
+        raise DispatchValueError("create_colocated_worker_cls needs a non-empty {role: worker class} mapping")
     specs = {str(role): _role_spec(str(role), value) for role, value in class_dict.items()}
     for role in specs:
         if not role.isidentifier():
-            raise ValueError(f"role names become method prefixes and must be identifiers, got {role!r}")
+            raise DispatchValueError(f"role names become method prefixes and must be identifiers, got {role!r}")
 
     def __init__(self: Any, **role_kwargs: Any) -> None:
         unknown = sorted(set(role_kwargs) - set(specs))
         if unknown:
-            raise TypeError(f"init_kwargs name unknown role(s) {unknown}; roles are {sorted(specs)}")
+            raise DispatchTypeError(f"init_kwargs name unknown role(s) {unknown}; roles are {sorted(specs)}")
         self._dispatchcore_role_objects = {}
         for role, spec in specs.items():
             extra = role_kwargs.get(role) or {}
@@ -99,7 +100,7 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
             attr = name[len(role) + 1 :]
             if name.startswith(f"{role}_") and attr and not attr.startswith("_"):
                 return getattr(obj, attr)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        raise DispatchAttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     namespace: dict[str, Any] = {
         "__init__": __init__,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._base import DispatchValueError
 from .._dispatch import registered_methods
 from ._colocate import ClassWithInitArgs, _role_spec
 from ._worker import Worker
@@ -47,9 +48,9 @@ def _check_roles(specs: Mapping[str, ClassWithInitArgs]) -> None:
     taken = set(dir(Worker))
     for role in specs:
         if not role.isidentifier():
-            raise ValueError(f"role names become attributes and method prefixes; {role!r} is not an identifier")
+            raise DispatchValueError(f"role names become attributes and method prefixes; {role!r} is not an identifier")
         if role in taken or role.startswith("_"):
-            raise ValueError(
+            raise DispatchValueError(
                 f"role name {role!r} would hide Worker.{role}" if role in taken else f"role name {role!r} is private"
             )
 
@@ -61,7 +62,7 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type[Worke
     :class:`~dispatchcore.ClassWithInitArgs` (verl's ``RayClassWithInitArgs``).
     """
     if not isinstance(class_dict, Mapping) or not class_dict:
-        raise ValueError("create_colocated_worker_raw_cls needs a non-empty {role: worker class} mapping")
+        raise DispatchValueError("create_colocated_worker_raw_cls needs a non-empty {role: worker class} mapping")
     specs = {str(role): _role_spec(str(role), value) for role, value in class_dict.items()}
     _check_roles(specs)
 
@@ -78,7 +79,7 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type[Worke
         """verl's entry point: ``method_name`` is ``"<role>_fwmn_<method>"``."""
         role, separator, method = method_name.partition(FUSED_METHOD_SEPARATOR)
         if not separator or role not in self.fused_worker_dict:
-            raise ValueError(
+            raise DispatchValueError(
                 f"_fuw_execute({method_name!r}): expected '<role>{FUSED_METHOD_SEPARATOR}<method>' with a role "
                 f"of {sorted(self.fused_worker_dict)}"
             )

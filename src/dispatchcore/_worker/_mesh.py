@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._base import RegistrationError
+from .._base import DispatchKeyError, RegistrationError
 from .._dispatch import Dispatch, register
 
 
@@ -100,7 +100,7 @@ class DispatchCollectInfo:
             return self._dispatch_collect_info[mesh_name]
         except KeyError:
             known = sorted(self._dispatch_collect_info)
-            raise LookupError(
+            raise DispatchKeyError(
                 f"rank {getattr(self, 'rank', '?')} registered no mesh {mesh_name!r} (known: {known}); call "
                 f"self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect) "
                 "in the worker before using its nd dispatch mode"

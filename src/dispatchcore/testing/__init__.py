@@ -29,6 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dispatchcore import DispatchAttributeError
+
 if TYPE_CHECKING:
     from .assertions import assert_dataproto_equal
     from .faults import Fault, FaultyExecutor, FiredFault, InjectedFault
@@ -89,7 +91,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise DispatchAttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value

@@ -43,7 +43,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from dispatchcore import PADDING_ROWS_KEY, BatchSizeError, DataProto, direct_call
+from dispatchcore import PADDING_ROWS_KEY, BatchSizeError, DataProto, DispatchValueError, direct_call
 
 from . import strategies
 from .assertions import assert_dataproto_equal
@@ -130,7 +130,9 @@ def assert_mode_properties(
     of echoing its chunk, and the result must equal ``collects(outputs)``.
     """
     if not callable(collects) and collects not in ("rows", "per_rank"):
-        raise ValueError(f"collects must be 'rows', 'per_rank' or a reducing function such as sum, got {collects!r}")
+        raise DispatchValueError(
+            f"collects must be 'rows', 'per_rank' or a reducing function such as sum, got {collects!r}"
+        )
     name = _mode_name(mode)
 
     def fail(prop: str, detail: str) -> ModePropertyError:
@@ -236,7 +238,7 @@ def _check_reduced(
     """The caller gets ``reduce`` of the per-rank outputs (rank ``r`` returned ``outputs[r]``)."""
     outputs = list(outputs)
     if len(outputs) != call.world_size:
-        raise ValueError(f"outputs must hold one value per rank ({call.world_size}), got {len(outputs)}")
+        raise DispatchValueError(f"outputs must hold one value per rank ({call.world_size}), got {len(outputs)}")
     expected = reduce(list(outputs))
     try:
         result = call.collect(list(outputs))

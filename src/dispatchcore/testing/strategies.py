@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from dispatchcore import DataProto
+from dispatchcore import DataProto, DispatchValueError
 from dispatchcore.testing.assertions import assert_dataproto_equal
 
 __all__ = [
@@ -72,7 +72,7 @@ _KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 def world_sizes(min_size: int = 1, max_size: int = 16) -> st.SearchStrategy[int]:
     """Numbers of ranks to dispatch over (shrinks towards ``min_size``)."""
     if min_size < 1 or max_size < min_size:
-        raise ValueError(f"world_sizes needs 1 <= min_size <= max_size, got {min_size}..{max_size}")
+        raise DispatchValueError(f"world_sizes needs 1 <= min_size <= max_size, got {min_size}..{max_size}")
     return st.integers(min_size, max_size)
 
 
@@ -164,7 +164,7 @@ def _column_values(kind: str, length: int) -> st.SearchStrategy[list[Any]]:
 def _check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
     unknown = set(kinds) - set(OBJECT_KINDS)
     if unknown or not kinds:
-        raise ValueError(f"unknown non-tensor column kinds {sorted(unknown)}; choose from {OBJECT_KINDS}")
+        raise DispatchValueError(f"unknown non-tensor column kinds {sorted(unknown)}; choose from {OBJECT_KINDS}")
     return tuple(kinds)
 
 
@@ -239,7 +239,7 @@ def dataprotos(
     :func:`non_tensor_columns`).  ``auto_padding=None`` draws the padding flag.
     """
     if min_len < 0 or max_len < min_len:
-        raise ValueError(f"dataprotos needs 0 <= min_len <= max_len, got {min_len}..{max_len}")
+        raise DispatchValueError(f"dataprotos needs 0 <= min_len <= max_len, got {min_len}..{max_len}")
     kinds = _check_kinds(non_tensor_kinds)
     length = draw(_integers(min_len, max_len))
     has_tensors = draw(_BOOLS) if with_tensors is None else with_tensors
