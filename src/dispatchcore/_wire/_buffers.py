@@ -47,8 +47,6 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
-from .._base import DispatchValueError
-
 #: Smaller requests come from numpy directly (the allocator reuses them well).
 POOL_MIN_BYTES = 1 << 20
 #: Buffers idle this long are let go.
@@ -65,9 +63,8 @@ def reuse_limit_bytes(variable: str, zero_means: str, environ: Mapping[str, str]
         try:
             return max(0, int(configured)) << 20
         except ValueError:
-            raise DispatchValueError(
-                f"{variable} must be a whole number of MiB ({zero_means}), got {configured!r}"
-            ) from None
+            # A plain ValueError: _wire stands under the error tree (see tests/test_error_tree.py).
+            raise ValueError(f"{variable} must be a whole number of MiB ({zero_means}), got {configured!r}") from None
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

@@ -130,9 +130,7 @@ def assert_mode_properties(
     of echoing its chunk, and the result must equal ``collects(outputs)``.
     """
     if not callable(collects) and collects not in ("rows", "per_rank"):
-        raise DispatchValueError(
-            f"collects must be 'rows', 'per_rank' or a reducing function such as sum, got {collects!r}"
-        )
+        raise DispatchValueError(f"collects must be 'rows', 'per_rank' or a reducing function (sum), got {collects!r}")
     name = _mode_name(mode)
 
     def fail(prop: str, detail: str) -> ModePropertyError:
