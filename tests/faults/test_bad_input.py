@@ -36,6 +36,7 @@ from dispatchcore import (
     DataProto,
     Dispatch,
     DispatchError,
+    DispatchTypeError,
     Execute,
     RegistrationError,
     Worker,
@@ -508,7 +509,7 @@ CATEGORIES: dict[str, Category] = {
             "non-DataProto to a DataProto mode",
             _not_dataprotos,
             _call_with_non_dataproto,
-            BatchSizeError,
+            DispatchTypeError,  # a type problem: names the type received
             r"none of its arguments is a DataProto, DataProtoFuture or TensorDict \(got .+\)",
         ),
         Category(

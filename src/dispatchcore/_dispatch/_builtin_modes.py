@@ -6,7 +6,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from .._base import BatchSizeError, DispatchError
+from .._base import BatchSizeError, DispatchError, DispatchTypeError
 from .._data import (
     PADDING_ROWS_KEY,
     DataProto,
@@ -161,9 +161,9 @@ def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, A
 
 def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A DataProto mode given arguments but no DataProto would send every rank the
-    whole of each and concatenate n copies of the answer: refuse it instead."""
+    whole of each and concatenate n copies of the answer: refuse it, as the type problem it is."""
     got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
-    raise BatchSizeError(
+    raise DispatchTypeError(
         f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
         f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
         "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "

@@ -21,13 +21,15 @@ call's result; to type checkers it is the decorator layer's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, Never, ParamSpec, TypeVar, overload
 
-from .._base import DispatchAttributeError, DispatchError, DispatchValueError, WorkerDiedError, did_you_mean
+from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
 from .._spi import CallHandle, remaining
+from ._call_options import DEFAULT, check_call_options
 from ._collect import collect
 from ._plan import plan_call
 from ._planned import PlannedCall
@@ -40,12 +42,6 @@ from ._tracing import CallTrace
 
 P = ParamSpec("P")
 D_co = TypeVar("D_co", covariant=True)
-
-#: Sentinel: "use the group's call_timeout" (typed Any so it can default any parameter).
-DEFAULT: Any = object()
-#: What a call past its timeout does: raise and leave the ranks running (the group is then
-#: broken), or cancel it on the ranks (the group takes calls again once they left it).
-ON_TIMEOUT = ("raise", "cancel")
 
 
 class MethodProxy(Generic[P, D_co]):
@@ -83,9 +79,35 @@ class MethodProxy(Generic[P, D_co]):
         )
         return result
 
+    @overload
     def options(
-        self, *, timeout: float | None = DEFAULT, lazy: bool | None = None, on_timeout: str | None = None
-    ) -> MethodProxy[P, D_co]:
+        self,
+        *,
+        timeout: float | None = ...,
+        lazy: bool | None = ...,
+        on_timeout: str | None = ...,
+        blocking: None = ...,
+        **unknown: Never,
+    ) -> MethodProxy[P, D_co]: ...
+    @overload
+    def options(
+        self,
+        *,
+        timeout: float | None = ...,
+        lazy: bool | None = ...,
+        on_timeout: str | None = ...,
+        blocking: bool,
+        **unknown: Never,
+    ) -> MethodProxy[P, Any]: ...
+    def options(
+        self,
+        *,
+        timeout: float | None = DEFAULT,
+        lazy: bool | None = None,
+        on_timeout: str | None = None,
+        blocking: bool | None = None,
+        **unknown: Never,
+    ) -> MethodProxy[P, Any]:
         """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``.
 
         ``lazy=True`` keeps this call's DataProto result on the ranks (a ``LazyDataProto``).
@@ -93,18 +115,15 @@ class MethodProxy(Generic[P, D_co]):
         ``timeout`` (the group takes calls again); the default ``"raise"``
         leaves them running and the group broken, because interrupting a
         method at an arbitrary instruction can leave its state half-written.
+        ``blocking=False`` returns a future at once, as ``@register(blocking=False)``
+        does (a ``DataProtoFuture`` for the DataProto modes); ``blocking=True`` waits.
         """
-        if on_timeout is not None and on_timeout not in ON_TIMEOUT:
-            raise DispatchError(f"on_timeout must be one of {list(ON_TIMEOUT)}, got {on_timeout!r}")
-        if timeout is not DEFAULT and timeout is not None:
-            if not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise DispatchValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        if lazy is not None and not isinstance(lazy, bool):
-            raise DispatchValueError(f"lazy must be True, False or None, got {lazy!r}")
-        if timeout is DEFAULT:
-            timeout = self._timeout
+        check_call_options(unknown, timeout, lazy, on_timeout, blocking)
+        registration = self._registration
+        if blocking is not None and blocking != registration.blocking:
+            registration = dataclasses.replace(registration, blocking=blocking)
         return type(self)(
-            self._group, self._site, self._name, self._registration, timeout,
+            self._group, self._site, self._name, registration, self._timeout if timeout is DEFAULT else timeout,
             self._lazy if lazy is None else lazy, on_timeout or self._on_timeout,
         )  # fmt: skip
 
