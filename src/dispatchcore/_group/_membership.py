@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import DispatchError, WorkerDiedError, WorkerError
+from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError, did_you_mean
 from .._runtime import isolated_copy
-from .._spi import Call, Instructions, Operation
+from .._spi import Call, Executor, Instructions, Operation, backends_replacing_ranks, replaces_ranks
 from .._worker import REJOIN_CALL, MembershipChange
 from ._stragglers import Stragglers
 
@@ -30,6 +30,25 @@ _REJOIN = Instructions(operation=Operation.REJOIN)
 
 #: What a group may do when a call finds a rank dead.
 ON_RANK_DEATH = ("raise", "replace")
+
+
+def check_on_rank_death(value: Any, backend: str, executor_cls: type[Executor]) -> None:
+    """Refuse an ``on_rank_death`` the group cannot honour: a misspelling, or ``"replace"`` on a backend that
+    cannot start a rank in place of a dead one (naming the backends that can), before any rank starts."""
+    if value in ON_RANK_DEATH and (value != "replace" or replaces_ranks(executor_cls)):
+        return
+    able = ", ".join(backends_replacing_ranks()) or "none installed"
+    if value == "replace":
+        raise DispatchValueError(
+            f"on_rank_death='replace' needs a backend that can start a new rank in place of a dead one; "
+            f"{backend!r} cannot ({executor_cls.__name__} does not implement replace_ranks). Backends that can: "
+            f"{able}. Use on_rank_death='raise' (the default) here"
+        )
+    hint = did_you_mean(value, ON_RANK_DEATH) if isinstance(value, str) else ""
+    raise DispatchValueError(
+        f"on_rank_death must be one of {list(ON_RANK_DEATH)}, got {value!r}{hint}; 'replace' starts a new rank "
+        f"in place of a dead one (backends that can: {able}) and retries retry=True calls"
+    )
 
 
 @dataclass(frozen=True)

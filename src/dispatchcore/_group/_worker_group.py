@@ -31,7 +31,7 @@ from .._worker import MembershipChange, method_names
 from ._bind import bind_call
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
-from ._membership import CANCEL_GRACE_S, ON_RANK_DEATH, SetupLog
+from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
 from ._roles import role_view
@@ -59,16 +59,11 @@ def _check_world_size(executor_cls: type[Executor], backend: str, worker_cls: ty
     return world_size
 
 
-def _check_flags(isolate: Any, init_args: Any, on_rank_death: Any, lazy: Any, lazy_budget_bytes: Any) -> None:
+def _check_flags(isolate: Any, init_args: Any, lazy: Any, lazy_budget_bytes: Any) -> None:
     if not isinstance(isolate, bool):
         raise DispatchTypeError(f"isolate must be True or False, got {isolate!r}")
     if not isinstance(init_args, (tuple, list)):
         raise DispatchTypeError(f"init_args must be a tuple, got {type(init_args).__name__}")
-    if on_rank_death not in ON_RANK_DEATH:
-        raise DispatchValueError(
-            f"on_rank_death must be one of {list(ON_RANK_DEATH)}, got {on_rank_death!r}; 'replace' "
-            "starts a new rank in place of a dead one (backends that can: ray) and retries retry=True calls"
-        )
     if not isinstance(lazy, bool):
         raise DispatchTypeError(f"lazy must be True or False, got {lazy!r}")
     if lazy_budget_bytes is not None and (
@@ -114,7 +109,8 @@ class WorkerGroup(Generic[W]):
         name = resolve_backend(backend)
         executor_cls = get_executor_class(name)
         world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
-        _check_flags(isolate, init_args, on_rank_death, lazy, lazy_budget_bytes)
+        _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
+        check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = _check_timeout("call_timeout", call_timeout)
         methods = registered_methods(worker_cls)
         _refuse_collisions(worker_cls, methods)

@@ -8,7 +8,14 @@ from ._call import PLAIN, Call, Instructions, Operation, UniqueValues, call_inst
 from ._executor_base import CallHandle, Executor, GroupSpec, remaining
 from ._forward_plan import assemble_chunk, plan_forward
 from ._hookspecs import hookimpl, hookspec
-from ._plugins import available_backends, get_executor_class, register_executor, registry
+from ._plugins import (
+    available_backends,
+    backends_replacing_ranks,
+    get_executor_class,
+    register_executor,
+    registry,
+    replaces_ranks,
+)
 from ._rank_env import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, local_ranks, rank_environment
 from ._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
 
@@ -29,6 +36,7 @@ __all__ = [
     "UniqueValues",
     "assemble_chunk",
     "available_backends",
+    "backends_replacing_ranks",
     "call_instructions",
     "cpu_thread_environment",
     "free_port",
@@ -41,4 +49,5 @@ __all__ = [
     "register_executor",
     "registry",
     "remaining",
+    "replaces_ranks",
 ]

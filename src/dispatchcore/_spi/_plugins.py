@@ -216,6 +216,16 @@ def available_backends() -> list[str]:
     return sorted(b.name for b in registry.all() if b.available)
 
 
+def replaces_ranks(executor_cls: type[Executor]) -> bool:
+    """Whether ``executor_cls`` can start a rank in place of a dead one (it implements ``replace_ranks``)."""
+    return executor_cls.replace_ranks is not Executor.replace_ranks
+
+
+def backends_replacing_ranks() -> list[str]:
+    """Names of the backends found (installed or not) whose executor can replace a dead rank, sorted."""
+    return sorted(b.name for b in registry.all() if b.executor_cls is not None and replaces_ranks(b.executor_cls))
+
+
 def get_executor_class(name: str) -> type[Executor]:
     """The executor class registered as ``name``."""
     return registry.get(name)
