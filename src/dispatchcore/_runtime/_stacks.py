@@ -5,13 +5,50 @@ answer comes while the method is busy in Python and while it is blocked in C
 code (a gloo op, a sleep: the frame is the Python call that entered C).
 Executors call :func:`thread_stacks` wherever the rank lives (the rank's own
 process, or this one for thread ranks) and send the text back.
+
+A stack starts where the user's code does: the frames that run the method
+thread (``threading``, the rank's loop in dispatchcore or its executor, Ray's
+worker) are counted in one line instead, and so is each run of frames inside
+the import system (a worker's ``__init__`` importing a large library showed
+some 300 of them).  A stack with no frame of the user's shows whole.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import traceback
+from types import FrameType
+
+#: Top-level modules that only run the method thread, never the user's code (plus the standard library).
+_MACHINERY = ("dispatchcore", "executors_", "ray", "pluggy", "cloudpickle")
+_IMPORT_SYSTEM = ("importlib", "_frozen_importlib", "_frozen_importlib_external")
+
+
+def _top_module(frame: FrameType) -> str:
+    return str(frame.f_globals.get("__name__") or "").partition(".")[0]
+
+
+def _is_machinery(frame: FrameType) -> bool:
+    top = _top_module(frame)
+    return top in sys.stdlib_module_names or top.startswith(_MACHINERY)
+
+
+def format_user_stack(frame: FrameType) -> str:
+    """``frame``'s stack, outermost first, from the first frame of the user's code (see the module docstring)."""
+    frames = list(traceback.walk_stack(frame))[::-1]
+    first = next((i for i, (f, _) in enumerate(frames) if not _is_machinery(f)), 0)
+    lines = [f"  ... {first} frames of the method thread's machinery (threading, the rank's loop)\n"] if first else []
+    for importing, group in itertools.groupby(
+        frames[first:], key=lambda entry: _top_module(entry[0]) in _IMPORT_SYSTEM
+    ):
+        run = list(group)
+        if importing:
+            lines.append(f"  ... {len(run)} frames of the import system (a module being imported)\n")
+        else:
+            lines += traceback.StackSummary.extract(iter(run)).format()
+    return "".join(lines)
 
 
 def thread_stacks(method_thread: int | None, all_threads: bool = False) -> str:
@@ -34,7 +71,7 @@ def thread_stacks(method_thread: int | None, all_threads: bool = False) -> str:
         if frame is None:
             parts.append(f"{title}: not running")
             continue
-        parts.append(f"{title}:\n" + "".join(traceback.format_stack(frame)).rstrip())
+        parts.append(f"{title}:\n" + format_user_stack(frame).rstrip())
     return "\n\n".join(parts) if parts else "no thread runs the worker's methods"
 
 
