@@ -1,6 +1,6 @@
 """The ``dispatchcore`` console script: ``backends``, ``demo``, ``bench``.
 
-Expected errors print one line and exit 2 (:mod:`._report`).
+Expected errors print one line and exit 2 (see ``_report``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="dispatchcore", description=__doc__)
+    parser = OneLineParser(
+        prog="dispatchcore",
+        description="dispatchcore's console script: list the backends, run the demo, run the benchmarks. "
+        "Expected errors print one line and exit with status 2.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     backends = commands.add_parser("backends", help="list the executors found and whether they can run here")
     backends.set_defaults(run=_backends)
