@@ -140,6 +140,8 @@ def correct(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     assert_type(wg.call.init_model(lr=1e-3, seed=1), list[None])
     assert_type(wg.call.update_actor(batch), DataProto)
     assert_type(wg.call.update_actor.options(timeout=5)(batch), DataProto)
+    assert_type(wg.call.update_actor.options(on_timeout="cancel", timeout=5)(batch), DataProto)
+    assert_type(wg.call.update_actor.options(blocking=False)(batch), Any)  # a future: which one, the mode decides
     assert_type(wg.call.update_later(batch), DataProtoFuture)
     assert_type(wg.call.update_later(batch).get(), DataProto)
     assert_type(wg.call.apply(lambda d: d, batch), DataProto)
@@ -189,6 +191,7 @@ def wrong(wg: WorkerGroup[Actor], batch: DataProto) -> None:
     wg.call.update_actor(batch, batch)  # expect: mypy=call-arg pyright=reportCallIssue
     wg.call.init_model()  # expect: mypy=call-arg pyright=reportCallIssue
     wg.call.init_model(1e-3, momentum=0.9)  # expect: mypy=call-arg pyright=reportCallIssue
+    wg.call.init_model.options(timout=5)  # expect: mypy=call-overload pyright=reportCallIssue
     wg.call.init_model("fast")  # expect: mypy=arg-type pyright=reportArgumentType
     wg.call.update_actr(batch)  # expect: mypy=attr-defined pyright=reportAttributeAccessIssue
     wg.ranks([0, 1]).call.sav("p")  # expect: mypy=attr-defined pyright=reportAttributeAccessIssue

@@ -52,7 +52,19 @@ class BoundMethod(Protocol[P, D_co]):
     """
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co: ...
-    def options(self, *, timeout: float | None = ..., lazy: bool | None = ...) -> BoundMethod[P, D_co]: ...
+    @overload
+    def options(
+        self,
+        *,
+        timeout: float | None = ...,
+        lazy: bool | None = ...,
+        on_timeout: str | None = ...,
+        blocking: None = ...,
+    ) -> BoundMethod[P, D_co]: ...
+    @overload
+    def options(
+        self, *, timeout: float | None = ..., lazy: bool | None = ..., on_timeout: str | None = ..., blocking: bool
+    ) -> BoundMethod[P, Any]: ...
 
 
 class RegisteredMethod(Protocol[S_contra, P, T_co, M_co]):
