@@ -42,9 +42,7 @@ from dispatchcore import (
     direct_call,
     register,
 )
-from dispatchcore._base._options import GROUP_KEYWORDS
-from dispatchcore._data._tensor_batch import TensorBatch
-from dispatchcore._runtime._stacks import format_user_stack
+from dispatchcore.executor import thread_stacks
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BUILTIN_ERRORS = {
@@ -202,8 +200,7 @@ def test_data_errors_stay_catchable_as_the_protocols_builtins() -> None:
         data.batch["y"]
     with pytest.raises(KeyError):
         data.batch["y"]
-    batch = TensorBatch({"x": torch.arange(4)}, batch_size=[4])
-    assert batch.get("y") is None  # Mapping.get still sees a KeyError
+    assert data.batch.get("y") is None  # Mapping.get still sees a KeyError
     with pytest.raises(DispatchTypeError, match="indexing a DataProto with object"):
         data[object()]  # type: ignore[index]
     with pytest.raises(DispatchValueError, match="padding_size must be >= 0"):
@@ -233,10 +230,19 @@ class Echo(Worker):
         time.sleep(seconds)
 
 
-def test_group_keywords_list_is_worker_groups_signature() -> None:
-    parameters = inspect.signature(WorkerGroup.__init__).parameters
-    keywords = {n for n, p in parameters.items() if n not in ("self", "worker_cls") and p.kind != p.VAR_KEYWORD}
-    assert set(GROUP_KEYWORDS) == keywords | {"name"}  # ``name`` is read off the backend options
+@pytest.mark.parametrize(
+    "keyword",
+    [
+        n
+        for n in inspect.signature(WorkerGroup.__init__).parameters
+        if n not in ("self", "worker_cls", "backend_options")
+    ]
+    + ["name"],  # ``name`` is read off the backend options
+)
+def test_every_group_keyword_is_looked_for_first(keyword: str) -> None:
+    """The list the option check holds follows WorkerGroup's signature: each keyword, misspelt, is suggested."""
+    with pytest.raises(DispatchTypeError, match=rf"did you mean the WorkerGroup keyword '{keyword}'\?"):
+        WorkerGroup(Echo, 1, **{f"{keyword}x": 1})
 
 
 @pytest.mark.parametrize(
@@ -364,7 +370,7 @@ def test_a_stack_with_no_user_frame_shows_whole() -> None:
     waiter.start()
     try:
         assert waiter.ident is not None
-        text = format_user_stack(sys._current_frames()[waiter.ident])
+        text = thread_stacks(waiter.ident)
     finally:
         event.set()
         waiter.join()
