@@ -21,8 +21,10 @@ import threading
 import traceback
 from types import FrameType
 
-#: Top-level modules that only run the method thread, never the user's code (plus the standard library).
-_MACHINERY = ("dispatchcore", "executors_", "ray", "pluggy", "cloudpickle")
+#: Top-level modules that only run the method thread, never the user's code (plus the standard library):
+#: by name, and by prefix (this package, its executors, plugins named after it).
+_MACHINERY = frozenset({"ray", "pluggy", "cloudpickle"})
+_MACHINERY_PREFIXES = ("dispatchcore", "executors_")
 _IMPORT_SYSTEM = ("importlib", "_frozen_importlib", "_frozen_importlib_external")
 
 
@@ -32,7 +34,7 @@ def _top_module(frame: FrameType) -> str:
 
 def _is_machinery(frame: FrameType) -> bool:
     top = _top_module(frame)
-    return top in sys.stdlib_module_names or top.startswith(_MACHINERY)
+    return top in sys.stdlib_module_names or top in _MACHINERY or top.startswith(_MACHINERY_PREFIXES)
 
 
 def format_user_stack(frame: FrameType) -> str:
