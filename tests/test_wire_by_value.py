@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,26 @@ def test_a_worker_class_from_a_test_module_runs(backend: str, request: pytest.Fi
         boxes = wg.box(5)
         assert boxes == [Box(5), Box(6)]
         assert all(type(b) is Box for b in boxes)  # the driver gets its own class back
+
+
+_shared_gate = threading.Event()
+
+
+class GateSharingWorker(Worker):
+    """Shares a module-level event with its test: fine when the ranks are threads of this process."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def gate_is_set(self) -> bool:
+        return _shared_gate.is_set()
+
+
+def test_local_checks_test_module_code_by_name_but_a_process_backend_would_send_it() -> None:
+    """``local``'s ranks import this module as the driver did; a fresh process could not, so it travels by value."""
+    with pytest.raises(TypeError, match="lock"):
+        wire.dumps(GateSharingWorker)  # by value: the module-level event goes with the method
+    _shared_gate.set()
+    try:
+        with WorkerGroup(GateSharingWorker, 2, backend="local") as group:
+            assert group.gate_is_set() == [True, True]
+    finally:
+        _shared_gate.clear()

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._base import UnpicklableError
 from .._spi import Call, GroupSpec
-from .._wire import Culprit, dumps, find_unpicklable
+from .._wire import Culprit, dumps_in_process, find_unpicklable
 
 #: What to do about data that cannot be pickled.
 ARGUMENT_FIX = (
@@ -100,10 +100,13 @@ def check_spec_picklable(spec: GroupSpec) -> None:
 
     For executors that pickle nothing at start-up (``local`` with
     ``isolate=True``), so that what another backend would refuse is refused
-    here too, with the same words.
+    here too, with the same words.  Their ranks share this process's
+    modules, so code a pytest test module defines is checked by name (as
+    self-started torchrun ranks, started with the driver's path, import it)
+    and a module-level event a worker shares with its test is not refused.
     """
     try:
-        dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+        dumps_in_process((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
     except Exception as exc:
         raise unpicklable_spec_error(spec, exc) from exc
 

@@ -8,7 +8,16 @@ from ._allocator import keep_freed_memory
 from ._buffers import NUMPY_ALLOC_BYTES, RowBuffers, adopting, cat_rows, numpy_tensor, receive_buffer
 from ._by_value import by_value_modules, importable_by_name, refresh_by_value
 from ._culprit import Culprit, find_unpicklable
-from ._serialization import INLINE_LIMIT, PROTOCOL, Serialized, dumps, dumps_portable, loads, round_trip
+from ._serialization import (
+    INLINE_LIMIT,
+    PROTOCOL,
+    Serialized,
+    dumps,
+    dumps_in_process,
+    dumps_portable,
+    loads,
+    round_trip,
+)
 from ._tensor_pickle import rebuild_tensor, reduce_tensor
 
 __all__ = [
@@ -22,6 +31,7 @@ __all__ = [
     "by_value_modules",
     "cat_rows",
     "dumps",
+    "dumps_in_process",
     "dumps_portable",
     "find_unpicklable",
     "importable_by_name",

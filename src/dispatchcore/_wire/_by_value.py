@@ -49,6 +49,8 @@ _lock = threading.Lock()
 _judged: set[str] = set()
 _seen_count = 0
 _names: list[str] = []
+#: Those of ``_names`` sent by value by this module's rule alone (not registered with cloudpickle by their author).
+_by_rule: set[str] = set()
 #: Stream markers of the modules sent by value: the module name as the pickler writes it.
 _markers: tuple[bytes, ...] = ()
 
@@ -174,6 +176,8 @@ def refresh_by_value() -> None:
                 continue
             _judged.add(name)  # under its own name: aliases (``__mp_main__``, moved paths) are judged once
             if name != "__main__" and sys.modules.get(name) is module and not importable_by_name(module):
+                if name not in cloudpickle.list_registry_pickle_by_value():
+                    _by_rule.add(name)  # by value because of where it was found, not because its author asked
                 cloudpickle.register_pickle_by_value(module)
                 added.append(name)
         if added:
@@ -186,6 +190,16 @@ def by_value_modules() -> list[str]:
     """Names of the modules whose code is pickled by value (besides ``__main__``), after a refresh."""
     refresh_by_value()
     return sorted(_names)
+
+
+def by_value_by_rule() -> frozenset[str]:
+    """Names of the modules sent by value only because a fresh process could not import them (after a refresh).
+
+    A process that imported them itself (the driver's own threads) reaches
+    them by name; modules their authors registered by value stay by value.
+    """
+    refresh_by_value()
+    return frozenset(_by_rule)
 
 
 def names_by_value_module(data: bytes) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ._buffers import BUFFERS
-from ._by_value import names_by_value_module, refresh_by_value
+from ._by_value import by_value_by_rule, names_by_value_module, refresh_by_value
 from ._tensor_pickle import reduce_tensor
 
 PROTOCOL = 5
@@ -83,6 +83,27 @@ class _SharingPickler(_Pickler):
             slot = self._shared_ids[key] = len(self._shared)
             self._shared.append(obj)
         return slot
+
+
+class _InProcessPickler(_Pickler):
+    """Code of modules this process imported from an inserted path (a pytest test module) goes by name.
+
+    For checks made on behalf of ranks that live in this process (``local``):
+    they import those modules as the driver did, so a module-level lock or
+    event a worker shares with its test is never pickled.  ``__main__``'s
+    code, and modules registered by value by their authors, still travel by
+    value, as on every backend.
+    """
+
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]):
+        super().__init__(file, buffers, None)
+        self._named = by_value_by_rule()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in self._named:
+            if "<locals>" not in getattr(obj, "__qualname__", "<locals>"):
+                return NotImplemented  # by name, as pickle does
+        return super().reducer_override(obj)
 
 
 class _FastPickler(pickle.Pickler):
@@ -143,6 +164,19 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
     shared: list[Any] | None = [] if share_callables else None
     (_SharingPickler if share_callables else _Pickler)(file, buffers, shared).dump(obj)
     return Serialized(file.getvalue(), buffers, shared or [])
+
+
+def dumps_in_process(obj: Any) -> Serialized:
+    """``obj`` pickled as for a rank in this process: by value only what no import here reaches.
+
+    Differs from :func:`dumps` only for modules reached through a path
+    inserted at run time (see :class:`_InProcessPickler`).
+    """
+    refresh_by_value()
+    file = io.BytesIO()
+    buffers: list[pickle.PickleBuffer] = []
+    _InProcessPickler(file, buffers).dump(obj)
+    return Serialized(file.getvalue(), buffers)
 
 
 def dumps_portable(obj: Any) -> Serialized:
