@@ -90,10 +90,8 @@ class _Refusing(MockExecutor):
         return super().submit(call)
 
 
-register_executor(_Refusing)
-
-
 def test_a_backend_refusal_reads_the_same_for_every_kind_of_call() -> None:
+    register_executor(_Refusing)  # here, not at import: a plugin test may have reloaded the registry since
     wording = "backend 'refusing-mock' could not send the arguments of call"
     with (
         WorkerGroup(WeightTrainer, 2, backend="refusing-mock") as src,
