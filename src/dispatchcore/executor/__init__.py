@@ -94,6 +94,7 @@ from __future__ import annotations
 from .._base import check_options
 from .._lane import (
     BulkPath,
+    HandedOver,
     LaneAddress,
     LaneCallHandle,
     LaneDirectory,
@@ -182,6 +183,7 @@ __all__ = [
     "Executor",
     "ForwardPlan",
     "GroupSpec",
+    "HandedOver",
     "HeldRows",
     "Instructions",
     "LaneAddress",
