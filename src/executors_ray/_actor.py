@@ -38,11 +38,11 @@ from dispatchcore.executor import (
 )
 
 from . import _forward
-from ._bulk import RankBulk
+from ._bulk import RankBulk, Shelf
 from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index, node_ip
 from ._store import Packed, pack_value, unpack
-from ._tags import CONTROL_GROUP, FAILED, LANE_GROUP, OK_PACKED, ROWS_GROUP, ROWS_THREADS
+from ._tags import BESIDE_GROUP, BESIDE_THREADS, CONTROL_GROUP, FAILED, LANE_GROUP, OK_PACKED, ROWS_GROUP, ROWS_THREADS
 from ._transfer import RayTensorLink
 
 
@@ -58,6 +58,8 @@ class RankActor:
         #: The core's rank side (it holds the worker), made by the first driver's ``serve_lane``.
         self._lane: LaneRank | None = None
         self._bulk: RankBulk | None = None
+        #: Stashed values and kept results of every lane this actor serves.
+        self._shelf = Shelf()
         self._plain_device = False
 
     # -- start-up --------------------------------------------------------------
@@ -95,14 +97,27 @@ class RankActor:
         if self._lane is None:
             os.environ.update(env or {})
             self._rank, self._group, self._death_timeout = rank, group, death_timeout
-            bulk = self._bulk = RankBulk(rank, inline_bytes)
-            self._lane = LaneRank(rank, prepare=self._prepare, bulk=bulk, on_driver_gone=bulk.driver_gone.set)
+            self._bulk = RankBulk(rank, inline_bytes, self._shelf)
+            gone = self._bulk.driver_gone.set
+            self._lane = LaneRank(rank, prepare=self._prepare, bulk=self._bulk, on_driver_gone=gone)
         assert self._bulk is not None  # noqa: S101 - made with the lane
-        self._bulk.driver_gone.clear()
-        try:
-            self._lane.serve(address, timeout)
-        finally:
-            self._bulk.driver_gone.set()
+        _serve(self._lane, self._bulk, address, timeout)
+
+    def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float) -> None:
+        """Serve another group's lane, as its rank ``rank``, on a thread of the ``beside`` group.
+
+        For a group made of running actors (verl's ``worker_handles``) while
+        their own group's lane is up: the same worker, reached by a second
+        driver-side group under its own rank numbers.
+        """
+        host = self._host()
+        if host is None:
+            raise RuntimeError("this actor hosts no started worker")
+        self._select_device()  # this thread's current device, as the method thread's
+        bulk = RankBulk(rank, inline_bytes, self._shelf)
+        lane = LaneRank(rank, bulk=bulk, on_driver_gone=bulk.driver_gone.set)
+        lane.host = host
+        _serve(lane, bulk, address, timeout)
 
     def _prepare(self, host: WorkerHost) -> None:
         """Before the worker's ``__init__``, on the method thread: device, row fetches, transfers, collective."""
@@ -132,13 +147,11 @@ class RankActor:
     # -- the object store's side of the lane (rows group) --------------------------
     def stash(self, key: Any, as_is: bool, carried: Any, member: int | None = None) -> None:
         """A call value the lane's bulk path sent by the object store (``_bulk``)."""
-        assert self._bulk is not None  # noqa: S101 - the driver stashes only after joining
-        self._bulk.arrive(key, as_is, carried, member)
+        self._shelf.arrive(key, as_is, carried, member)
 
     def take_result(self, key: int) -> Any:
         """A result kept for the driver (large, or an object reference), handed over once."""
-        assert self._bulk is not None  # noqa: S101
-        return self._bulk.take_result(key)
+        return self._shelf.take_result(key)
 
     # -- calls beside the lane -----------------------------------------------------
     def call_beside(self, method: str, instructions: Instructions, payload: Packed) -> tuple[int, Any]:
@@ -203,12 +216,22 @@ class RankActor:
         return serve_rows(self._rank, requests)
 
 
+def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float) -> None:
+    """Serve ``lane`` until its driver ends it; stashed values waited for meanwhile fail once it has."""
+    bulk.driver_gone.clear()
+    try:
+        lane.serve(address, timeout)
+    finally:
+        bulk.driver_gone.set()
+
+
 @functools.cache
 def actor_class() -> Any:
     """``ray.remote`` of ``RankActor`` (made once): a one-thread ``lane`` group (the method thread),
-    a one-thread ``control`` group for start-up questions, and a ``rows`` group serving kept rows."""
+    a ``beside`` group for other groups' lanes, a one-thread ``control`` group for start-up
+    questions, and a ``rows`` group serving kept rows."""
     import ray
 
     remote: Any = ray.remote  # its overloads do not list concurrency_groups
-    groups = {LANE_GROUP: 1, CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS}
+    groups = {LANE_GROUP: 1, BESIDE_GROUP: BESIDE_THREADS, CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS}
     return remote(concurrency_groups=groups)(RankActor)

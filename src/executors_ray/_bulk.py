@@ -125,30 +125,21 @@ class _Stash:
         self.value: Any = None
 
 
-class RankBulk:
-    """A rank actor's side (see the module docstring); one per actor, for every driver it serves in turn."""
+class Shelf:
+    """What a rank actor holds for its lanes: stashed call values on their way in, results kept for the driver."""
 
-    private = False
-
-    def __init__(self, rank: int, inline_bytes: int) -> None:
-        self.min_bytes = inline_bytes + 1
-        self.rank = rank
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stashes: dict[Any, _Stash] = {}
         self._kept: dict[int, Any] = {}
         self._keys = itertools.count()
-        #: Set while no driver's lane is up: a stashed value waited for would never come.
-        self.driver_gone = threading.Event()
 
-    def claims(self, value: Any) -> bool:
-        return is_object_ref(value)  # e.g. a weight bucket the worker put: Ray hands it over
-
-    def put(self, value: Any, ranks: tuple[int, ...]) -> KeptResult:
-        """Keep a result for the driver's ``take_result``."""
+    def keep(self, value: Any) -> int:
+        """Keep a result (an object reference, or a packed pickle) under a fresh key."""
         key = next(self._keys)
         with self._lock:
-            self._kept[key] = value if is_object_ref(value) else pack(value)
-        return KeptResult(self.rank, key)
+            self._kept[key] = value
+        return key
 
     def take_result(self, key: int) -> Any:
         """A kept result, handed over once."""
@@ -157,19 +148,50 @@ class RankBulk:
 
     def arrive(self, key: Any, as_is: bool, carried: Any, member: int | None) -> None:
         """A ``stash`` task brought call value ``key`` (``member`` of ``carried`` when a call's values share one)."""
-        entry = self._entry(key)
+        entry = self.entry(key)
         entry.as_is = as_is
         entry.value = carried[0] if as_is else carried if member is None else carried[member]
         entry.arrived.set()
 
+    def entry(self, key: Any) -> _Stash:
+        with self._lock:
+            entry = self._stashes.get(key)
+            if entry is None:
+                entry = self._stashes[key] = _Stash()
+            return entry
+
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._stashes.pop(key, None)
+
+
+class RankBulk:
+    """A rank actor's side of one lane (see the module docstring), over the actor's :class:`Shelf`."""
+
+    private = False
+
+    def __init__(self, rank: int, inline_bytes: int, shelf: Shelf) -> None:
+        self.min_bytes = inline_bytes + 1
+        #: The rank this lane's driver knows the actor by (its tokens name it).
+        self.rank = rank
+        self._shelf = shelf
+        #: Set once this lane's driver is gone: a stashed value waited for would never come.
+        self.driver_gone = threading.Event()
+
+    def claims(self, value: Any) -> bool:
+        return is_object_ref(value)  # e.g. a weight bucket the worker put: Ray hands it over
+
+    def put(self, value: Any, ranks: tuple[int, ...]) -> KeptResult:
+        """Keep a result for the driver's ``take_result``."""
+        return KeptResult(self.rank, self._shelf.keep(value if is_object_ref(value) else pack(value)))
+
     def get(self, key: Any) -> Serialized | HandedOver:
         """Stashed value ``key`` (waiting for its task): a packed pickle, or a value Ray handed over."""
-        entry = self._entry(key)
+        entry = self._shelf.entry(key)
         while not entry.arrived.wait(STASH_POLL_S):
             if self.driver_gone.is_set():
                 break
-        with self._lock:
-            self._stashes.pop(key, None)
+        self._shelf.drop(key)
         if not entry.arrived.is_set():
             raise RuntimeError("the driver's lane closed before the call's arguments arrived")
         if not entry.as_is:
@@ -177,10 +199,3 @@ class RankBulk:
         if isinstance(entry.value, Forwarded):
             return HandedOver(resolve(entry.value))  # a fresh join: private whatever ``isolate`` says
         return HandedOver(entry.value)
-
-    def _entry(self, key: Any) -> _Stash:
-        with self._lock:
-            entry = self._stashes.get(key)
-            if entry is None:
-                entry = self._stashes[key] = _Stash()
-            return entry

@@ -70,7 +70,7 @@ from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
 from ._store import pack_value
-from ._tags import CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
+from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -227,22 +227,20 @@ class RayExecutor(Executor):
             ) from exc
 
     def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, address: str) -> None:
-        """One ``serve_lane`` task per rank actor, on its method thread (``lane`` group)."""
+        """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
         spec, actors = self.spec, self._rank_actors.actors
         for rank in ranks:
-            self._serve_refs[rank] = (
-                actors[rank]
-                .serve_lane.options(concurrency_group=LANE_GROUP)
-                .remote(
-                    address,
-                    rank,
-                    None if env is None else env[rank],
-                    spec.name,
-                    spec.death_timeout,
-                    self._lane_inline,
-                    self._start_timeout,
+            actor = actors[rank]
+            if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
+                task = actor.serve_beside.options(concurrency_group=BESIDE_GROUP)
+                ref = task.remote(address, rank, self._lane_inline, self._start_timeout)
+            else:
+                rank_env = None if env is None else env[rank]
+                task = actor.serve_lane.options(concurrency_group=LANE_GROUP)
+                ref = task.remote(
+                    address, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
                 )
-            )
+            self._serve_refs[rank] = ref
 
     def _rank_dead(self, rank: int) -> str | None:
         """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""

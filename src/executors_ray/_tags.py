@@ -30,6 +30,11 @@ ROWS_THREADS = 2
 #: (every call and the worker's ``__init__`` run there).
 LANE_GROUP = "lane"
 
+#: Concurrency group serving the lanes of groups made of running actors (verl's ``worker_handles``)
+#: while the actors' own lane is up: a thread per such lane.
+BESIDE_GROUP = "beside"
+BESIDE_THREADS = 4
+
 
 @dataclass
 class Forwarded:
