@@ -46,6 +46,13 @@ class BulkPath(Protocol):
     calls :meth:`put` with no ranks (for the driver), the driver :meth:`get`
     (on a thread of its own, not the group's reader).  Without one, every
     value rides the lane inline.
+
+    Two optional members: ``claims(value) -> bool`` names values the path
+    must move itself, as they are (a Ray ``ObjectRef``, whose owner Ray must
+    track): they are never pickled, :meth:`put` gets the value itself
+    whatever its size, and :meth:`get` returns it as a :class:`HandedOver`.
+    ``flush()`` is called on the driver once every value of a call was put,
+    before the call is sent, so a path may move a call's values together.
     """
 
     #: Values whose pickle (stream and buffers) has at least this many bytes go by this path.
@@ -63,15 +70,7 @@ class BulkPath(Protocol):
 
 
 class HandedOver(NamedTuple):
-    """A value a bulk path moved as it is, never pickled: what its ``get`` returns for a claimed value.
-
-    A bulk path may define ``claims(value) -> bool``: values it must move
-    itself (a Ray ``ObjectRef``, whose owner Ray must know about); the
-    envelope then gives :meth:`BulkPath.put` the value itself, whatever its size.
-    It may also define ``flush()``, called on the driver once every value of
-    a call was put and before the call is sent: a path may gather them and
-    move them together.
-    """
+    """A value a bulk path moved as it is, never pickled: what its ``get`` returns for a claimed value."""
 
     value: Any
 
