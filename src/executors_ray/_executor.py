@@ -49,6 +49,7 @@ from dispatchcore.executor import (
     ChunkPlan,
     Executor,
     GroupSpec,
+    LaneAddress,
     LaneCallHandle,
     LaneDriver,
     ResultShape,
@@ -210,8 +211,11 @@ class RayExecutor(Executor):
                 isolate=self.spec.isolate,
                 name=self.spec.name,
             )
+
+        def launch(address: LaneAddress) -> None:
+            self._serve(ranks, env, address.encode())
+
         try:
-            launch = lambda address: self._serve(ranks, env, address.encode())  # noqa: E731
             self._lane.join(tuple(ranks), launch, self._start_timeout)
         except OSError as exc:
             raise DispatchError(
@@ -470,10 +474,12 @@ class RayExecutor(Executor):
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         lane = self._lane
         assert lane is not None  # noqa: S101 - joined before the group was handed out
-        # The core's row reads and frees run beside any running call (Ray tasks in the rows group),
-        # never queued behind it on the lane; a free goes on the lane too, so the next call finds them gone.
+        # Rows routing, the one place the core's row reads and frees are told apart: they run beside
+        # any running call (Ray tasks in the rows group), never queued behind it on the lane; a free
+        # goes on the lane too, in order, so the next call finds the rows gone.  A read's rows are not
+        # copied here: the core copies them once, assembling the columns.
         if call.method == TAKE_ROWS_METHOD:
-            return self._submit_rows(call)
+            return self._submit_rows(dataclasses.replace(call, results_are_copied=True))
         if call.method == FREE_ROWS_METHOD:
             self._submit_rows(call)
         handle = lane.submit(call)
@@ -482,11 +488,7 @@ class RayExecutor(Executor):
         return handle
 
     def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, run in the ranks' ``rows`` concurrency group.
-
-        Neither waits for a long call to end.  A read's rows are not copied
-        here: the core copies them once, assembling the columns.
-        """
+        """The core's row read or free, run in the ranks' ``rows`` concurrency group (never behind a long call)."""
         refs = []
         for position, rank in enumerate(call.ranks):
             share = (call.args[position], call.kwargs[position])
@@ -497,8 +499,6 @@ class RayExecutor(Executor):
             actor = self._rank_actors.actors[rank]
             task = actor.call_beside.options(concurrency_group=ROWS_GROUP)
             refs.append(task.remote(call.method, call.instructions, payload))
-        if call.method == TAKE_ROWS_METHOD:
-            call = dataclasses.replace(call, results_are_copied=True)
         assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
         return RowsCallHandle(self._lane, self._rank_actors, call, refs)
 
