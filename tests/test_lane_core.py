@@ -7,6 +7,7 @@ against the core's driver side (``LaneDriver``) and rank side (``LaneRank``).
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
-from dispatchcore.executor import Call, GroupSpec, Instructions, LaneAddress, LaneExecutor, LaneRank
+from dispatchcore.executor import Call, GroupSpec, HandedOver, Instructions, LaneAddress, LaneExecutor, LaneRank
 from dispatchcore.testing.workers import EchoWorker
 from dispatchcore.wire import Serialized
 
@@ -251,3 +252,67 @@ def test_a_bulk_path_carries_large_values_once_for_every_rank_reading_them() -> 
 def _inputs() -> tuple[Any, ...]:
     data = DataProto.from_dict({"x": torch.arange(4)}, non_tensors={"s": np.array(list("abcd"), dtype=object)})
     return data, np.zeros(3), {"k": 1}
+
+
+@dataclasses.dataclass
+class Handle:
+    """A value only the test's bulk path may move, as it is (as Ray's object references are)."""
+
+    name: str
+
+
+class ClaimingBulk(FileBulk):
+    """``FileBulk`` that also claims every :class:`Handle` (never pickled by the envelope) and counts flushes."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(folder)
+        self.claimed: list[tuple[Any, tuple[int, ...]]] = []
+        self.flushes = 0
+
+    def claims(self, value: Any) -> bool:
+        return isinstance(value, Handle)
+
+    def put(self, value: Any, ranks: tuple[int, ...]) -> Any:
+        if isinstance(value, Serialized):
+            return super().put(value, ranks)
+        self.claimed.append((value, ranks))
+        path = Path(self.folder) / f"handle{len(self.claimed)}-{os.environ.get('LANE_TEST_RANK', 'driver')}"
+        path.write_bytes(pickle.dumps(value))
+        return ("handle", str(path))
+
+    def get(self, token: Any) -> Serialized | HandedOver:
+        if isinstance(token, tuple) and token[0] == "handle":
+            return HandedOver(pickle.loads(Path(token[1]).read_bytes()))  # noqa: S301 - written by this test
+        return super().get(token)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def claiming_rank_main(address: str, rank: int, bulk_folder: str | None) -> None:
+    os.environ["LANE_TEST_RANK"] = str(rank)
+    assert bulk_folder is not None  # noqa: S101
+    LaneRank(rank, bulk=ClaimingBulk(bulk_folder), on_driver_gone=lambda: os._exit(0)).serve(address)
+    os._exit(0)
+
+
+class ClaimingLane(SpawnLane):
+    target = staticmethod(claiming_rank_main)
+
+
+def test_a_bulk_path_may_claim_values_it_moves_as_they_are_both_ways() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        bulk = ClaimingBulk(folder)
+        executor = ClaimingLane(spec(), bulk=bulk)
+        try:
+            out = executor.submit(call("one_to_all", Handle("in"), "small")).result(30)
+            # (a class of this test module travels by value: each trip back makes a new class, so names are compared)
+            assert [(args[0].name, args[1]) for _, args, _ in out] == [("in", "small")] * 2
+            assert bulk.claimed == [(Handle("in"), (0, 1))], "the value itself, put once for both ranks"
+            assert bulk.flushes == 1, "flushed once the call's values were put, before it was sent"
+            executor.submit(Call("keep", (0, 1), [(Handle("r0"),), (Handle("r1"),)], [{}, {}])).result(30)
+            handle = executor.submit(call("kept"))
+            assert [h.name for h in handle.result(30)] == ["r0", "r1"]  # claimed by the ranks, handed over as they are
+            assert sorted(token[0] for token in handle.bulk_results.values()) == ["handle", "handle"]
+        finally:
+            executor.shutdown()

@@ -1,11 +1,9 @@
-"""Unit test of internal parts (the payload packer, the runtime helpers): imports executors_ray._payload and _runtime.
+"""Unit test of internal parts (the object store packer, runtime helpers): imports executors_ray._store and _runtime.
 
 Moved out of ``test_ray_executor.py``, which tests the ray backend through public names only.
 """
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 import torch
@@ -20,27 +18,20 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def test_pack_falls_back_to_cloudpickle_for_code_by_value():
-    import cloudpickle
-
     from dispatchcore.wire import dumps
-    from executors_ray import _payload
+    from executors_ray._store import pack_value, unpack
 
     data = DataProto.from_dict({"x": torch.arange(6).reshape(3, 2)}, meta_info={"f": len})
-    fast = _payload.pack(data)
-    assert torch.equal(_payload.unpack(fast, copy=True).batch["x"], data.batch["x"])
-    assert _payload.unpack(_payload.pack(lambda v: v + 1), copy=True)(1) == 2  # C pickler refuses: cloudpickle
-    by_reference = _payload.pack(_ByValue())[0]
-    module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)
-    try:
-        by_value = _payload.pack(_ByValue())[0]
-        assert by_value == dumps(_ByValue()).data != by_reference  # this module's code travels by value
-    finally:
-        cloudpickle.unregister_pickle_by_value(module)
+    fast = pack_value(data)
+    assert torch.equal(unpack(fast, copy=True).batch["x"], data.batch["x"])
+    assert unpack(pack_value(lambda v: v + 1), copy=True)(1) == 2  # C pickler refuses: cloudpickle
+    by_reference = dumps(_ByValue(), share_callables=True).data  # the C pickler's stream names the class
+    by_value = pack_value(_ByValue())[0]  # a test module no rank can import: dispatchcore.wire sends it by value
+    assert by_value == dumps(_ByValue()).data != by_reference  # this module's code travels by value
 
 
 class _ByValue:
-    """An instance whose class must travel by value once its module is registered."""
+    """An instance whose class must travel by value (its module is a test module)."""
 
 
 def test_helpers():

@@ -17,7 +17,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import executors_ray._lane as ray_lane  # noqa: E402 - the door it opens, watched (a private module, on purpose)
+import dispatchcore._lane._driver as ray_lane  # noqa: E402 - the door the core's lane opens, watched (private, on purpose)
 from dispatchcore import DataProto, Dispatch, DispatchError, DispatchValueError, Worker, WorkerGroup, register  # noqa: E402
 from executors_ray._lane_setup import ray_client_error  # noqa: E402
 from executors_ray.testing import ray_session  # noqa: E402, F401

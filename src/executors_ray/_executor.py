@@ -7,12 +7,16 @@ worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
 ``MASTER_ADDR``/``MASTER_PORT`` already in its environment.  Each phase is
 bounded by ``start_timeout``.
 
-Calls: once the actors are up, each joins the driver's control lane
-(``_lane``), and every call goes there: each distinct argument is packed once
-(``_payload``), small values and results ride the lane, large ones the
-object store; results come back through :class:`LaneCallHandle`, on the
-core's time bounds.  Actors that cannot reach the lane fail the group's
-start (so does Ray Client, whose driver is outside the cluster).
+Calls: the group's lane is the core's (:class:`~dispatchcore.executor.LaneDriver`):
+once the actors are placed, each is handed the lane's address by one
+``serve_lane`` call, which serves the lane on the actor's method thread
+(``_actor``), and the lane's ``start`` builds the workers there.  Small
+values and results ride the lane; large ones and object references go by
+the object store (``_bulk``, the lane's bulk path).  The lane's liveness is
+the one rule, with Ray's word that an actor died (its ``serve_lane`` task
+failed) as the process-death signal.  Actors that cannot reach the lane
+fail the group's start (so does Ray Client, whose driver is outside the
+cluster).
 
 Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
 core the producing results' shapes without fetching them, the core plans
@@ -42,6 +46,9 @@ from dispatchcore.executor import (
     ChunkPlan,
     Executor,
     GroupSpec,
+    LaneAddress,
+    LaneCallHandle,
+    LaneDriver,
     ResultShape,
     StoreCollective,
     check_options,
@@ -50,17 +57,18 @@ from dispatchcore.executor import (
     unpicklable_error,
     unpicklable_spec_error,
 )
+from dispatchcore.wire import Serialized, dumps
 
-from . import _payload
 from ._actor import actor_class
+from ._bulk import DriverBulk, KeptResult
 from ._handle import RowsCallHandle
-from ._lane import LaneCallHandle, RayLane
-from ._lane_setup import inline_bytes, lane_host, lane_tasks, rank_task, refuse_ray_client, refuse_removed
+from ._lane_setup import inline_bytes, lane_host, refuse_ray_client, refuse_removed
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._tags import CONTROL_GROUP, ROWS_GROUP, Forwarded
+from ._store import pack_value
+from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -109,7 +117,6 @@ class RayExecutor(Executor):
         self._spares: list[tuple[Any, Any, str]] = []
         self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
         self._actor_opts: list[dict[str, Any]] = []
-        self._packed_spec: Any = None
         #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
         self._collective: tuple[Any, str] | None = None
         self._pool_acquired = False
@@ -128,16 +135,21 @@ class RayExecutor(Executor):
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        #: The control lane, once the actors joined it (every call goes there).
-        self._lane: RayLane | None = None
+        #: The lane's bulk path: the object store (its puts bundled while every rank shares this node).
+        self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
+        #: The core's lane (every call goes there), opened once the actors are placed.
+        self._lane: LaneDriver | None = None
+        #: Each rank's running ``serve_lane`` task: it fails when the actor dies (the lane's death signal).
+        self._serve_refs: dict[int, Any] = {}
         try:
             if opts["actors"] is not None:
                 self._attach_handles(list(opts["actors"]))
+                self._join_lane(range(spec.world_size), None)
             elif opts["attach"]:
                 self._attach()
+                self._join_lane(range(spec.world_size), None)
             else:
                 self._launch()
-            self._join_lane(range(spec.world_size))
         except BaseException:
             self._release(kill=True)
             raise
@@ -158,7 +170,6 @@ class RayExecutor(Executor):
     def _launch(self) -> None:
         ray, spec, group = self.ray, self.spec, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
-        self._packed_spec = ray.put(self._spec_payload)
         actor_opts = self._actor_opts = self._actor_options()
         cls = actor_class()
         for options in actor_opts:
@@ -169,43 +180,83 @@ class RayExecutor(Executor):
         )
         group.infos = infos
         here = ray.get_runtime_context().get_node_id()
-        self._same_node = all(info["node_id"] == here for info in infos)
-        env = self._rank_env(infos)
-        refs = self._start_workers(range(spec.world_size), env)
-        failures = self._wait(refs, deadline, "build the workers (__init__)")
-        errors = [f for f in failures if f is not None]
-        if errors:
-            error = errors[0].to_error()
-            if len(errors) > 1:
-                error.add_note(f"rank(s) {[f.rank for f in errors[1:]]} failed to start too")
-            raise error
+        self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in infos)
+        self._open_ranks(range(spec.world_size), self._rank_env(infos))
 
-    def _start_workers(self, ranks: Sequence[int], env: list[dict[str, str]]) -> list[Any]:
-        """Build the worker of each of ``ranks`` in its actor (the references to wait on)."""
-        spec, actors = self.spec, self._rank_actors.actors
-        packed, n, isolate = self._packed_spec, spec.world_size, spec.isolate
-        return [actors[r].start.remote(packed, r, n, env[r], isolate, spec.name, spec.death_timeout) for r in ranks]
+    def _open_ranks(self, ranks: Sequence[int], env: list[dict[str, str]]) -> None:
+        """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
+        self._join_lane(ranks, env)
+        assert self._lane is not None  # noqa: S101 - opened by the join
+        self._lane.start(tuple(ranks), self._boot(), self.spec.world_size, self._start_timeout)
 
-    # -- the control lane ------------------------------------------------------------
-    def _join_lane(self, ranks: Sequence[int]) -> None:
-        """Have ``ranks``' actors join the lane, within ``start_timeout``; the group cannot start without it."""
+    def _boot(self) -> Serialized:
+        if self._spec_payload is None:
+            raise DispatchError(f"ray group {self.spec.name!r}: an attached group builds no workers")
+        return self._spec_payload
+
+    # -- the lane ------------------------------------------------------------------
+    def _join_lane(self, ranks: Sequence[int], env: list[dict[str, str]] | None) -> None:
+        """Have ``ranks``' actors serve the lane, within ``start_timeout``; the group cannot start without it."""
         if self._lane is None:
             host = lane_host(self.ray, self._rank_actors.infos)
-            self._lane = RayLane(self._rank_actors, host, self._start_timeout, self._lane_inline)
+            self._lane = LaneDriver(
+                host,
+                death_timeout=self.spec.death_timeout,
+                on_broken=self.mark_broken,
+                rank_dead=self._rank_dead,
+                bulk=self._bulk,
+                isolate=self.spec.isolate,
+                name=self.spec.name,
+            )
+
+        def launch(address: LaneAddress) -> None:
+            self._serve(ranks, env, address.encode())
+
         try:
-            self._lane.connect(list(ranks))
-        except (RuntimeError, TimeoutError) as exc:
+            self._lane.join(tuple(ranks), launch, self._start_timeout)
+        except OSError as exc:
+            raise DispatchError(
+                f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
+                f"({type(exc).__name__}: {exc}); every call goes by the lane, so the group cannot start"
+            ) from exc
+        except DispatchError as exc:
             names = [self._rank_actors.names[rank] for rank in ranks]
             raise DispatchError(
                 f"ray group {self.spec.name!r}: the actors of rank(s) {list(ranks)} ({names}) could not reach the "
                 f"driver's control lane on {self._lane.host} ({exc}); every call goes by the lane, so the group "
                 "cannot start: let the actors' nodes open TCP connections to this driver (a firewall between them?)"
             ) from exc
-        except OSError as exc:
-            raise DispatchError(
-                f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
-                f"({type(exc).__name__}: {exc}); every call goes by the lane, so the group cannot start"
-            ) from exc
+
+    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, address: str) -> None:
+        """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
+        spec, actors = self.spec, self._rank_actors.actors
+        for rank in ranks:
+            actor = actors[rank]
+            if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
+                task = actor.serve_beside.options(concurrency_group=BESIDE_GROUP)
+                ref = task.remote(address, rank, self._lane_inline, self._start_timeout)
+            else:
+                rank_env = None if env is None else env[rank]
+                task = actor.serve_lane.options(concurrency_group=LANE_GROUP)
+                ref = task.remote(
+                    address, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
+                )
+            self._serve_refs[rank] = ref
+
+    def _rank_dead(self, rank: int) -> str | None:
+        """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""
+        ref = self._serve_refs.get(rank)
+        if ref is None:
+            return None
+        ready, _ = self.ray.wait([ref], timeout=0, fetch_local=False)
+        if not ready:
+            return None
+        try:
+            self.ray.get(ready[0], timeout=0)
+        except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
+            name, node = self._rank_actors.actor_name(rank), self._rank_actors.node_of(rank)
+            return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
+        return None
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
@@ -228,8 +279,6 @@ class RayExecutor(Executor):
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
         ray, group = self.ray, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
-        if self._lane is not None:
-            self._lane.close(ranks)
         for rank in ranks:
             try:
                 ray.kill(group.actors[rank], no_restart=True)
@@ -252,7 +301,7 @@ class RayExecutor(Executor):
             self._row_addresses.pop(rank, None)
             group.infos[rank] = info
         here = ray.get_runtime_context().get_node_id()
-        self._same_node = all(info["node_id"] == here for info in group.infos)
+        self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in group.infos)
         # A fresh port on rank 0's node: the old world's store may still hold the old one.
         port = self._wait(
             [group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
@@ -261,11 +310,7 @@ class RayExecutor(Executor):
         )[0]["port"]
         group.infos[0] = {**group.infos[0], "port": port}
         env = self._rank_env(group.infos)
-        refs = self._start_workers(ranks, env)
-        failures = [f for f in self._wait(refs, deadline, "build the replacement workers (__init__)") if f]
-        if failures:
-            raise failures[0].to_error()
-        self._join_lane(ranks)
+        self._open_ranks(ranks, env)
         if used_spares:
             self._add_spares(used_spares)
         return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
@@ -424,32 +469,29 @@ class RayExecutor(Executor):
     def submit(self, call: Call) -> CallHandle:
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
-        if call.beside:
-            return self._submit_rows(call)  # beside any running call, never queued behind it
         lane = self._lane
         assert lane is not None  # noqa: S101 - joined before the group was handed out
-        try:
-            tasks = lane_tasks(call, self.ray.put, self._same_node, self._lane_inline)
-        except _payload.EncodeError as exc:
-            cause = exc.__cause__ if exc.__cause__ is not None else exc
-            raise unpicklable_error(call.method, exc.value, cause) from cause
-        return lane.submit(call, tasks)
+        if call.beside:  # the core's row reads (and the frees they carry): Ray tasks in the rows group,
+            return self._submit_rows(call)  # beside any running call, never queued behind it on the lane
+        handle = lane.submit(call)
+        if self.poll_interval is not None:
+            handle.poll = min(handle.poll, self.poll_interval)
+        return handle
 
     def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, run in the ranks' ``rows`` concurrency group.
-
-        Neither waits for a long call to end.  A read's rows are not copied
-        here: the core copies them once, assembling the columns.
-        """
-        unique = call.unique_values()
-        encoded = _payload.encode_all(unique.values, self.ray.put, bundle=False)
+        """The core's row read or free, run in the ranks' ``rows`` concurrency group (never behind a long call)."""
         refs = []
         for position, rank in enumerate(call.ranks):
-            layout, tops = rank_task(call, unique, encoded, position)
+            share = (call.args[position], call.kwargs[position])
+            try:
+                payload = pack_value(share)
+            except Exception as exc:
+                raise unpicklable_error(call.method, share, exc) from exc
             actor = self._rank_actors.actors[rank]
-            refs.append(actor.call_beside.options(concurrency_group=ROWS_GROUP).remote(call.method, layout, *tops))
+            task = actor.call_beside.options(concurrency_group=ROWS_GROUP)
+            refs.append(task.remote(call.method, call.instructions, payload))
         assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
-        return RowsCallHandle(self._lane, call, refs)
+        return RowsCallHandle(self._lane, self._rank_actors, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
@@ -484,15 +526,24 @@ class RayExecutor(Executor):
         """
         if not isinstance(handle, LaneCallHandle):
             return None
-        producer = handle.lane.rank_actors
-        if producer.job_id != self.job_id or producer.closed:
+        try:
+            handle.result()
+        except DispatchError:
             return None
-        return handle.stored_results()
+        tokens = [handle.bulk_results.get(p) for p in range(len(handle.call.ranks))]
+        if not all(isinstance(t, KeptResult) and t.ref is not None for t in tokens):
+            return None
+        for token in tokens:
+            source = token.source  # type: ignore[union-attr]
+            if source is None or source.job_id != self.job_id or source.closed:
+                return None
+        return [token.ref for token in tokens]  # type: ignore[union-attr]
 
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
-        assert isinstance(handle, LaneCallHandle)  # noqa: S101 - describe_results declined any other
-        return Forwarded({p: handle.kept[p] for p in plan.sources}, plan)
+        refs = self._stored_results(handle)
+        assert refs is not None  # noqa: S101 - describe_results declined any other
+        return Forwarded({p: refs[p] for p in plan.sources}, plan)
 
     # -- lazy results: rows fetched actor to actor --------------------------------------
     def row_address(self, rank: int) -> RowAddress:
@@ -545,7 +596,7 @@ class RayExecutor(Executor):
         """
         if self.closed or self._lane is None:
             return False
-        self._lane.cancel(ranks, call.instructions.call_id)
+        self._lane.cancel(call.instructions.call_id, ranks)
         return True
 
     def can_replace_ranks(self) -> bool:
@@ -553,22 +604,10 @@ class RayExecutor(Executor):
         return not self.closed and not self._detached
 
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
-        """Each rank's actor answers in its control group, beside a running call."""
-        if self.closed:
+        """Each rank answers on its lane control link, beside a running call."""
+        if self.closed or self._lane is None:
             return {}
-        refs = {
-            rank: self.actor(rank).stacks.options(concurrency_group=CONTROL_GROUP).remote(all_threads) for rank in ranks
-        }
-        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
-        answered = set(ready)
-        out: dict[int, str] = {}
-        for rank, ref in refs.items():
-            if ref in answered:
-                try:
-                    out[rank] = self.ray.get(ref)
-                except Exception:  # noqa: BLE001, S112 - a dead actor has no stack to show
-                    continue
-        return out
+        return self._lane.stacks(ranks, all_threads, timeout)
 
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""
@@ -620,9 +659,14 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
-def _pack_spec(spec: GroupSpec) -> Any:
-    """The worker class and init arguments packed for the ranks, or the one error naming what cannot be pickled."""
+def _pack_spec(spec: GroupSpec) -> Serialized:
+    """The worker class and init arguments pickled for the ranks, or the one error naming what cannot be pickled."""
     try:
-        return _payload.pack((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+        return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
     except Exception as exc:
         raise unpicklable_spec_error(spec, exc) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""

@@ -18,8 +18,8 @@ from typing import Any
 from dispatchcore import DataProto
 from dispatchcore.executor import ResultShape, assemble_chunk
 
-from . import _payload
-from ._tags import OK_PACKED, Forwarded
+from ._store import unpack
+from ._tags import Forwarded
 
 #: Bound on fetching forwarded results (they are ready before the call is sent;
 #: this only guards a node lost in between).
@@ -53,8 +53,8 @@ def resolve(part: Forwarded) -> DataProto:
 
 
 def _packed_dataproto(result: Any) -> DataProto | None:
-    """The ``DataProto`` in a call's stored result, wrapped without a copy, if it is one."""
-    if type(result) is not tuple or result[0] != OK_PACKED:
-        return None
-    value = _payload.unpack(result[1], copy=False)
+    """The ``DataProto`` in a call's kept result (``take_result``), wrapped without a copy, if it is one."""
+    if type(result) is not tuple or len(result) != 2:
+        return None  # an object reference the worker returned
+    value = unpack(result, copy=False)
     return value if isinstance(value, DataProto) else None

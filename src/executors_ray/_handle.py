@@ -1,6 +1,6 @@
 """The results of the core's row reads and frees: one object reference per rank, pulled by the core's call handle.
 
-Every call of a Ray group goes by its control lane (``_lane``), except these,
+Every call of a Ray group goes by the core's lane, except these,
 which run as Ray tasks in the actors' ``rows`` concurrency group so that they
 never wait behind a running call.
 :class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
@@ -25,10 +25,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatchcore.executor import Call, RankCallHandle
+from dispatchcore.executor import Call, LaneDriver, RankCallHandle
 
-from . import _payload
-from ._lane import RayLane
+from ._rank_actors import RankActors
+from ._store import unpack
+from ._tags import FAILED
 
 #: How long the first ``ray.get`` waits for every result at once before results are taken as they land.
 FAST_GET_S = 0.05
@@ -37,8 +38,7 @@ FAST_GET_S = 0.05
 class RowsCallHandle(RankCallHandle):
     """One row read or free: a result reference per rank of the call."""
 
-    def __init__(self, lane: RayLane, call: Call, refs: list[Any]) -> None:
-        rank_actors = lane.rank_actors
+    def __init__(self, lane: LaneDriver, rank_actors: RankActors, call: Call, refs: list[Any]) -> None:
         super().__init__(call, death_timeout=rank_actors.death_timeout, on_broken=rank_actors.mark_broken)
         if rank_actors.poll_interval is not None:
             self.poll = min(self.poll, rank_actors.poll_interval)
@@ -109,9 +109,12 @@ class RowsCallHandle(RankCallHandle):
             self._accept(position, value)
 
     def _accept(self, position: int, value: Any) -> None:
-        """Deliver one stored result: an atom as it is, a packed value unpacked, a failure as such."""
-        rank = self.call.ranks[position]
-        self.deliver(position, *_payload.decode_result(value, copy=self._copy, rank=rank, method=self.call.method))
+        """Deliver one stored answer: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``."""
+        tag, payload = value
+        if tag == FAILED:
+            self.deliver(position, False, payload)
+            return
+        self.deliver(position, True, unpack(payload, copy=self._copy))
 
     def done(self) -> bool:
         if RankCallHandle.done(self):

@@ -1,7 +1,7 @@
-"""What a Ray group decides about its control lane: whether it can have one, where it listens, how a call is laid out.
+"""What a Ray group decides about its lane: whether it can have one, where it listens, what rides it inline.
 
-The lane itself is ``_lane``; the executor only asks these questions once
-per group (and per call for :func:`lane_tasks`), so they live apart from it.
+The lane itself is the core's; the executor only asks these questions once
+per group, so they live apart from it.
 The lane is a Ray group's one call path: options that chose another are
 refused here, and so is a driver whose actors could not reach it.
 """
@@ -9,14 +9,11 @@ refused here, and so is a driver whose actors could not reach it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dispatchcore import DispatchError, DispatchValueError
-from dispatchcore.executor import LOOPBACK, Call
-
-from . import _payload
-from ._tags import Layout, bare_layout
+from dispatchcore.executor import LOOPBACK
 
 #: Values and results up to this many bytes ride the lane; larger ones the object store.  Measured (DP echo,
 #: N = 2, one run): per-rank values of 0.125-8 MiB are 1.2-8x faster inline, 16 MiB and up faster by the store.
@@ -88,48 +85,3 @@ def lane_host(ray: Any, infos: Sequence[dict[str, Any]]) -> str:
     if not infos and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
         return LOOPBACK
     return str(ray.util.get_node_ip_address())
-
-
-def lane_tasks(call: Call, put: Callable[[Any], Any], bundle: bool, inline_max: int) -> list[tuple[Layout, list[Any]]]:
-    """Each rank's layout and top-level values for the lane (raises ``_payload.EncodeError``)."""
-    if not any(call.args) and not any(call.kwargs):
-        return [(bare_layout(call.instructions), [])] * len(call.ranks)
-    unique = call.unique_values()
-    encoded = _payload.encode_for_lane(unique.values, put, bundle, inline_max)
-    return [rank_task(call, unique, encoded, p) for p in range(len(call.ranks))]
-
-
-def rank_task(call: Call, unique: Any, encoded: list[Any], position: int) -> tuple[Layout, list[Any]]:
-    """The layout and top-level values of one rank's share of ``call`` (``encoded`` from ``_payload``)."""
-    arg_slots = unique.arg_slots[position]
-    kwarg_slots = unique.kwarg_slots[position]
-    needed = sorted({*arg_slots, *kwarg_slots.values()})
-    local = {slot: i for i, slot in enumerate(needed)}
-    kinds: list[int] = []
-    sources: list[Any] = []
-    inline: list[Any] = []
-    tops: list[Any] = []
-    top_index: dict[int, int] = {}
-    for slot in needed:
-        kind, where, value = encoded[slot]
-        kinds.append(kind)
-        if where is None:
-            sources.append(-1)
-            inline.append(value)
-            continue
-        ref, member = where
-        j = top_index.get(id(ref))
-        if j is None:
-            j = top_index[id(ref)] = len(tops)
-            tops.append(ref)
-        sources.append(j if member is None else (j, member))
-        inline.append(None)
-    layout: Layout = (
-        tuple(local[s] for s in arg_slots),
-        {k: local[s] for k, s in kwarg_slots.items()},
-        tuple(kinds),
-        tuple(sources),
-        tuple(inline),
-        call.instructions,
-    )
-    return layout, tops

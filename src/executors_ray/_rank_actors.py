@@ -1,6 +1,6 @@
 """What a Ray group's lane and call handles see of it: its rank actors, not its executor.
 
-:class:`~executors_ray._lane.RayLane` and its call handles need a handful of
+The lane's bulk path (``_bulk``) and the rows call handles need a handful of
 things from their group: the ``ray`` module and which Ray its references belong to, the
 rank actors with their names and nodes (for error messages), a few
 settings, whether the group is shut down, and how to mark it broken.

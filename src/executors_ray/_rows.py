@@ -20,7 +20,7 @@ from typing import Any
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
 from dispatchcore.executor import RowRequest, take_kept_rows
 
-from . import _payload
+from ._store import pack_value, unpack
 from ._tags import FAILED, OK_PACKED, ROWS_GROUP
 
 #: Bound on pulling answered rows into this process (they are ready when it starts;
@@ -46,7 +46,7 @@ def serve_rows(rank: int, requests: Sequence[RowRequest]) -> tuple[int, Any]:
     """Producing actor: ``(OK_PACKED, payload)`` of one DataProto per request, or ``(FAILED, message)``."""
     try:
         parts = [take_kept_rows(request) for request in requests]
-        return OK_PACKED, _payload.encode_result(parts)[1]
+        return OK_PACKED, pack_value(parts)
     except Exception as exc:  # noqa: BLE001 - the consumer raises it with its context
         return FAILED, f"rank {rank} could not serve its kept rows: {type(exc).__name__}: {exc}"
 
@@ -109,7 +109,7 @@ class RowFetcher:
             ) from exc
         if tag == FAILED:
             raise DispatchError(payload)
-        parts: list[DataProto] = _payload.unpack(payload, copy=False)
+        parts: list[DataProto] = unpack(payload, copy=False)
         return parts
 
 

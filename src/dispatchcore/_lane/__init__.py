@@ -21,7 +21,7 @@ method thread, pings, cancels and stacks beside them), the call envelope
 from ._address import LaneAddress, LaneDirectory
 from ._door import LaneDoor, address_toward, connect_lane, open_lane
 from ._driver import LaneCallHandle, LaneDriver
-from ._envelope import BulkPath
+from ._envelope import BulkPath, HandedOver
 from ._executor import LaneExecutor
 from ._framing import frame_object, unframe_object
 from ._link import LaneLink
@@ -29,6 +29,7 @@ from ._rank import LaneRank
 
 __all__ = [
     "BulkPath",
+    "HandedOver",
     "LaneAddress",
     "LaneCallHandle",
     "LaneDirectory",

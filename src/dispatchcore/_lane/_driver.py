@@ -52,6 +52,8 @@ class LaneCallHandle(RankCallHandle):
     def __init__(self, lane: LaneDriver, call: Call) -> None:
         super().__init__(call, death_timeout=lane.death_timeout, on_broken=lane.on_broken)
         self.lane = lane
+        #: Each result that came by the executor's bulk path: its token (an executor may hand results on from there).
+        self.bulk_results: dict[int, Any] = {}
 
     def check_alive(self, waiting: list[int]) -> None:
         for position in waiting:
@@ -255,6 +257,8 @@ class LaneDriver:
 
     def _deliver(self, entry: _Rank, waiter: tuple[RankCallHandle, int], ok: bool, part: Part | None) -> None:
         handle, position = waiter
+        if is_bulk(part) and isinstance(handle, LaneCallHandle):
+            handle.bulk_results[position] = part[1]  # type: ignore[index]
         try:
             value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
         except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import

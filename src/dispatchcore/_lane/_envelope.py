@@ -13,14 +13,16 @@ receives into its own (no copy for isolation); or, when the executor offers
 a :class:`BulkPath` and the value is large enough, ``(None, token)``, which
 the rank turns back into the value through the same path (Ray's object
 store, gloo point to point).  A rank's result comes back the same way: an
-inline part, or by the bulk path when it is large.
+inline part, or by the bulk path when it is large.  A bulk path may also
+claim values that only it can move, as they are (Ray's object references):
+those are never pickled here and come out as a :class:`HandedOver`.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .._runtime import unpicklable_error
 from .._spi import Call
@@ -44,6 +46,13 @@ class BulkPath(Protocol):
     calls :meth:`put` with no ranks (for the driver), the driver :meth:`get`
     (on a thread of its own, not the group's reader).  Without one, every
     value rides the lane inline.
+
+    Two optional members: ``claims(value) -> bool`` names values the path
+    must move itself, as they are (a Ray ``ObjectRef``, whose owner Ray must
+    track): they are never pickled, :meth:`put` gets the value itself
+    whatever its size, and :meth:`get` returns it as a :class:`HandedOver`.
+    ``flush()`` is called on the driver once every value of a call was put,
+    before the call is sent, so a path may move a call's values together.
     """
 
     #: Values whose pickle (stream and buffers) has at least this many bytes go by this path.
@@ -55,9 +64,21 @@ class BulkPath(Protocol):
         """Start moving ``value`` to ``ranks`` (none: to the driver); a small picklable token the reader gets."""
         ...
 
-    def get(self, token: Any) -> Serialized:
+    def get(self, token: Any) -> Serialized | HandedOver:
         """The value :meth:`put` moved under ``token`` (a rank's argument, or the driver's result)."""
         ...
+
+
+class HandedOver(NamedTuple):
+    """A value a bulk path moved as it is, never pickled: what its ``get`` returns for a claimed value."""
+
+    value: Any
+
+
+def claimed(bulk: BulkPath | None, value: Any) -> bool:
+    """Whether ``bulk`` moves ``value`` as it is (its optional ``claims``)."""
+    claims = getattr(bulk, "claims", None)
+    return claims is not None and bool(claims(value))
 
 
 def to_part(value: Serialized, bulk: BulkPath | None = None, ranks: tuple[int, ...] = ()) -> Part:
@@ -83,9 +104,19 @@ def pack_call(call: Call, bulk: BulkPath | None = None) -> list[RankValues]:
     if not any(call.args) and not any(call.kwargs):
         return [_NONE] * len(call.ranks)
     unique = call.unique_values()
-    pickled = [_pickle(value, call.method) for value in unique.values]  # every one before the first send
+    as_is = [claimed(bulk, value) for value in unique.values]
+    # every one before the first send
+    pickled = [value if keep else _pickle(value, call.method) for value, keep in zip(unique.values, as_is, strict=True)]
     used = [sorted({*a, *k.values()}) for a, k in zip(unique.arg_slots, unique.kwarg_slots, strict=True)]
-    parts = [to_part(value, bulk, _readers(slot, used, call.ranks)) for slot, value in enumerate(pickled)]
+    parts = [
+        (None, bulk.put(value, _readers(slot, used, call.ranks)))  # type: ignore[union-attr]
+        if as_is[slot]
+        else to_part(value, bulk, _readers(slot, used, call.ranks))
+        for slot, value in enumerate(pickled)
+    ]
+    flush = getattr(bulk, "flush", None)
+    if flush is not None:  # a bulk path may move a call's values together (one object for all)
+        flush()
     out: list[RankValues] = []
     for position, slots in enumerate(used):
         index = {slot: i for i, slot in enumerate(slots)}
@@ -115,7 +146,8 @@ def open_part(part: Part | None, bulk: BulkPath | None = None, isolate: bool = T
     if stream is None:
         if bulk is None:
             raise RuntimeError("a value came by a bulk path, but this rank was given none")
-        return loads(bulk.get(payload), copy=isolate and not bulk.private)
+        got = bulk.get(payload)
+        return got.value if isinstance(got, HandedOver) else loads(got, copy=isolate and not bulk.private)
     return loads(Serialized(stream, payload), copy=False)
 
 

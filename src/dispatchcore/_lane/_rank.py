@@ -19,7 +19,7 @@ from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stac
 from .._wire import dumps
 from ._address import LaneAddress
 from ._door import connect_lane
-from ._envelope import BulkPath, Part, inline, open_part, open_values, to_part
+from ._envelope import BulkPath, Part, claimed, inline, open_part, open_values, to_part
 from ._link import LaneLink
 from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 
@@ -100,6 +100,8 @@ class LaneRank:
         """``(ok, value pickled)`` for the driver; an unpicklable result fails the call, not the rank."""
         if value is None:
             return ok, None
+        if ok and claimed(self._bulk, value):  # a value only the executor's bulk path can hand over
+            return self._by_bulk(value, method)
         try:
             pickled = dumps(value)
         except BaseException as exc:  # noqa: BLE001
@@ -107,6 +109,13 @@ class LaneRank:
             return False, inline(dumps(failure))
         try:
             return ok, to_part(pickled, self._bulk)
+        except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
+            return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
+
+    def _by_bulk(self, value: Any, method: str) -> tuple[bool, Part]:
+        """A claimed result, moved as it is by the bulk path."""
+        try:
+            return True, (None, self._bulk.put(value, ()))  # type: ignore[union-attr]
         except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
             return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from .._base import check_options
 from .._lane import (
     BulkPath,
+    HandedOver,
     LaneAddress,
     LaneCallHandle,
     LaneDirectory,
@@ -107,6 +108,7 @@ __all__ = [
     "Executor",
     "ForwardPlan",
     "GroupSpec",
+    "HandedOver",
     "HeldRows",
     "Instructions",
     "LaneAddress",
