@@ -15,7 +15,9 @@ executor may add a process-death signal, ``rank_dead(rank) -> str | None``
 (a child's exit code, Ray's actor death), which names the cause and ends
 the rank even if its links outlive it (a forked child holding the socket),
 shortly after the signal, so answers the rank sent before it went still
-arrive.
+arrive.  ``on_gone(rank, reason)`` hears of each rank found gone that way
+(not of ranks the driver ends itself: replaced, or at ``close``), e.g. to
+tell other ranks that wait on it beside the lane.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ GONE_GRACE_S = 0.3
 REASON_WAIT_S = 1.0
 #: Says why rank ``rank``'s process is certainly gone, or ``None`` (the executor's death signal).
 RankDead = Callable[[int], str | None]
+#: Hears that rank ``rank`` was found gone, and why.
+RankGone = Callable[[int, str], None]
 
 
 class LaneCallHandle(RankCallHandle):
@@ -87,6 +91,7 @@ class LaneDriver:
         death_timeout: float,
         on_broken: Callable[[str], None] = lambda reason: None,
         rank_dead: RankDead | None = None,
+        on_gone: RankGone | None = None,
         bulk: BulkPath | None = None,
         isolate: bool = True,
         name: str = "group",
@@ -96,6 +101,7 @@ class LaneDriver:
         self.death_timeout = death_timeout
         self.on_broken = on_broken
         self._rank_dead = rank_dead
+        self._on_gone = on_gone
         self._bulk = bulk
         self._isolate = isolate
         self._ranks: dict[int, _Rank] = {}
@@ -124,7 +130,7 @@ class LaneDriver:
             old = self._ranks.get(rank)
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
-                self._end(old, f"rank {rank} was replaced")
+                self._end(old, f"rank {rank} was replaced", found=False)
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
@@ -142,10 +148,13 @@ class LaneDriver:
         handle.result(timeout)
 
     # -- calls -----------------------------------------------------------------------
-    def submit(self, call: Call) -> LaneCallHandle:
-        """Send ``call`` to its ranks at once (every argument pickled before the first send)."""
+    def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
+        """Send ``call`` to its ranks at once (every argument pickled before the first send).
+
+        ``handle``: one the executor made for ``call`` (a subclass that watches more), else a plain one.
+        """
         shares = pack_call(call, self._bulk)
-        handle = LaneCallHandle(self, call)
+        handle = LaneCallHandle(self, call) if handle is None else handle
         cid = next(self._cids)
         method, instructions = call.method, call.instructions
         for position, (rank, (parts, args, kwargs)) in enumerate(zip(call.ranks, shares, strict=True)):
@@ -277,8 +286,11 @@ class LaneDriver:
             reason = self._rank_dead(entry.rank)
         self._end(entry, reason or "its process is gone (its lane link to the driver closed)")
 
-    def _end(self, entry: _Rank, reason: str) -> None:
-        """Close ``entry``'s links once and fail what still waits on it with ``reason``."""
+    def _end(self, entry: _Rank, reason: str, found: bool = True) -> None:
+        """Close ``entry``'s links once and fail what still waits on it with ``reason``.
+
+        ``found``: the rank was found gone (``on_gone`` hears of it), not ended by the driver.
+        """
         with entry.lock:
             if entry.ended is not None:
                 return
@@ -288,9 +300,11 @@ class LaneDriver:
         entry.control.close()
         for handle, position in pending.values():
             handle.rank_died(position, reason)
+        if found and self._on_gone is not None:
+            self._on_gone(entry.rank, reason)
 
     def close(self, reason: str = "the group was shut down") -> None:
         """End every rank's links (their waiting calls fail with ``reason``) and the reader."""
         for entry in list(self._ranks.values()):
-            self._end(entry, reason)
+            self._end(entry, reason, found=False)
         self._reader.stop()
