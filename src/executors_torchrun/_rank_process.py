@@ -3,9 +3,12 @@
 One process hosts one rank per group the driver places on it (actor,
 critic, ...).  Its main thread pops the driver's ``join`` messages from the
 store (``_protocol``); each group's rank is a
-:class:`~dispatchcore.executor.LaneRank` served on a thread of its own,
-which is that worker's method thread (its ``LOCAL_RANK`` GPU made current
-there).  Beside them, the process's :class:`~._row_plane.RowPlane` serves
+:class:`~dispatchcore.executor.LaneRank`, whose serving thread is that
+worker's method thread (its ``LOCAL_RANK`` GPU made current there).  A
+self-started process hosts one group: it serves it on its main thread
+(glibc's main arena, where the kept freed memory stays, see
+``keep_freed_memory``).  A launch's process hosts every group the driver
+makes, each on a thread of its own.  Beside them, the process's :class:`~._row_plane.RowPlane` serves
 the lazy rows it keeps and fetches the ones its workers' arguments name,
 and its :class:`~._bridge.Bridge` moves weights.  On ``stop`` the process
 leaves: a rank still inside a call is given :data:`STOP_GRACE_S` to end.
@@ -59,8 +62,11 @@ class Services:
                 rank.host.close()
 
 
-def serve_process(store: dist.Store, transport: Transport) -> bool:
-    """Join the groups the driver places here until it says ``stop``; whether every rank ended in time."""
+def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> bool:
+    """Join the groups the driver places here until it says ``stop``; whether every rank ended in time.
+
+    ``threads``: serve each group on a thread of its own (else on this one, a group at a time).
+    """
     keep_freed_memory()  # this process is the ranks' own (the driver's is the user's: left alone)
     services = Services(store, RowPlane(store, transport), Bridge(store))
     queue = store.clone()  # type: ignore[attr-defined]  # a blocking pop of its own; Store.clone is missing from the stubs
@@ -78,6 +84,9 @@ def serve_process(store: dist.Store, transport: Transport) -> bool:
             _, gid, group_rank, env, death_timeout, isolate = message
             if env:  # a spare taking over a rank: its rank variables come now
                 os.environ.update(env)
+            if not threads:
+                services.serve_group(gid, group_rank, death_timeout, isolate)
+                continue
             thread = threading.Thread(
                 target=services.serve_group,
                 args=(gid, group_rank, death_timeout, isolate),

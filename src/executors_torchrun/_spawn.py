@@ -227,7 +227,7 @@ def child_main() -> None:
     transport = Transport(
         store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), loopback=True
     )
-    serve_process(store, transport)
+    serve_process(store, transport, threads=False)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

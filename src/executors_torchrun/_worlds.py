@@ -266,7 +266,8 @@ def serve_and_exit(start_timeout: float, transport_timeout: float) -> NoReturn:
     store = _torchrun_store(start_timeout)
     store.add(READY_KEY, 1)
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-    ended = serve_process(store, Transport(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), timeout))
+    transport = Transport(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), timeout)
+    ended = serve_process(store, transport, threads=True)
     sys.stdout.flush()
     sys.stderr.flush()
     if not ended:  # a rank is stuck in a call the driver no longer waits for
