@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .._wire import receive_buffer
 from ._framing import frame_object, unframe_object
 
 _LENGTH = struct.Struct("<Q")
@@ -201,9 +202,10 @@ class _Inbox:
                 start = begin + size
                 continue
             if size > _DIRECT:
-                body = bytearray(size)
+                # From the buffer pool: memory already touched, handed back when the message's last view dies.
+                body = receive_buffer(size)
                 part = len(staged) - begin
-                body[:part] = staged[begin:]
+                memoryview(body)[:part] = staged[begin:]
                 self._body, self._filled = body, part
                 start = len(staged)
             break
