@@ -21,7 +21,7 @@ driver's, which hosts worker 0) runs one :class:`RowPlane`:
   matching, see ``Transport.rows_device_group``); on a rank's process only
   the command loop fetches anyway.
 
-Row payloads use their own tags (``RowTagCounter``), never the hub's.
+Row payloads use their own tags (``RowTagCounter``).
 
 Another world's rows (a consumer of one self-started group fetching a
 producer of another): the same request, answer and watch, through a
@@ -329,7 +329,7 @@ class _HomeLane:
         )
 
     def failed(self, d: int) -> None:
-        """Nothing to drop: the world's transport is shared, and a dead process is marked by the hub."""
+        """Nothing to drop: the world's transport is shared, and a dead process is marked by the driver."""
 
     def close(self) -> None:
         self.replies = None
