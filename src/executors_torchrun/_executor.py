@@ -187,12 +187,17 @@ class TorchrunExecutor(LaneExecutor):
         world = self._world
         if isinstance(world, SpawnedWorld):
             world_stopped(world.identity)  # its rows can no longer be fetched over bridges
-            stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
-            world.stop(wait=0.5 if stuck else 10.0)
+            world.stop(wait=0.5 if self._stuck else 10.0)
         elif isinstance(world, LaunchWorld):
             world.dead_ranks.pop(self._gid, None)
             if self._local is not None:
                 self._local.join(2.0)
+
+    def shutdown(self) -> None:
+        # Seen before the lane closes (which ends every waiting call): a call abandoned by Ctrl-C
+        # keeps its ranks busy, so stopping them will not wait.
+        self._stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
+        super().shutdown()
 
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> LaneCallHandle:

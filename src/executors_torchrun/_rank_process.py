@@ -7,7 +7,8 @@ store (``_protocol``); each group's rank is a
 worker's method thread (its ``LOCAL_RANK`` GPU made current there).  A
 self-started process hosts one group: it serves it on its main thread
 (glibc's main arena, where the kept freed memory stays, see
-``keep_freed_memory``).  A launch's process hosts every group the driver
+``keep_freed_memory``) and leaves as soon as that group's lane ends, even
+mid-call.  A launch's process hosts every group the driver
 makes, each on a thread of its own.  Beside them, the process's :class:`~._row_plane.RowPlane` serves
 the lazy rows it keeps and fetches the ones its workers' arguments name,
 and its :class:`~._bridge.Bridge` moves weights.  On ``stop`` the process
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -33,6 +36,8 @@ from ._protocol import decode, join_key, lane_key, stopped_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
+#: What a rank runs when its driver's lane ends.
+Leave = Callable[[], None]
 #: After ``stop``, how long a rank still inside a call is waited for before the process leaves anyway.
 STOP_GRACE_S = 5.0
 
@@ -45,8 +50,18 @@ class Services:
         self.rows = rows
         self.bridge = bridge
 
-    def serve_group(self, gid: str, group_rank: int, death_timeout: float, isolate: bool) -> None:
-        """Serve rank ``group_rank`` of group ``gid`` on this thread until the driver ends the group's lane."""
+    def serve_group(
+        self,
+        gid: str,
+        group_rank: int,
+        death_timeout: float,
+        isolate: bool,
+        on_driver_gone: Callable[[], None] | None = None,
+    ) -> None:
+        """Serve rank ``group_rank`` of group ``gid`` on this thread until the driver ends the group's lane.
+
+        ``on_driver_gone()``: run on the lane's control thread when the lane ends, even mid-call.
+        """
         set_local_device()
 
         def prepare(host: WorkerHost) -> None:
@@ -54,7 +69,7 @@ class Services:
             host.tensor_link = BridgeLink(self.bridge, death_timeout)
             host.collective = collective_link(self.store, gid)
 
-        rank = LaneRank(group_rank, prepare=prepare)
+        rank = LaneRank(group_rank, prepare=prepare, on_driver_gone=on_driver_gone)
         try:
             rank.serve(StoreDirectory(self.store, lane_key(gid)).lookup())
         finally:
@@ -85,7 +100,7 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
             if env:  # a spare taking over a rank: its rank variables come now
                 os.environ.update(env)
             if not threads:
-                services.serve_group(gid, group_rank, death_timeout, isolate)
+                services.serve_group(gid, group_rank, death_timeout, isolate, on_driver_gone=_leave)
                 continue
             thread = threading.Thread(
                 target=services.serve_group,
@@ -107,3 +122,10 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
         except Exception:  # noqa: BLE001, S110 - the driver is gone already
             pass
     return not any(thread.is_alive() for thread in groups)
+
+
+def _leave() -> None:
+    """A self-started process's group is over (or its driver is gone): nothing is left to do here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
