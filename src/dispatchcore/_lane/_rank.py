@@ -17,6 +17,7 @@ from typing import Any
 
 from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
 from .._wire import dumps
+from .._wire._allocator import fill_thread_cache
 from ._address import LaneAddress
 from ._door import connect_lane
 from ._envelope import BulkPath, Part, inline, open_part, open_values, to_part
@@ -84,6 +85,7 @@ class LaneRank:
         except BaseException as exc:  # noqa: BLE001 - reported as the rank's __init__ failure
             return False, RemoteFailure.capture(self.rank, "__init__", exc)
         failure = host.start()
+        fill_thread_cache()  # after __init__, on the method thread: see keep_freed_memory
         return failure is None, failure
 
     def _call(self, message: tuple[Any, ...]) -> tuple[bool, Any]:
