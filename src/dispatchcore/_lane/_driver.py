@@ -31,7 +31,7 @@ from typing import Any
 from .._base import DispatchError, DispatchTimeoutError
 from .._runtime import RankCallHandle, RemoteFailure
 from .._spi import Call
-from .._wire import Serialized
+from .._wire import RowBuffers, Serialized
 from ._address import LaneAddress
 from ._door import open_lane
 from ._envelope import BulkPath, Part, inline, is_bulk, open_part, pack_call
@@ -39,6 +39,7 @@ from ._framing import unframe_object
 from ._link import LaneLink
 from ._messages import CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 from ._reader import LinkReader
+from ._rows import RowPlan
 
 #: A rank whose process is seen dead while its links stay open is given up this much later.
 GONE_GRACE_S = 0.3
@@ -56,6 +57,11 @@ class LaneCallHandle(RankCallHandle):
     def __init__(self, lane: LaneDriver, call: Call) -> None:
         super().__init__(call, death_timeout=lane.death_timeout, on_broken=lane.on_broken)
         self.lane = lane
+        #: Where large DataProto results land when the collect concatenates them anyway (``_rows``).
+        self.rows: RowPlan | None = None
+        if call.results_are_copied:
+            self.row_buffers = RowBuffers()
+            self.rows = RowPlan(len(call.ranks), self.row_buffers)
 
     def check_alive(self, waiting: list[int]) -> None:
         for position in waiting:
@@ -131,6 +137,7 @@ class LaneDriver:
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
                 self._end(old, f"rank {rank} was replaced", found=False)
+            entry.calls.place_with(lambda note, sizes, entry=entry: self._place(entry, note, sizes))
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
@@ -262,10 +269,23 @@ class LaneDriver:
                 box[1].append(message[2])
                 box[0].set()
 
+    def _place(self, entry: _Rank, note: bytes, sizes: list[int]) -> dict[int, memoryview] | None:
+        """Where an answer's batch tensors land (the rows of its call's output), on the reader's thread."""
+        if not note:
+            return None
+        cid, layout = note[:8], note[8:]
+        with entry.lock:
+            waiter = entry.pending.get(int.from_bytes(cid, "little"))
+        if waiter is None or not isinstance(waiter[0], LaneCallHandle) or waiter[0].rows is None:
+            return None
+        return waiter[0].rows.targets(waiter[1], layout, sizes)
+
     def _deliver(self, entry: _Rank, waiter: tuple[RankCallHandle, int], ok: bool, part: Part | None) -> None:
         handle, position = waiter
         try:
             value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
+            if isinstance(handle, LaneCallHandle) and handle.rows is not None:
+                handle.rows.adopt(position, value)
         except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
             ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
         handle.deliver(position, ok, value)
