@@ -140,6 +140,26 @@ def test_a_call_round_trip_on_one_reader_thread(lane: SpawnLane) -> None:
     assert len(readers) == 1, "one selector thread reads every link of the group"
 
 
+def test_a_large_dataproto_answer_lands_in_the_rows_the_concatenation_adopts(lane: SpawnLane) -> None:
+    chunks = [
+        DataProto.from_dict({"x": torch.full((64, 4096), float(r)), "y": torch.arange(64) + 64 * r}) for r in (0, 1)
+    ]
+    copied = Call("echo", (0, 1), [(c,) for c in chunks], [{}, {}], results_are_copied=True)
+    handle = lane.submit(copied)
+    out = handle.result(30)
+    joined = DataProto.concat(out, row_buffers=handle.row_buffers)
+    assert torch.equal(joined.batch["x"], torch.cat([c.batch["x"] for c in chunks]))
+    assert torch.equal(joined.batch["y"], torch.arange(128))
+    assert torch.equal(joined.batch["rank"], torch.arange(128) // 64)
+    storage = out[0].batch["x"].untyped_storage().data_ptr()
+    assert out[1].batch["x"].untyped_storage().data_ptr() == storage, "both ranks' rows in one output buffer"
+    assert joined.batch["x"].untyped_storage().data_ptr() == storage, "the concatenation adopted them, no copy"
+    # A call whose results are not concatenated gets each rank's own memory, as before.
+    plain = lane.submit(Call("echo", (0, 1), [(c,) for c in chunks], [{}, {}])).result(30)
+    assert plain[0].batch["x"].untyped_storage().data_ptr() != plain[1].batch["x"].untyped_storage().data_ptr()
+    assert torch.equal(plain[1].batch["x"], chunks[1].batch["x"])
+
+
 def test_a_raising_rank_gives_worker_error_and_the_ranks_go_on(lane: SpawnLane) -> None:
     with pytest.raises(WorkerError) as info:
         lane.submit(call("fail_on", 1)).result(30)

@@ -1,4 +1,4 @@
-"""Unit test of an internal part (torchrun's directory for the control lane): imports executors_torchrun._control.
+"""Unit test of an internal part (torchrun's directory for the lane): imports executors_torchrun._control.
 
 Ranks find the lane through the world's store; a death behind a forked child.  The lane itself is
 tested once, in ``test_lane.py``.
@@ -16,8 +16,10 @@ import pytest
 import torch.distributed as dist
 
 from dispatchcore import Dispatch, Worker, WorkerDiedError, WorkerGroup, register
-from dispatchcore.executor import LaneAddress, LaneLink
-from executors_torchrun._control import CONTROL_KEY, accept_ranks, connect_to_hub
+from dispatchcore.executor import LaneAddress, LaneLink, connect_lane, open_lane
+from executors_torchrun._control import StoreDirectory
+
+CONTROL_KEY = "lane/g"
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,9 +34,21 @@ def client(store: dist.TCPStore) -> dist.Store:
     return dist.TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=30))
 
 
+def accept_ranks(store: dist.Store, ranks: list[int]) -> dict[int, LaneLink]:
+    """The driver: publish a door in the store, take one link from each of ``ranks``."""
+    with open_lane("127.0.0.1") as door:
+        StoreDirectory(store, CONTROL_KEY).publish(door.address)
+        return door.accept(ranks, 30.0, lambda rank: None)
+
+
+def connect_to_hub(store: dist.Store, rank: int) -> LaneLink:
+    """A rank: read the lane's address from the store and connect."""
+    return connect_lane(StoreDirectory(store, CONTROL_KEY).lookup(), rank, 30.0)
+
+
 def test_only_the_worlds_ranks_get_a_link_and_messages_keep_their_order(store: dist.TCPStore) -> None:
     links: dict[int, LaneLink] = {}
-    accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1, 2], "127.0.0.1", 30.0)))
+    accepting = threading.Thread(target=lambda: links.update(accept_ranks(store, [1, 2])))
     accepting.start()
     theirs = client(store)
     address = LaneAddress.decode(theirs.get(CONTROL_KEY))

@@ -201,7 +201,7 @@ def test_a_producer_killed_while_another_world_fetches_is_named_and_replaced() -
 
 @pytest.mark.timeout(90)
 def test_producer_death_fails_the_consuming_call_naming_the_producer() -> None:
-    """A frozen producer (heartbeat silent), then a killed one: each consuming call raises WorkerDiedError.
+    """A frozen producer (its lane pings unanswered), then a killed one: each consuming call raises WorkerDiedError.
 
     The producer never recovers (SIGSTOP, then SIGKILL), so without detection the consuming
     call would wait past this test's timeout: passing proves the bound.
@@ -218,7 +218,7 @@ def test_producer_death_fails_the_consuming_call_naming_the_producer() -> None:
             with pytest.raises(WorkerDiedError) as frozen:
                 consumer(lazy)
             assert frozen.value.rank == 1
-            assert "heartbeat" in str(frozen.value)
+            assert "liveness ping" in str(frozen.value)
         finally:
             os.kill(producer, signal.SIGKILL)
         with pytest.raises(WorkerDiedError) as killed:
@@ -324,7 +324,7 @@ def test_a_shut_down_group_still_referenced_holds_no_connections() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_driver_read_from_a_frozen_or_killed_producer_names_it() -> None:
-    """The driver's own fetch sees a silent producer (heartbeat) and a killed one (torn connection)."""
+    """The driver's own fetch sees a silent producer (lane pings) and a killed one (torn connection)."""
     if "torchrun" not in available_backends():
         pytest.skip("torchrun backend unavailable")
     for stop in (signal.SIGSTOP, signal.SIGKILL):

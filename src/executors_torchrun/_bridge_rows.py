@@ -21,7 +21,7 @@ the driver.
   consumer's bridge id and the pair's generation.  Answers come back on
   ``rowsbridge/<bridge id>`` in that world: the same messages as in-world
   fetches (``_row_plane``), so one loop and one watcher (the producing
-  world's ``dead``, heartbeat and ``stopping`` marks) serve both.
+  world's ``dead`` and ``stopping`` marks) serve both.
 * **Serve** (producer, :meth:`RowBridges.answer`, on the data thread that
   serves in-world fetches): reads the rows
   (:func:`~dispatchcore.executor.take_kept_rows`), replies with their header
@@ -35,10 +35,11 @@ the driver.
   replaced rank, or a broken bridge, never meets an old bridge's keys.
 
 Death: a producer that dies before answering is seen by the consumer's
-watcher (within ~0.1 s, the producing world's hub marks it dead); one that
-dies mid-transfer tears the bridge's socket and the receive raises at once;
-one that freezes is bounded by the consuming group's ``death_timeout``
-(heartbeat silence, and the bridge's own timeout).  Each raises
+watcher (the producing group's lane sees its link end, and the driver marks
+it dead in that world's store); one that dies mid-transfer tears the
+bridge's socket and the receive raises at once; one that freezes is marked
+dead once its lane pings go unanswered for that group's ``death_timeout``
+while a call of the group waits (and the bridge has its own timeout).  Each raises
 ``WorkerDiedError`` naming the producing rank, as in-world fetches do.
 """
 

@@ -1,41 +1,29 @@
-"""Control messages between the hub (rank 0, the driver) and the other ranks.
+"""Store keys and messages between the driver and the other processes of a world.
 
-Every message is a small pickled tuple.  Commands and statuses travel on
-each rank's control link to the hub (``_control``); a rank waits for them in
-a socket read, never in gloo, so idle ranks can wait forever.  Lazy rows'
-requests and answers (below) use c10d store queues.  Tensor payloads follow
-separately, point to point, their first tag named in the message.
+Calls, answers, pings, cancels and stacks travel on the core's lane (one
+per group, :class:`~dispatchcore.executor.LaneDriver`); the store carries
+only what a process must learn before it has a lane, and lazy rows'
+requests and answers.  Every message is a small pickled tuple.
 
-Commands (hub to rank)::
+Joining and leaving (driver to each process, a queue per data rank)::
 
-    ("start", cid, gid, group_rank, group_size, header, first_tag, env, death_timeout, isolate)
-                                               env: a spare's rank variables (or None);
-                                               death_timeout: the group's, bounding row fetches
-    ("call", cid, gid, method, [(slot, header, first_tag)], arg_slots, kwarg_slots, instructions)
-                                               instructions: the call's ``Call.instructions``,
-                                               forwarded whole to ``WorkerHost.run``
-    ("close", gid)
-    ("stop",)
-
-Statuses (rank to hub)::
-
-    ("done", cid, True, None, 0, None)         the value None (no header, no payload)
-    ("done", cid, True, header, first_tag, layout)
-                                               a value follows on the data path; layout
-                                               (or None) names a DataProto result's tensor
-                                               buffers, so the hub can place their rows
-    ("done", cid, False, RemoteFailure, 0)     the worker (or unpickling) raised
-    ("stopped", host, pid)                     acknowledged "stop", exiting
+    join/<rank>   ("join", gid, group_rank, env, death_timeout, isolate)
+                                               serve rank ``group_rank`` of group ``gid``: its lane
+                                               address is under ``lane/<gid>`` (``_control``); env: a
+                                               spare's rank variables (or None)
+                  ("stop",)                    leave: the world is over
+    stopped/<rank> "host pid"                  set by a process as it leaves (the driver waits for its end)
 
 Rows of lazy results, between any two processes of a world (``_row_plane``)::
 
     rows/<rank>   ("fetch", requester, fetch_id, [RowRequest])    to the producing process
+                  ("free", [key])                                 drop kept rows now
                   ("quit",)                                       ends its data thread
     rowsre/<rank> ("rows", fetch_id, producer, header, first_tag) payload posted, row tags
                   ("failed", fetch_id, producer, message)         e.g. the rows were freed
                   ("dead", fetch_id, producer, detail)            pushed by the consumer's watcher
                   ("stopped", fetch_id)                           the world is stopping
-    dead/<rank>   set by the hub once it knows that process is gone (its detail)
+    dead/<rank>   set by the driver once its lane knows that process is gone (its detail)
 
 Rows for a consumer in another self-started world (``_bridge_rows``), in the producing world's store::
 
@@ -56,8 +44,18 @@ from typing import Any
 FOREVER_S = 365 * 24 * 3600
 
 
-def heartbeat_key(rank: int) -> str:
-    return f"hb/{rank}"
+def join_key(rank: int) -> str:
+    """Groups for process ``rank`` to join, and its ``stop`` (its main thread pops them)."""
+    return f"join/{rank}"
+
+
+def stopped_key(rank: int) -> str:
+    return f"stopped/{rank}"
+
+
+def lane_key(gid: str) -> str:
+    """Where group ``gid``'s lane address is published (``_control.StoreDirectory``)."""
+    return f"lane/{gid}"
 
 
 def rows_key(rank: int) -> str:

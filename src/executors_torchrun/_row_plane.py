@@ -21,7 +21,7 @@ driver's, which hosts worker 0) runs one :class:`RowPlane`:
   matching, see ``Transport.rows_device_group``); on a rank's process only
   the command loop fetches anyway.
 
-Row payloads use their own tags (``RowTagCounter``), never the hub's.
+Row payloads use their own tags (``RowTagCounter``).
 
 Another world's rows (a consumer of one self-started group fetching a
 producer of another): the same request, answer and watch, through a
@@ -31,12 +31,14 @@ queue there named by this process's bridge id, and the rows over a bridge.
 The data thread serves such requests too (``("bridge", ...)``).
 
 Death: while a fetch waits for answers, a watcher thread reads each awaited
-producer's liveness from the store: the hub's ``dead/<rank>`` mark (set
-within ~0.1 s of a process exiting), its heartbeat (silent longer than the
-consuming group's ``death_timeout``), and the world's ``stopping`` mark.  Any
-of them ends the wait: ``WorkerDiedError`` naming the producing rank, or a
-``DispatchError`` while the driver stops the world.  A producer that dies
-after posting its rows tears its connection, and the receive raises at once.
+producer's liveness from the store: the ``dead/<rank>`` mark the driver sets
+once a group's lane finds that process gone (its link ended, its pings went
+unanswered for ``death_timeout``, or its process exited; the waiting call
+watches every rank of its group, ``_executor._Handle``), and the world's
+``stopping`` mark.  Either ends the wait: ``WorkerDiedError`` naming the
+producing rank, or a ``DispatchError`` while the driver stops the world.  A
+producer that dies after posting its rows tears its connection, and the
+receive raises at once.
 """
 
 from __future__ import annotations
@@ -44,10 +46,8 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -56,24 +56,16 @@ from dispatchcore import DataProto, DispatchError, WorkerDiedError
 from dispatchcore.executor import (
     RowRequest,
     WorkerHost,
-    cancel_in_process,
     free_kept_rows,
     liveness_poll,
     take_kept_rows,
-    thread_stacks,
 )
 
 from ._bridge_rows import BridgeLane, RowBridges, WorldStore, home_of
 from ._env import set_local_device
-from ._protocol import STOPPING_KEY, dead_key, decode, encode, heartbeat_key, rows_key, rows_reply_key
+from ._protocol import STOPPING_KEY, dead_key, decode, encode, rows_key, rows_reply_key
 from ._transport import RowTagCounter, SendReaper, Transport
 from ._wire import Header, pack, unpack
-
-#: A heartbeat comes every second (``_server.HEARTBEAT_S``); silence shorter than
-#: three of them is never taken for death, whatever the group's ``death_timeout``.
-HEARTBEAT_SILENCE_FLOOR_S = 3.0
-#: The data rank of the torchrun driver, which sends no heartbeat (its death ends the launch).
-_HUB = 0
 
 
 class RowPlane:
@@ -123,16 +115,6 @@ class RowPlane:
             if message[0] == "free":
                 free_kept_rows(message[1])
                 continue
-            if message[0] == "cancel":  # the driver cancelled a call this process's workers may be running
-                cancel_in_process(message[1])
-                continue
-            if message[0] == "stacks":  # where this process's worker methods are (they run on its main thread)
-                _, reply, all_threads = message
-                try:
-                    store.set(reply, encode((thread_stacks(threading.main_thread().ident, all_threads),)))
-                except Exception:  # noqa: BLE001, S112 - the asker (or the store) is gone
-                    pass
-                continue
             _, requester, fetch_id, requests = message
             try:
                 self._answer(store, requester, fetch_id, requests)
@@ -157,31 +139,6 @@ class RowPlane:
     def free(self, process: int, keys: Sequence[str]) -> None:
         """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
         self._store.queue_push(rows_key(process), encode(("free", list(keys))))
-
-    @staticmethod
-    def send_cancel(store: dist.Store, process: int, call_id: int) -> None:
-        """Have process ``process``'s data thread stop call ``call_id`` there, beside the running call.
-
-        Static: a driver that keeps no rows (a self-started world's) starts no row plane to cancel.
-        """
-        store.queue_push(rows_key(process), encode(("cancel", call_id)))
-
-    def stacks(self, process: int, all_threads: bool, timeout: float) -> str | None:
-        """Process ``process``'s method-thread stack, asked of its data thread (which answers beside a call)."""
-        reply = f"stacks/{process}/{self.rank}/{next(self._fetch_ids)}"
-        store = self._store.clone()  # type: ignore[attr-defined]  # a wait of its own, never on a shared connection
-        store.queue_push(rows_key(process), encode(("stacks", reply, all_threads)))
-        try:
-            store.wait([reply], timedelta(seconds=max(0.01, timeout)))
-            (text,) = decode(store.get(reply))
-        except Exception:  # noqa: BLE001 - no answer in time: the caller leaves the rank out
-            return None
-        finally:
-            try:
-                store.delete_key(reply)
-            except Exception:  # noqa: BLE001, S110
-                pass
-        return str(text)
 
     # -- fetching -----------------------------------------------------------------------
     @staticmethod
@@ -372,7 +329,7 @@ class _HomeLane:
         )
 
     def failed(self, d: int) -> None:
-        """Nothing to drop: the world's transport is shared, and a dead process is marked by the hub."""
+        """Nothing to drop: the world's transport is shared, and a dead process is marked by the driver."""
 
     def close(self) -> None:
         self.replies = None
@@ -408,8 +365,6 @@ class _Watched:
     producers: dict[int, int]
     death_timeout: float
     waiting: set[int] = field(default_factory=set)
-    #: Per producer: (heartbeat count, when it last changed).
-    beats: dict[int, tuple[int, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def pending(self) -> bool:
@@ -486,21 +441,10 @@ class _Watch:
         try:
             if store.check([STOPPING_KEY]) or (self._home is not None and self._home.check([STOPPING_KEY])):
                 return ("stopped", watched.fetch_id)
-            now = time.monotonic()
             for d in watched.awaited():
                 if store.check([dead_key(d)]):
                     detail = bytes(store.get(dead_key(d))).decode(errors="replace")
                     return ("dead", watched.fetch_id, d, detail)
-                if d == _HUB:
-                    continue
-                latest = int(store.add(heartbeat_key(d), 0))
-                count, changed = watched.beats.get(d, (latest, now))
-                if latest != count:
-                    changed = now
-                watched.beats[d] = (latest, changed)
-                silence = now - changed
-                if silence > max(watched.death_timeout, HEARTBEAT_SILENCE_FLOOR_S):
-                    return ("dead", watched.fetch_id, d, f"no heartbeat for {silence:.0f} s")
         except Exception:  # noqa: BLE001 - the store is gone: the fetch's own wait on it fails too
             return None
         return None

@@ -124,7 +124,7 @@ def spawn_ranks(
     """Start ``world_size`` ranks plus ``spares``; the child of group rank ``g`` is data rank ``g + 1``.
 
     Spares (data ranks ``world_size + 1 ..``) get no rank variables: the
-    driver sends them with the rank they take over (``start`` command).
+    driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
     processes: dict[int, subprocess.Popen[bytes]] = {}
@@ -218,7 +218,7 @@ def child_main() -> None:
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S
-    from ._server import Server
+    from ._rank_process import serve_process
     from ._transport import Transport
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
@@ -227,7 +227,7 @@ def child_main() -> None:
     transport = Transport(
         store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), loopback=True
     )
-    Server(store, transport).serve()
+    serve_process(store, transport, threads=False)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -4,14 +4,12 @@ The default process group belongs to the user, so the executor never calls
 ``init_process_group`` or ``new_group``: it constructs ``ProcessGroupGloo``
 (CPU payloads) and, on first use, ``ProcessGroupNCCL`` (CUDA payloads) on a
 ``PrefixStore`` of its own.  Only point-to-point ops are used, each received
-after the control message saying it was posted, so no rank ever sits in a
+after the store message saying it was posted, so no rank ever sits in a
 gloo op while idle (a gloo op that waits past its timeout kills the group).
 
-Two kinds of traffic share the gloo group with disjoint tags: the hub's
-commands and results (tags below :data:`ROW_TAG_BASE`) and lazy results'
-rows moved between any two processes (:class:`RowTagCounter`, from
-:data:`ROW_TAG_BASE` up).  CUDA rows get NCCL groups of their own, one per
-direction, so they never queue behind (or match) a command's tensors.
+The traffic is lazy results' rows moved between any two processes
+(:class:`RowTagCounter`, tags from :data:`ROW_TAG_BASE` up).  CUDA rows get
+NCCL groups of their own, one per direction (:meth:`Transport.rows_device_group`).
 """
 
 from __future__ import annotations
@@ -30,14 +28,11 @@ from dispatchcore.executor import LOOPBACK
 
 from ._wire import Header, Packed, empty_buffers, empty_device_tensors
 
-#: gloo tags are int32; senders on the hub use even tags, the other ranks odd.
+#: gloo tags are int32; a bridge's messages (``_bridge``) wrap within this many.
 _TAG_SPACE = 1 << 29
-#: A one-byte message each rank sends the hub when it leaves; the hub keeps a
-#: receive for it posted, so a rank that dies is seen within ~0.1 s (torn socket).
-CANARY_TAG = (1 << 31) - 1
-#: Row payloads (lazy results moved rank to rank) use tags from here up to below CANARY_TAG.
+#: Row payloads (lazy results moved rank to rank) use tags from here up.
 ROW_TAG_BASE = 1 << 30
-_ROW_TAG_SPACE = CANARY_TAG - ROW_TAG_BASE - 1
+_ROW_TAG_SPACE = (1 << 31) - 1 - ROW_TAG_BASE
 
 
 class TagCounter:
@@ -61,7 +56,7 @@ class TagCounter:
 
 
 class RowTagCounter(TagCounter):
-    """Tags for the rows one process sends: above every hub tag, so the two kinds never match."""
+    """Tags for the rows one process sends."""
 
     def __init__(self) -> None:
         super().__init__(0)
@@ -78,10 +73,8 @@ class SendReaper:
     """Waits on posted sends in the background and then lets their buffers go.
 
     A gloo send only reports completion through ``wait()`` (``is_completed()``
-    stays false until someone waits), so one daemon thread per process waits
-    on them in order; the sender never blocks on its peer.  (A rank's results
-    skip it: the hub receives them as soon as it reads the status, so the
-    rank waits for those sends itself.)
+    stays false until someone waits), so a daemon thread waits on them in
+    order; the sender never blocks on its peer.
     """
 
     def __init__(self, name: str) -> None:
@@ -156,8 +149,6 @@ class Transport:
         self._nccl: Any = None
         self._rows_nccl: dict[str, Any] = {}
         self._nccl_lock = threading.Lock()
-        self.sent = TagCounter(0 if rank == 0 else 1)
-        self.reaper = SendReaper(f"dispatchcore-send-reaper{rank}")
 
     def _device_group(self) -> Any:
         """The NCCL group for CUDA payloads, built on first use (no GPU, no NCCL)."""
@@ -190,23 +181,15 @@ class Transport:
                 )
             return group
 
-    def send(self, packed: Packed, peer: int, first: int) -> None:
-        """Post the sends of ``packed``'s payload; the reaper keeps its tensors alive until sent."""
-        self.reaper.add(self.post(packed, peer, first), packed)
-
     def post(
         self,
         packed: Packed,
         peer: int,
         first: int,
-        tags: TagCounter | None = None,
+        tags: TagCounter,
         device_group: Callable[[], Any] | None = None,
     ) -> list[Any]:
-        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete.
-
-        ``tags`` and ``device_group`` default to the hub's (commands and results).
-        """
-        tags = tags or self.sent
+        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete."""
         works = []
         number = first
         for buf in packed.buffers:
@@ -218,20 +201,6 @@ class Transport:
             for t in packed.device_tensors:
                 works.append(group.send([t.contiguous()], peer, 0))
         return works
-
-    def recv(
-        self,
-        header: Header,
-        peer: int,
-        first: int,
-        counter: TagCounter,
-        targets: dict[int, torch.Tensor] | None = None,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Receive a value's payload (into ``targets[i]`` where given); waits until it has arrived."""
-        buffers, device, works = self.post_recv(header, peer, first, counter, targets)
-        for work in works:
-            work.wait()
-        return buffers, device
 
     def post_recv(
         self,
@@ -256,23 +225,6 @@ class Transport:
             works.extend(group.recv([t], peer, 0) for t in device)
         return buffers, device, works
 
-    def post_canaries(self) -> dict[int, Any]:
-        """On the hub: one pending one-byte receive per other rank (see :data:`CANARY_TAG`)."""
-        return {
-            peer: self.gloo.recv(  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
-                [torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG
-            )
-            for peer in range(1, self.size)
-        }
-
-    def post_canary(self, peer: int) -> Any:
-        """On the hub: another canary receive from ``peer``; it fails once that rank's process is gone."""
-        return self.gloo.recv([torch.empty(1, dtype=torch.uint8)], peer, CANARY_TAG)  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
-
-    def send_canary(self) -> Any:
-        """On a leaving rank: complete the hub's canary receive."""
-        return self.gloo.send([torch.zeros(1, dtype=torch.uint8)], 0, CANARY_TAG)  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
-
     def close(self) -> None:
         """Drop the process groups this transport built (never the user's), and its store.
 
@@ -280,7 +232,6 @@ class Transport:
         followed by interpreter exit was seen to abort ("terminate called
         without an active exception"), so the groups are released, not shut.
         """
-        self.reaper.close()
         self._nccl = None
         self._rows_nccl = {}
         self.gloo = None  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""Values on the wire: a small pickle stream in the store message, tensor bytes point to point.
+"""Lazy rows on the wire: a small pickle stream in the store message, tensor bytes point to point.
 
 A value is pickled once by :func:`dispatchcore.wire.dumps` (protocol 5;
 the C pickler when the stream names only importable code, else cloudpickle,
@@ -7,7 +7,8 @@ tensors become out-of-band buffers that are *views* of the caller's memory
 (a ``chunk()`` view ships only its rows); payloads up to
 :data:`dispatchcore.wire.INLINE_LIMIT` ride inside the store message, larger
 ones go over gloo ``send``/``recv`` into fresh receive buffers.  The pickle
-stream (a :class:`Header`) travels in the command or status message.
+stream (a :class:`Header`) travels in the rows' reply message (``_row_plane``,
+``_bridge_rows``); calls and results travel on the core's lane instead.
 
 CUDA tensors: ``wire.dumps`` would move them through host memory, so a
 process where CUDA is initialised (the only kind that can hold CUDA tensors)
@@ -29,7 +30,6 @@ import cloudpickle
 import torch
 
 from dispatchcore import DataProto
-from dispatchcore.executor import TimedResult
 from dispatchcore.wire import INLINE_LIMIT, PROTOCOL, Serialized, dumps, loads, receive_buffer, reduce_tensor
 from dispatchcore.wire import refresh_by_value as _refresh_by_value
 
@@ -162,53 +162,6 @@ def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tenso
         return loads(Serialized(header.data, list(header.inline), list(device)), copy=False)
     received: list[Any] = [b.numpy() for b in buffers]
     return loads(Serialized(header.data, received, list(device)), copy=False)
-
-
-#: One DataProto tensor of a result: (buffer index, key, dtype, shape).
-Slot = tuple[int, str, torch.dtype, tuple[int, ...]]
-
-
-def _data(value: Any) -> Any:
-    """The rank's own value (a traced call wraps it in a ``TimedResult``)."""
-    return value.value if type(value) is TimedResult else value
-
-
-def batch_layout(value: Any, packed: Packed) -> tuple[Slot, ...] | None:
-    """Which of ``packed``'s buffers hold which tensors of a DataProto result.
-
-    The hub uses it to receive those tensors straight into the rows of the
-    call's output (one buffer per key) instead of into fresh memory that the
-    collect step would copy again.  Only tensors that went out as their own
-    memory (contiguous CPU tensors) are listed; anything else is ``None``.
-    """
-    value = _data(value)
-    if not isinstance(value, DataProto) or value.batch is None or not packed.buffers:
-        return None
-    where = {(int(b.data_ptr()), b.numel()): i for i, b in enumerate(packed.buffers) if b.numel()}
-    slots = []
-    for key, t in value.batch.items():
-        if t.device.type != "cpu" or t.numel() == 0 or t.dim() == 0 or not t.is_contiguous():
-            continue
-        index = where.get((int(t.data_ptr()), t.numel() * t.element_size()))
-        if index is not None:
-            slots.append((index, key, t.dtype, tuple(t.shape)))
-    return tuple(slots) or None
-
-
-def adopt_views(value: Any, views: dict[str, torch.Tensor]) -> None:
-    """Swap the tensors unpickled over placed rows for the output buffer's own views.
-
-    They hold the same bytes, but only views of the buffer itself (one
-    storage) let the collect step join them without copying.
-    """
-    value = _data(value)
-    if not isinstance(value, DataProto) or value.batch is None:
-        return
-    for key, view in views.items():
-        if key in value.batch.keys():
-            t = value.batch[key]
-            if t.data_ptr() == view.data_ptr() and t.dtype == view.dtype and t.shape == view.shape:
-                value.batch[key] = view
 
 
 def empty_buffers(header: Header, targets: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:

@@ -3,14 +3,15 @@
 Under torchrun the world is the launch: one per process, shared by every
 group the driver creates, stopped when the driver exits (atexit, which also
 runs when an exception escapes the driver).  Ranks other than 0 never
-return from their first ``WorkerGroup(...)``: they serve until told to stop
-and exit 0.  Outside torchrun each group starts its own world and stops it
-at ``shutdown()``.
+return from their first ``WorkerGroup(...)``: they serve every group placed
+on them (``_rank_process``) until told to stop, and exit 0.  Outside torchrun
+each group starts its own world and stops it at ``shutdown()``.
 
-The launch's hub is the one piece of process-wide state, and it carries no
-group's settings: every call's liveness bound is its own group's
-``death_timeout`` (see ``_hub``).  Its transport is built once, from the
-first group's ``start_timeout`` and ``transport_timeout``.
+A world is a store, a gloo transport for rows (the driver is data rank 0 in
+it) and a way to tell a process to join a group (:meth:`World.join`); calls
+never touch it: each group has its own lane.  The launch carries no group's
+settings; its transport is built once, from the first group's
+``start_timeout`` and ``transport_timeout``.
 
 SIGTERM: under the torchrun launcher only (never in self-started worlds),
 when the first group is made on the driver's main thread and SIGTERM still
@@ -18,8 +19,9 @@ has its default disposition, the driver installs a handler.  torchrun's
 elastic agent SIGTERMs every process when one rank dies; the handler
 restores the default disposition and raises
 :class:`~dispatchcore.WorkerDiedError` naming the dead rank (waiting up to
-1 s for the hub to see which), so the driver's traceback says why instead of
-just ending.  A program that installed its own handler first keeps it.
+1 s for a group's lane to see which), so the driver's traceback says why
+instead of just ending.  A program that installed its own handler first
+keeps it.
 """
 
 from __future__ import annotations
@@ -28,77 +30,126 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch.distributed as dist
 
 from dispatchcore import WorkerDiedError
-from dispatchcore.executor import LOOPBACK, address_toward
+from dispatchcore.executor import address_toward
 
 from . import _env
 from ._bridge import Bridge
-from ._hub import Hub
-from ._protocol import FOREVER_S, READY_KEY
+from ._protocol import FOREVER_S, READY_KEY, STOPPING_KEY, dead_key, encode, join_key, stopped_key
+from ._rank_process import Services, serve_process
 from ._row_plane import RowPlane
-from ._server import Server
 from ._spawn import OutputRelay, reap, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
-#: Seconds ``stop`` waits for ranks to acknowledge before leaving them to their fate.
+#: Seconds ``stop`` waits for processes to leave before leaving them to their fate.
 STOP_WAIT_S = 10.0
 #: How long a killed rank's process is waited for (SIGKILL: a moment, unless the machine is swamped).
 KILL_WAIT_S = 5.0
+#: Says which data rank is known dead and why, or ``None`` (a group's answer to the SIGTERM report).
+DeadRank = Callable[[], tuple[int, str] | None]
 
 
-class SpawnedWorld:
-    """Self-started ranks owned by one group: store, children, hub."""
+class World:
+    """A store, a transport and processes that join groups: what the executor needs of either kind."""
+
+    def __init__(self, store: dist.Store, transport: Transport, identity: str) -> None:
+        self.store = store
+        self.transport = transport
+        #: Names this world in row addresses: only its own processes can move rows to one another.
+        self.identity = identity
+        self._rows: RowPlane | None = None
+        self._lock = threading.Lock()
+        self._marked: set[int] = set()
+        #: A connection of its own: marks are set from the lane's reader thread.
+        self._marks = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
+        self.stopped = False
+
+    def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, spec: Any) -> None:
+        """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
+        message = ("join", gid, group_rank, env, spec.death_timeout, spec.isolate)
+        self.store.queue_push(join_key(data_rank), encode(message))
+
+    def row_plane(self) -> RowPlane:
+        """The driver's row plane (its reads of kept rows), started on first use."""
+        with self._lock:
+            if self._rows is None:
+                self._rows = RowPlane(self.store, self.transport)
+            return self._rows
+
+    def mark_dead(self, data_rank: int, detail: str) -> None:
+        """Say in the store that ``data_rank``'s process is gone (ranks fetching its rows look there)."""
+        with self._lock:
+            if data_rank in self._marked or self._marks is None:
+                return
+            self._marked.add(data_rank)
+            with contextlib.suppress(Exception):  # the store is gone: so is every wait on it
+                self._marks.set(dead_key(data_rank), detail.encode())  # type: ignore[arg-type]  # the binding takes bytes
+
+    def _announce_stop(self, ranks: list[int]) -> None:
+        """Mark the world stopping (row fetches end) and tell each process of ``ranks`` to leave."""
+        self.stopped = True
+        with contextlib.suppress(Exception):  # the store is gone; the processes leave with it
+            self.store.set(STOPPING_KEY, b"1")  # type: ignore[arg-type]  # the binding takes bytes
+            for d in ranks:
+                self.store.queue_push(join_key(d), encode(("stop",)))
+
+    def _close_rows(self) -> None:
+        """Stop the driver's row plane and let go of the store connections it and the marks hold."""
+        with self._lock:
+            rows, self._rows = self._rows, None
+            self._marks = None
+        if rows is not None:
+            rows.close()
+
+
+class SpawnedWorld(World):
+    """Self-started ranks owned by one group: the store, the children (and spares)."""
 
     def __init__(
         self, world_size: int, *, start_timeout: float, transport_timeout: float, spares: int = 0, group: str = "group"
     ) -> None:
-        self.torchrun = False
         #: Prefixes the children's output with the group and rank (see ``OutputRelay``).
         self.output = OutputRelay(group)
-        # Only the hub keeps the store, so it (and its port) closes when ``stop`` releases it.
-        master = start_store()
-        prefix = f"dispatchcore/{uuid.uuid4().hex}/"
-        #: Names this world in row addresses: only its own processes can move rows to one another.
-        self.identity = f"spawned:{prefix}"
+        master = start_store()  # only this world keeps it, so its port closes when ``stop`` lets go
         #: Prefixes every key of this world in its store (another world's ranks fetch rows under it too).
-        self.prefix = prefix
-        store = dist.PrefixStore(prefix, master)
-        self.processes = spawn_ranks(world_size, master.port, prefix, transport_timeout, spares, self.output)
+        self.prefix = f"dispatchcore/{uuid.uuid4().hex}/"
+        store = dist.PrefixStore(self.prefix, master)
+        self.processes = spawn_ranks(world_size, master.port, self.prefix, transport_timeout, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
             wait_ready(store, self.processes, start_timeout)
-            transport = _connect(store, 0, world_size + spares + 1, start_timeout, transport_timeout, loopback=True)
+            timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+            transport = Transport(store, 0, world_size + spares + 1, timeout, loopback=True)
         except BaseException:
             reap(self.processes, 0.0)
             self.output.join(1.0)
             raise
-        try:
-            self.hub = Hub(store, transport, processes=self.processes, host=LOOPBACK, connect_timeout=start_timeout)
-        except BaseException:
-            reap(self.processes, 0.0)
-            self.output.join(1.0)
-            raise
-        self._stopped = False
+        super().__init__(store, transport, f"spawned:{self.prefix}")
 
-    def data_rank(self, group_rank: int) -> int:
-        return group_rank + 1
+    def exit_reason(self, data_rank: int) -> str | None:
+        """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""
+        proc = self.processes.get(data_rank)
+        code = None if proc is None else proc.poll()
+        return None if code is None else f"its process exited with code {code}"
 
     def take_spare(self) -> int | None:
         """A live spare's data rank, now no longer spare; ``None`` when none is left."""
         while self.spares:
             d = self.spares.pop(0)
-            if self.processes[d].poll() is None and self.hub.dead_reason(d) is None:
+            if self.processes[d].poll() is None:
                 return d
         return None
 
@@ -107,43 +158,78 @@ class SpawnedWorld:
         self.output.label(data_rank, f"rank {group_rank}")
 
     def kill(self, data_rank: int) -> None:
-        """End a rank's process (a hung one being replaced); the hub counts it gone at once (``Hub.retire``).
-
-        Reaped here too (SIGKILL ends it at once), so that a ``stop`` soon
-        after knows it has exited and does not wait for it to answer.
-        """
+        """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
         proc = self.processes.get(data_rank)
         if proc is not None and proc.poll() is None:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(KILL_WAIT_S)
-        if self.hub.dead_reason(data_rank) is None:
-            self.hub.retire(data_rank, "it was replaced: the driver ended its process")
+        self.mark_dead(data_rank, "it was replaced: the driver ended its process")
 
     def stop(self, wait: float = STOP_WAIT_S) -> None:
-        if self._stopped:
+        """Tell every process to leave, give them ``wait`` seconds, then end what is left."""
+        if self.stopped:
             return
-        self._stopped = True
-        # Children are reaped before the hub drops its transport: a canary receive
-        # still waiting on a live child when the gloo group goes aborts the driver at exit.
-        self.hub.stop(wait, on_stopped=lambda: reap(self.processes, min(wait, 2.0)))
-        self.hub.release_store()
+        self._announce_stop([d for d, proc in self.processes.items() if proc.poll() is None])
+        deadline = time.monotonic() + wait
+        for proc in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+        self._close_rows()
+        reap(self.processes, 0.5)
+        self.transport.close()
+        self.store = None  # type: ignore[assignment]  # let go of the store, so its port closes now
         self.output.join(1.0)  # the children are gone: their last lines are out
 
 
-def _connect(
-    store: dist.Store, rank: int, size: int, start_timeout: float, transport_timeout: float, *, loopback: bool = False
-) -> Transport:
-    """The transport of this process; ``loopback`` only for a self-started (one-machine) world."""
-    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-    return Transport(store, rank, size, timeout, loopback=loopback)
+class LaunchWorld(World):
+    """The torchrun launch seen from its driver (rank 0), which hosts worker 0 of every group."""
+
+    def __init__(self, store: dist.Store, transport: Transport) -> None:
+        super().__init__(store, transport, f"torchrun:{_env.run_id()}")
+        self.size = transport.size
+        #: Where each group's lane listens: an address of this host the other ranks reach.
+        self.lane_host = address_toward(*_env.store_address())
+        #: Worker 0 of every group is served in this process, with what a rank process has.
+        self.services = Services(store, self.row_plane(), Bridge(store))
+        #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
+        self.dead_ranks: dict[str, DeadRank] = {}
+
+    def stop(self, wait: float = STOP_WAIT_S) -> None:
+        """Tell every other process to leave and wait (bounded) until each has exited."""
+        if self.stopped:
+            return
+        others = list(range(1, self.size))
+        self._announce_stop(others)
+        deadline = time.monotonic() + wait
+        for d in others:
+            try:
+                self.store.wait([stopped_key(d)], timedelta(seconds=max(0.01, deadline - time.monotonic())))
+                host, pid = bytes(self.store.get(stopped_key(d))).decode().split()
+            except Exception:  # noqa: BLE001, S112 - it did not say in time (or is gone): leave it to the agent
+                continue
+            if host == socket.gethostname():
+                _wait_process_ended(int(pid), min(deadline, time.monotonic() + KILL_WAIT_S))
+        self._close_rows()
+        self.services.bridge.close()
+        self.transport.close()
+
+    def first_dead(self, wait: float) -> tuple[int, str] | None:
+        """A rank some group's lane knows is gone, waiting up to ``wait`` seconds for one to."""
+        deadline = time.monotonic() + wait
+        while True:
+            for ask in list(self.dead_ranks.values()):
+                dead = ask()
+                if dead is not None:
+                    return dead
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
 
 # -- torchrun ----------------------------------------------------------------------
-_torchrun_hub: Hub | None = None
-#: Weight transfers of worker 0 (in the driver) under the launcher.
-_torchrun_bridge: Bridge | None = None
-_torchrun_lock = threading.Lock()
+_launch: LaunchWorld | None = None
+_launch_lock = threading.Lock()
 
 
 def _torchrun_store(start_timeout: float) -> dist.Store:
@@ -158,44 +244,34 @@ def _torchrun_store(start_timeout: float) -> dist.Store:
     return dist.PrefixStore(f"dispatchcore/{_env.run_id()}/", client)
 
 
-def torchrun_hub(*, start_timeout: float, transport_timeout: float) -> Hub:
-    """Rank 0: the launch's hub, made on first use.  Other ranks serve and exit 0 here."""
-    global _torchrun_hub, _torchrun_bridge
+def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWorld:
+    """Rank 0: the launch's world, made on first use.  Other ranks serve and exit 0 here."""
+    global _launch
     rank, size = _env.torchrun_rank(), int(os.environ["WORLD_SIZE"])
     if rank != 0:
         serve_and_exit(start_timeout, transport_timeout)
-    with _torchrun_lock:
-        if _torchrun_hub is None:
+    with _launch_lock:
+        if _launch is None:
             store = _torchrun_store(start_timeout)
             _wait_count(store, size - 1, start_timeout)
-            transport = _connect(store, 0, size, start_timeout, transport_timeout)
-            host = address_toward(*_env.store_address())
-            _torchrun_hub = Hub(store, transport, processes=None, host=host, connect_timeout=start_timeout)
-            _torchrun_hub.rows = RowPlane(store, transport)  # worker 0 of every group lives here
-            _torchrun_bridge = Bridge(store)
-            atexit.register(_stop_torchrun_world)
+            timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+            _launch = LaunchWorld(store, Transport(store, 0, size, timeout))
+            atexit.register(_launch.stop)
             _install_sigterm_report()
-        return _torchrun_hub
-
-
-def torchrun_bridge() -> Bridge | None:
-    """The driver's bridge under the launcher (worker 0's weight transfers); ``None`` before the first group."""
-    return _torchrun_bridge
-
-
-def torchrun_identity() -> str:
-    """Names the launch's world in row addresses (every group of the launch shares its processes)."""
-    return f"torchrun:{_env.run_id()}"
+        return _launch
 
 
 def serve_and_exit(start_timeout: float, transport_timeout: float) -> NoReturn:
     """A rank other than 0: serve every group the driver makes, then exit 0."""
     store = _torchrun_store(start_timeout)
     store.add(READY_KEY, 1)
-    transport = _connect(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), start_timeout, transport_timeout)
-    Server(store, transport).serve()
+    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+    transport = Transport(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), timeout)
+    ended = serve_process(store, transport, threads=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    if not ended:  # a rank is stuck in a call the driver no longer waits for
+        os._exit(0)
     sys.exit(0)
 
 
@@ -210,12 +286,23 @@ def _wait_count(store: dist.Store, count: int, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def _stop_torchrun_world() -> None:
-    hub = _torchrun_hub
-    if hub is not None:
-        hub.stop(STOP_WAIT_S)
-    if _torchrun_bridge is not None:
-        _torchrun_bridge.close()
+def _wait_process_ended(pid: int, until: float) -> None:
+    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until``.
+
+    A rank says it stopped a little before its process ends; under torchrun
+    a driver that exits in that gap (with an error) makes the agent SIGTERM
+    the rank and report it as failed too.  Best effort: only for a rank on
+    this host, and only where ``/proc`` exists.
+    """
+    while time.monotonic() < until:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                state = stat.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.005)
 
 
 def _install_sigterm_report() -> None:
@@ -227,8 +314,7 @@ def _install_sigterm_report() -> None:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        hub = _torchrun_hub
-        dead = hub.wait_for_dead(1.0) if hub is not None else None
+        dead = _launch.first_dead(1.0) if _launch is not None else None
         if dead is None:
             raise WorkerDiedError(
                 -1, "torchrun's agent stopped the driver (SIGTERM): a rank exited or torchrun was interrupted"

@@ -15,7 +15,9 @@ executor may add a process-death signal, ``rank_dead(rank) -> str | None``
 (a child's exit code, Ray's actor death), which names the cause and ends
 the rank even if its links outlive it (a forked child holding the socket),
 shortly after the signal, so answers the rank sent before it went still
-arrive.
+arrive.  ``on_gone(rank, reason)`` hears of each rank found gone that way
+(not of ranks the driver ends itself: replaced, or at ``close``), e.g. to
+tell other ranks that wait on it beside the lane.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from .._base import DispatchError, DispatchTimeoutError
 from .._runtime import RankCallHandle, RemoteFailure
 from .._spi import Call
-from .._wire import Serialized
+from .._wire import RowBuffers, Serialized
 from ._address import LaneAddress
 from ._door import open_lane
 from ._envelope import BulkPath, Part, inline, is_bulk, open_part, pack_call
@@ -37,6 +39,7 @@ from ._framing import unframe_object
 from ._link import LaneLink
 from ._messages import CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 from ._reader import LinkReader
+from ._rows import RowPlan
 
 #: A rank whose process is seen dead while its links stay open is given up this much later.
 GONE_GRACE_S = 0.3
@@ -44,6 +47,8 @@ GONE_GRACE_S = 0.3
 REASON_WAIT_S = 1.0
 #: Says why rank ``rank``'s process is certainly gone, or ``None`` (the executor's death signal).
 RankDead = Callable[[int], str | None]
+#: Hears that rank ``rank`` was found gone, and why.
+RankGone = Callable[[int, str], None]
 
 
 class LaneCallHandle(RankCallHandle):
@@ -54,6 +59,11 @@ class LaneCallHandle(RankCallHandle):
         self.lane = lane
         #: Each result that came by the executor's bulk path: its token (an executor may hand results on from there).
         self.bulk_results: dict[int, Any] = {}
+        #: Where large DataProto results land when the collect concatenates them anyway (``_rows``).
+        self.rows: RowPlan | None = None
+        if call.results_are_copied:
+            self.row_buffers = RowBuffers()
+            self.rows = RowPlan(len(call.ranks), self.row_buffers)
 
     def check_alive(self, waiting: list[int]) -> None:
         for position in waiting:
@@ -89,6 +99,7 @@ class LaneDriver:
         death_timeout: float,
         on_broken: Callable[[str], None] = lambda reason: None,
         rank_dead: RankDead | None = None,
+        on_gone: RankGone | None = None,
         bulk: BulkPath | None = None,
         isolate: bool = True,
         name: str = "group",
@@ -98,6 +109,7 @@ class LaneDriver:
         self.death_timeout = death_timeout
         self.on_broken = on_broken
         self._rank_dead = rank_dead
+        self._on_gone = on_gone
         self._bulk = bulk
         self._isolate = isolate
         self._ranks: dict[int, _Rank] = {}
@@ -126,7 +138,8 @@ class LaneDriver:
             old = self._ranks.get(rank)
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
-                self._end(old, f"rank {rank} was replaced")
+                self._end(old, f"rank {rank} was replaced", found=False)
+            entry.calls.place_with(lambda note, sizes, entry=entry: self._place(entry, note, sizes))
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
@@ -144,10 +157,13 @@ class LaneDriver:
         handle.result(timeout)
 
     # -- calls -----------------------------------------------------------------------
-    def submit(self, call: Call) -> LaneCallHandle:
-        """Send ``call`` to its ranks at once (every argument pickled before the first send)."""
+    def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
+        """Send ``call`` to its ranks at once (every argument pickled before the first send).
+
+        ``handle``: one the executor made for ``call`` (a subclass that watches more), else a plain one.
+        """
         shares = pack_call(call, self._bulk)
-        handle = LaneCallHandle(self, call)
+        handle = LaneCallHandle(self, call) if handle is None else handle
         cid = next(self._cids)
         method, instructions = call.method, call.instructions
         for position, (rank, (parts, args, kwargs)) in enumerate(zip(call.ranks, shares, strict=True)):
@@ -255,12 +271,25 @@ class LaneDriver:
                 box[1].append(message[2])
                 box[0].set()
 
+    def _place(self, entry: _Rank, note: bytes, sizes: list[int]) -> dict[int, memoryview] | None:
+        """Where an answer's batch tensors land (the rows of its call's output), on the reader's thread."""
+        if not note:
+            return None
+        cid, layout = note[:8], note[8:]
+        with entry.lock:
+            waiter = entry.pending.get(int.from_bytes(cid, "little"))
+        if waiter is None or not isinstance(waiter[0], LaneCallHandle) or waiter[0].rows is None:
+            return None
+        return waiter[0].rows.targets(waiter[1], layout, sizes)
+
     def _deliver(self, entry: _Rank, waiter: tuple[RankCallHandle, int], ok: bool, part: Part | None) -> None:
         handle, position = waiter
         if is_bulk(part) and isinstance(handle, LaneCallHandle):
             handle.bulk_results[position] = part[1]  # type: ignore[index]
         try:
             value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
+            if isinstance(handle, LaneCallHandle) and handle.rows is not None:
+                handle.rows.adopt(position, value)
         except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
             ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
         handle.deliver(position, ok, value)
@@ -281,8 +310,11 @@ class LaneDriver:
             reason = self._rank_dead(entry.rank)
         self._end(entry, reason or "its process is gone (its lane link to the driver closed)")
 
-    def _end(self, entry: _Rank, reason: str) -> None:
-        """Close ``entry``'s links once and fail what still waits on it with ``reason``."""
+    def _end(self, entry: _Rank, reason: str, found: bool = True) -> None:
+        """Close ``entry``'s links once and fail what still waits on it with ``reason``.
+
+        ``found``: the rank was found gone (``on_gone`` hears of it), not ended by the driver.
+        """
         with entry.lock:
             if entry.ended is not None:
                 return
@@ -292,9 +324,11 @@ class LaneDriver:
         entry.control.close()
         for handle, position in pending.values():
             handle.rank_died(position, reason)
+        if found and self._on_gone is not None:
+            self._on_gone(entry.rank, reason)
 
     def close(self, reason: str = "the group was shut down") -> None:
         """End every rank's links (their waiting calls fail with ``reason``) and the reader."""
         for entry in list(self._ranks.values()):
-            self._end(entry, reason)
+            self._end(entry, reason, found=False)
         self._reader.stop()

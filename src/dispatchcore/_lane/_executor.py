@@ -9,8 +9,9 @@ call envelope, liveness, cancel and stacks.  A backend subclasses
   processes, each of which calls ``LaneRank(rank, ...).serve(address)``;
 * :meth:`LaneExecutor.stop_ranks`: release them (their links are closed
   first, so a rank that was told to leave on its driver's end does);
-* optionally :meth:`LaneExecutor.rank_dead`, a process-death signal, and a
-  :class:`BulkPath` for large values.
+* optionally :meth:`LaneExecutor.rank_dead`, a process-death signal,
+  :meth:`LaneExecutor.rank_gone`, told of each rank the lane finds gone, and
+  a :class:`BulkPath` for large values.
 
 Its ``__init__`` calls ``super().__init__(spec, ...)`` (which pickles the
 worker class and init arguments before anything starts) and then
@@ -50,6 +51,7 @@ class LaneExecutor(Executor):
             death_timeout=spec.death_timeout,
             on_broken=self.mark_broken,
             rank_dead=self.rank_dead,
+            on_gone=self.rank_gone,
             bulk=bulk,
             isolate=spec.isolate,
             name=spec.name,
@@ -68,6 +70,9 @@ class LaneExecutor(Executor):
     def rank_dead(self, rank: int) -> str | None:
         """Why ``rank``'s process is certainly gone (e.g. ``"its process exited with code -9"``), else ``None``."""
         return None
+
+    def rank_gone(self, rank: int, reason: str) -> None:
+        """The lane found ``rank`` gone (``reason`` says how); a backend may tell others that wait on it."""
 
     def open_ranks(self, ranks: Sequence[int], timeout: float) -> None:
         """Launch ``ranks``, accept their links and build their workers, within ``timeout`` seconds each step."""

@@ -2,39 +2,62 @@
 
 Pickle protocol 5 hands out-of-band buffers (numpy arrays, ``PickleBuffer``)
 to a callback instead of copying them into the stream.  A frame is a count,
-the length of the stream and of each buffer, then the stream and the buffers
+the length of each part, then the parts: a note, the stream and the buffers
 themselves, so a 64 MB array goes from its memory into the socket once and
-lands in the receiver's private, writable memory once.
+lands in the receiver's private, writable memory once.  The note (usually
+empty) arrives before anything large: it tells the receiving link where a
+buffer should land (``LaneLink.place_with``), before the buffer is read.
 """
 
 from __future__ import annotations
 
 import pickle
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 _COUNT = struct.Struct("<I")
 _SIZE = struct.Struct("<Q")
 
 
-def frame_object(obj: Any) -> list[memoryview]:
-    """The parts of one message holding ``obj`` (pass them to ``LaneLink.send_parts``)."""
+class Placed(NamedTuple):
+    """A message some of whose parts a link read into memory of the receiver's choosing."""
+
+    #: The whole message's bytes, except that the placed parts' bytes are in ``targets``.
+    body: Any
+    #: Part index -> the memory that part was read into.
+    targets: dict[int, memoryview]
+
+
+def frame_object(obj: Any, note: bytes = b"") -> list[memoryview]:
+    """The parts of one message holding ``obj`` (pass them to ``LaneLink.send_parts``), ``note`` first."""
     buffers: list[pickle.PickleBuffer] = []
     stream = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    views = [memoryview(stream), *(b.raw() for b in buffers)]
+    views = [memoryview(note), memoryview(stream), *(b.raw() for b in buffers)]
     table = _COUNT.pack(len(views)) + b"".join(_SIZE.pack(v.nbytes) for v in views)
     return [memoryview(table), *views]
 
 
-def unframe_object(message: bytearray) -> Any:
+def frame_table(view: memoryview) -> tuple[int, list[int]] | None:
+    """``(table bytes, each part's size)`` from a frame's first bytes; ``None`` until enough of them are here."""
+    if view.nbytes < _COUNT.size:
+        return None
+    (count,) = _COUNT.unpack_from(view, 0)
+    table = _COUNT.size + count * _SIZE.size
+    if view.nbytes < table:
+        return None
+    return table, [_SIZE.unpack_from(view, _COUNT.size + i * _SIZE.size)[0] for i in range(count)]
+
+
+def unframe_object(message: bytearray | Placed) -> Any:
     """The object :func:`frame_object` framed; its buffers are views of ``message`` (writable, private)."""
-    view = memoryview(message)
+    targets = message.targets if isinstance(message, Placed) else {}
+    view = memoryview(message.body if isinstance(message, Placed) else message)
     (count,) = _COUNT.unpack_from(view, 0)
     offset = _COUNT.size
     sizes = [_SIZE.unpack_from(view, offset + i * _SIZE.size)[0] for i in range(count)]
     offset += count * _SIZE.size
     parts = []
-    for size in sizes:
-        parts.append(view[offset : offset + size])
+    for i, size in enumerate(sizes):
+        parts.append(targets[i] if i in targets else view[offset : offset + size])
         offset += size
-    return pickle.loads(parts[0], buffers=parts[1:])  # noqa: S301 - peers that proved the lane's token
+    return pickle.loads(parts[1], buffers=parts[2:])  # noqa: S301 - peers that proved the lane's token

@@ -13,10 +13,11 @@ import collections
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._framing import frame_object, unframe_object
+from .._wire import receive_buffer
+from ._framing import Placed, frame_object, frame_table, unframe_object
 
 _LENGTH = struct.Struct("<Q")
 
@@ -69,9 +70,22 @@ class LaneLink:
                 self._backlog.extend(rest)
                 threading.Thread(target=self._drain, name="dispatchcore-lane-writer", daemon=True).start()
 
-    def send_object(self, obj: Any) -> None:
-        """Send ``obj`` pickled, its large buffers (numpy arrays) straight from their memory."""
-        self.send_parts(frame_object(obj))
+    def send_object(self, obj: Any, note: bytes = b"") -> None:
+        """Send ``obj`` pickled, its large buffers (numpy arrays) straight from their memory.
+
+        ``note``: read by the peer's placer (:meth:`place_with`) before the large buffers arrive.
+        """
+        self.send_parts(frame_object(obj, note))
+
+    def place_with(self, placer: Placer | None) -> None:
+        """Let ``placer(note, part sizes)`` name memory for a large message's parts before they are read.
+
+        It returns part index -> writable memory of that part's size (or
+        ``None``), and runs on the thread reading this link; such a message
+        comes out of :meth:`recv` / :meth:`take_ready` as a ``Placed``, which
+        :func:`unframe_object` reads like the rest.
+        """
+        self._inbox.placer = placer
 
     def recv_object(self) -> Any:
         """The next object :meth:`send_object` sent; its arrays are private, writable memory."""
@@ -94,7 +108,7 @@ class LaneLink:
             with self._send_lock:
                 self._backlog.popleft()
 
-    def recv(self) -> bytearray:
+    def recv(self) -> Any:
         """The next message (private, writable memory), waiting for it; ``ConnectionError`` when the peer closed."""
         inbox = self._inbox
         while not inbox.ready:
@@ -107,7 +121,7 @@ class LaneLink:
         """The socket's descriptor, for a selector watching several links from one thread."""
         return self._sock.fileno()
 
-    def take_ready(self) -> list[bytearray] | None:
+    def take_ready(self) -> list[Any] | None:
         """Without waiting: the whole messages that arrived (maybe none); ``None`` once the peer closed.
 
         For one thread reading many links: call it when a selector says the
@@ -149,6 +163,9 @@ def _after(frame: list[memoryview], sent: int) -> list[memoryview]:
 #: Messages larger than this are read straight into their own buffer (no staging copy).
 _DIRECT = 1 << 16
 
+#: Where a large message's parts land: ``placer(note, part sizes)`` -> part index -> memory, or ``None``.
+Placer = Callable[[bytes, list[int]], "dict[int, memoryview] | None"]
+
 
 class _Inbox:
     """Bytes read from one socket, cut into whole messages; one thread reads a link at a time."""
@@ -157,10 +174,11 @@ class _Inbox:
         self._sock = sock
         self._scratch = bytearray(_DIRECT)
         self._staged = bytearray()
-        #: A large message being read into its own buffer, and how much of it arrived.
-        self._body: bytearray | None = None
-        self._filled = 0
-        self.ready: collections.deque[bytearray] = collections.deque()
+        #: A large message being read: the message, and the memory still to fill, in order.
+        self._body: Any = None
+        self._segments: collections.deque[memoryview] = collections.deque()
+        self.placer: Placer | None = None
+        self.ready: collections.deque[Any] = collections.deque()
         self.closed = False
 
     def take(self, wait: bool) -> None:
@@ -168,8 +186,8 @@ class _Inbox:
         while not self.closed:
             flags = 0 if wait and not self.ready else socket.MSG_DONTWAIT
             try:
-                if self._body is not None:
-                    view = memoryview(self._body)[self._filled :]
+                if self._segments:
+                    view = self._segments[0]
                     n = self._sock.recv_into(view, len(view), flags)
                 else:
                     n = self._sock.recv_into(self._scratch, _DIRECT, flags)
@@ -180,9 +198,11 @@ class _Inbox:
             if n == 0:
                 self.closed = True
                 return
-            if self._body is not None:
-                self._filled += n
-                if self._filled == len(self._body):
+            if self._segments:
+                head = self._segments.popleft()
+                if n < head.nbytes:
+                    self._segments.appendleft(head[n:])
+                elif not self._segments:
                     self.ready.append(self._body)
                     self._body = None
             else:
@@ -200,12 +220,61 @@ class _Inbox:
                 self.ready.append(staged[begin : begin + size])
                 start = begin + size
                 continue
-            if size > _DIRECT:
-                body = bytearray(size)
-                part = len(staged) - begin
-                body[:part] = staged[begin:]
-                self._body, self._filled = body, part
+            if size > _DIRECT and self._start_body(memoryview(staged[begin:]), size):
                 start = len(staged)
             break
         if start:
             del staged[:start]
+
+    def _start_body(self, head: memoryview, size: int) -> bool:
+        """Start reading a large message whose first bytes are ``head``; ``False``: stage more bytes first.
+
+        The body comes from the buffer pool (memory already touched, handed
+        back when the message's last view dies); parts the placer names are
+        read into the memory it gives instead.
+        """
+        segments, message = self._segments_for(head, size)
+        if segments is None:
+            return False
+        pending = collections.deque(segments)
+        while head.nbytes and pending:  # what was staged already goes first
+            segment = pending.popleft()
+            n = min(head.nbytes, segment.nbytes)
+            segment[:n] = head[:n]
+            head = head[n:]
+            if n < segment.nbytes:
+                pending.appendleft(segment[n:])
+        self._segments = pending
+        if pending:
+            self._body = message
+        else:
+            self.ready.append(message)
+        return True
+
+    def _segments_for(self, head: memoryview, size: int) -> tuple[list[memoryview] | None, Any]:
+        """The memory a large message is read into, in order, and the message as it will be handed on."""
+        table = frame_table(head) if self.placer is not None else None
+        if self.placer is not None and (table is None or head.nbytes < table[0] + table[1][0]):
+            if head.nbytes < _DIRECT:
+                return None, None  # the note is not here yet: stage more
+            table = None
+        body = receive_buffer(size)
+        whole = memoryview(body).cast("B")
+        if table is None or self.placer is None:
+            return [whole], body
+        offset, sizes = table
+        targets = self.placer(bytes(head[offset : offset + sizes[0]]), sizes) or {}
+        if not targets:
+            return [whole], body
+        segments: list[memoryview] = []
+        run = 0  # where the current run of unplaced bytes began
+        for i, part in enumerate(sizes):
+            if i in targets:
+                if offset > run:
+                    segments.append(whole[run:offset])
+                segments.append(targets[i])
+                run = offset + part
+            offset += part
+        if size > run:
+            segments.append(whole[run:size])
+        return segments, Placed(body, targets)

@@ -11,17 +11,20 @@ answers pings, cancels (:func:`cancel_in_process`) and stacks
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
 from .._wire import dumps
+from .._wire._allocator import fill_thread_cache
 from ._address import LaneAddress
 from ._door import connect_lane
-from ._envelope import BulkPath, Part, claimed, inline, open_part, open_values, to_part
+from ._envelope import BulkPath, Part, claimed, inline, is_bulk, open_part, open_values, to_part
 from ._link import LaneLink
 from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
+from ._rows import row_layout
 
 
 class LaneRank:
@@ -65,7 +68,8 @@ class LaneRank:
                     return
                 ok, value = self._start(message) if message[0] == START else self._call(message)
                 method = "__init__" if message[0] == START else message[2]
-                if not _send(calls, (DONE, message[1], *self._result(ok, value, method))):
+                answer, note = self._answer(message[1], ok, value, method)
+                if not _send(calls, answer, note):
                     return
         finally:
             calls.close()
@@ -84,6 +88,7 @@ class LaneRank:
         except BaseException as exc:  # noqa: BLE001 - reported as the rank's __init__ failure
             return False, RemoteFailure.capture(self.rank, "__init__", exc)
         failure = host.start()
+        fill_thread_cache()  # after __init__, on the method thread: see keep_freed_memory
         return failure is None, failure
 
     def _call(self, message: tuple[Any, ...]) -> tuple[bool, Any]:
@@ -96,21 +101,31 @@ class LaneRank:
             return False, RemoteFailure.capture(self.rank, method, exc)
         return self.host.run(method, args, kwargs, instructions)
 
-    def _result(self, ok: bool, value: Any, method: str) -> tuple[bool, Part | None]:
-        """``(ok, value pickled)`` for the driver; an unpicklable result fails the call, not the rank."""
+    def _answer(self, cid: int, ok: bool, value: Any, method: str) -> tuple[tuple[Any, ...], bytes]:
+        """The DONE message for call ``cid`` and its frame note (where a DataProto's tensors are, ``_rows``).
+
+        An unpicklable result fails the call, not the rank.
+        """
         if value is None:
-            return ok, None
+            return (DONE, cid, ok, None), b""
         if ok and claimed(self._bulk, value):  # a value only the executor's bulk path can hand over
-            return self._by_bulk(value, method)
+            ok, part = self._by_bulk(value, method)
+            return (DONE, cid, ok, part), b""
         try:
             pickled = dumps(value)
         except BaseException as exc:  # noqa: BLE001
             failure = RemoteFailure.unpicklable(self.rank, method, "result", exc, in_process=False, value=value)
-            return False, inline(dumps(failure))
+            return (DONE, cid, False, inline(dumps(failure))), b""
         try:
-            return ok, to_part(pickled, self._bulk)
+            part = to_part(pickled, self._bulk)
         except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
-            return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
+            return (DONE, cid, False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))), b""
+        if not ok or is_bulk(part):
+            return (DONE, cid, ok, part), b""
+        # Frame parts: the note, the stream, then the out-of-band buffers (a long inline stream's first).
+        first = 2 + isinstance(part[0], pickle.PickleBuffer)
+        layout = row_layout(value, pickled.buffers, first)
+        return (DONE, cid, ok, part), (cid.to_bytes(8, "little") + layout if layout else b"")
 
     def _by_bulk(self, value: Any, method: str) -> tuple[bool, Part]:
         """A claimed result, moved as it is by the bulk path."""
@@ -137,10 +152,10 @@ class LaneRank:
             self._on_driver_gone()
 
 
-def _send(link: LaneLink, message: tuple[Any, ...]) -> bool:
+def _send(link: LaneLink, message: tuple[Any, ...], note: bytes = b"") -> bool:
     """Send ``message``; ``False`` once the driver is gone."""
     try:
-        link.send_object(message)
+        link.send_object(message, note)
     except OSError:
         return False
     return True
