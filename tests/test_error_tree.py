@@ -52,10 +52,6 @@ BUILTIN_ERRORS = {
 }
 
 _PROTOCOL = "a __getattr__ answering a private or dunder lookup (copy, pickle, hasattr): the plain error Python expects"
-#: Where the executors are being rewritten (issue 31): their bare raises stay listed here, one by one, until the
-#: lead converts them after the merge.  Not checked for staleness: the rewrite may already have removed some.
-ISSUE_31 = "executor being rewritten, issue 31"
-
 #: (file under src, enclosing function, builtin) -> (how many, why it stays a bare builtin).
 ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("dispatchcore/_group/_method_proxy.py", "MethodNamespace.__getattr__", "AttributeError"): (1, _PROTOCOL),
@@ -86,24 +82,12 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
         1,
         "the test kit's check inside a test worker: a failed assertion, as pytest reports one",
     ),
-    # -- issue 31: the lane and the executors are being rewritten; convert these after the merge ------------
-    ("dispatchcore/_lane/_door.py", "_listener", "ValueError"): (1, ISSUE_31),
-    ("dispatchcore/_lane/_door.py", "LaneDoor.accept", "RuntimeError"): (1, ISSUE_31),
-    ("dispatchcore/_lane/_door.py", "LaneDoor.accept", "TimeoutError"): (1, ISSUE_31),
-    ("dispatchcore/_lane/_envelope.py", "open_part", "RuntimeError"): (1, ISSUE_31),
-    ("dispatchcore/_lane/_link.py", "LaneLink.recv", "ConnectionError"): (1, ISSUE_31),
-    ("dispatchcore/_lane/_rank.py", "LaneRank._call", "RuntimeError"): (1, ISSUE_31),
-    ("executors_ray/_actor.py", "RankActor.call_plain", "RuntimeError"): (1, ISSUE_31),
-    ("executors_ray/_forward.py", "resolve", "TypeError"): (1, ISSUE_31),
-    ("executors_ray/_lane.py", "RayLane.cancel", "OSError"): (1, ISSUE_31),
-    ("executors_ray/verl/_pools.py", "ResourcePoolManager.get_resource_pool", "KeyError"): (2, ISSUE_31),
-    ("executors_torchrun/__init__.py", "__getattr__", "AttributeError"): (1, ISSUE_31),
-    ("executors_torchrun/_bridge.py", "Bridge.publish", "RuntimeError"): (1, ISSUE_31),
-    ("executors_torchrun/_server.py", "Server._call", "RuntimeError"): (1, ISSUE_31),
-    ("executors_torchrun/_spawn.py", "wait_ready", "RuntimeError"): (1, ISSUE_31),
-    ("executors_torchrun/_spawn.py", "wait_ready", "TimeoutError"): (1, ISSUE_31),
-    ("executors_torchrun/_worlds.py", "_torchrun_store", "RuntimeError"): (1, ISSUE_31),
-    ("executors_torchrun/_worlds.py", "_wait_count", "TimeoutError"): (1, ISSUE_31),
+    ("dispatchcore/_lane/_link.py", "LaneLink.recv", "ConnectionError"): (
+        1,
+        "a lane socket the peer closed: the OSError family the socket itself raises, which the lane's readers "
+        "catch as such",
+    ),
+    ("executors_torchrun/__init__.py", "__getattr__", "AttributeError"): (1, _PROTOCOL),
 }
 
 #: (file under src, class) -> why an exception class defined there does not derive from DispatchError.
@@ -114,7 +98,6 @@ ALLOWED_CLASSES: dict[tuple[str, str], str] = {
     ("dispatchcore/testing/modes.py", "ModePropertyError"): "the test kit's failed check: an AssertionError, "
     "which pytest reports as a test failure",
     ("dispatchcore/testing/faults.py", "InjectedFault"): "stands in for a user's own exception in a worker",
-    ("executors_ray/_payload.py", "EncodeError"): ISSUE_31,
 }
 
 
@@ -152,7 +135,7 @@ def test_every_raise_in_src_is_a_dispatch_error_or_allowed_with_its_reason() -> 
         "bare builtin raises: raise the DispatchError subclass that is also that builtin (DispatchValueError, "
         f"DispatchTypeError, DispatchKeyError, ...), or allow it in ALLOWED with its reason: {unlisted}"
     )
-    stale = {key for key, (n, why) in ALLOWED.items() if why != ISSUE_31 and found.get(key, 0) < n}
+    stale = {key for key, (n, _why) in ALLOWED.items() if found.get(key, 0) < n}
     assert not stale, f"allowed raises no longer in src (drop them from ALLOWED): {sorted(stale)}"
     assert all(why for _, why in ALLOWED.values())
 

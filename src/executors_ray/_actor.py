@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import (
     Instructions,
     LaneRank,
@@ -112,7 +113,7 @@ class RankActor:
         """
         host = self._host()
         if host is None:
-            raise RuntimeError("this actor hosts no started worker")
+            raise DispatchRuntimeError("this actor hosts no started worker")
         self._select_device()  # this thread's current device, as the method thread's
         bulk = RankBulk(rank, inline_bytes, self._shelf)
         lane = LaneRank(rank, bulk=bulk, on_driver_gone=bulk.driver_gone.set)
@@ -182,7 +183,7 @@ class RankActor:
         """
         host = self._host()
         if host is None:
-            raise RuntimeError("worker was not started")
+            raise DispatchRuntimeError("worker was not started")
         if not self._plain_device:
             self._select_device()
             self._plain_device = True

@@ -28,6 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import HandedOver
 from dispatchcore.wire import Serialized
 
@@ -193,7 +194,7 @@ class RankBulk:
                 break
         self._shelf.drop(key)
         if not entry.arrived.is_set():
-            raise RuntimeError("the driver's lane closed before the call's arguments arrived")
+            raise DispatchRuntimeError("the driver's lane closed before the call's arguments arrived")
         if not entry.as_is:
             return serialized(entry.value)
         if isinstance(entry.value, Forwarded):

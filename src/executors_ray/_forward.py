@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatchcore import DataProto
+from dispatchcore import DataProto, DispatchTypeError
 from dispatchcore.executor import ResultShape, assemble_chunk
 
 from ._store import unpack
@@ -47,7 +47,7 @@ def resolve(part: Forwarded) -> DataProto:
     for position, result in zip(sources, fetched, strict=True):
         value = _packed_dataproto(result)
         if value is None:
-            raise TypeError(f"forwarded result at position {position} is not a DataProto")
+            raise DispatchTypeError(f"forwarded result at position {position} is not a DataProto")
         results[position] = value
     return assemble_chunk(part.plan, results)
 

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import LOOPBACK, TensorSourceLost
 from dispatchcore.wire import numpy_tensor
 
@@ -105,7 +106,7 @@ class Bridge:
         flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
         with self._lock:
             if self._closed:
-                raise RuntimeError("this process's weight-transfer bridge is closed")
+                raise DispatchRuntimeError("this process's weight-transfer bridge is closed")
             key = next(self._keys)
             self._held[key] = [flat, readers]
             if self._thread is None:

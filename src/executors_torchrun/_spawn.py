@@ -26,6 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dispatchcore import DispatchRuntimeError, DispatchTimeoutError
 from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, rank_environment
 
 from ._protocol import READY_KEY
@@ -171,9 +172,9 @@ def wait_ready(store: dist.Store, processes: dict[int, subprocess.Popen[bytes]],
         for rank, proc in processes.items():
             code = proc.poll()
             if code is not None:
-                raise RuntimeError(f"rank {rank - 1} exited with code {code} while starting")
+                raise DispatchRuntimeError(f"rank {rank - 1} exited with code {code} while starting")
         if time.monotonic() > deadline:
-            raise TimeoutError(
+            raise DispatchTimeoutError(
                 f"{len(processes)} self-started ranks were not all up after {timeout:g} s; "
                 "raise WorkerGroup(..., start_timeout=...)"
             )

@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from dispatchcore import WorkerDiedError
+from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
 from dispatchcore.executor import address_toward
 
 from . import _env
@@ -234,7 +234,7 @@ _launch_lock = threading.Lock()
 
 def _torchrun_store(start_timeout: float) -> dist.Store:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
-        raise RuntimeError(
+        raise DispatchRuntimeError(
             "the torchrun backend talks through torchrun's agent store, but TORCHELASTIC_USE_AGENT_STORE "
             "is not 'True' in this launch; start the driver with a plain `torchrun ...`"
         )
@@ -279,7 +279,7 @@ def _wait_count(store: dist.Store, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while int(store.add(READY_KEY, 0)) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(
+            raise DispatchTimeoutError(
                 f"not every torchrun rank reached its first WorkerGroup(...) within {timeout:g} s; every "
                 "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
             )

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
+from .._base import DispatchRuntimeError, DispatchTimeoutError, DispatchValueError
 from ._address import LaneAddress
 from ._link import LaneLink
 
@@ -27,7 +28,7 @@ _ANY = ("", "0.0.0.0", "::")  # noqa: S104 - named so that they are refused belo
 def _listener(host: str) -> socket.socket:
     """A listening socket on ``host`` only (``localhost`` means 127.0.0.1)."""
     if host in _ANY:
-        raise ValueError(f"a lane listens on one interface, not on {host!r}: pass the address ranks reach")
+        raise DispatchValueError(f"a lane listens on one interface, not on {host!r}: pass the address ranks reach")
     if host == "localhost":
         host = "127.0.0.1"
     family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
@@ -78,10 +79,10 @@ class LaneDoor:
             for rank in sorted(waiting):
                 reason = gone(rank)
                 if reason is not None:
-                    raise RuntimeError(f"rank process {rank} never connected to the driver: {reason}")
+                    raise DispatchRuntimeError(f"rank process {rank} never connected to the driver: {reason}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(
+                raise DispatchTimeoutError(
                     f"rank processes {sorted(waiting)} did not connect to the driver within {timeout:g} s "
                     "(is a firewall in the way? raise start_timeout if start-up is slow)"
                 )

@@ -24,6 +24,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
+from .._base import DispatchRuntimeError
 from .._runtime import unpicklable_error
 from .._spi import Call
 from .._wire import INLINE_LIMIT, Serialized, dumps, loads
@@ -145,7 +146,7 @@ def open_part(part: Part | None, bulk: BulkPath | None = None, isolate: bool = T
     stream, payload = part
     if stream is None:
         if bulk is None:
-            raise RuntimeError("a value came by a bulk path, but this rank was given none")
+            raise DispatchRuntimeError("a value came by a bulk path, but this rank was given none")
         got = bulk.get(payload)
         return got.value if isinstance(got, HandedOver) else loads(got, copy=isolate and not bulk.private)
     return loads(Serialized(stream, payload), copy=False)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._base import DispatchRuntimeError
 from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
 from .._wire import dumps
 from .._wire._allocator import fill_thread_cache
@@ -95,7 +96,7 @@ class LaneRank:
         _, _, method, instructions, parts, arg_slots, kwarg_slots = message
         try:
             if self.host is None:
-                raise RuntimeError("a call arrived before the worker was built")
+                raise DispatchRuntimeError("a call arrived before the worker was built")
             args, kwargs = open_values((parts, arg_slots, kwarg_slots), self._bulk, self._isolate)
         except BaseException as exc:  # noqa: BLE001 - e.g. an argument this rank cannot unpickle
             return False, RemoteFailure.capture(self.rank, method, exc)

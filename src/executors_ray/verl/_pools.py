@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatchcore import DispatchKeyError
+
 from .._pool import PlacementError, RayResourcePool
 
 
@@ -49,8 +51,8 @@ class ResourcePoolManager:
             return self.resource_pool_dict[self.mapping[role]]
         except KeyError:
             if role not in self.mapping:
-                raise KeyError(f"role {role!r} is not in mapping (roles: {list(self.mapping)})") from None
-            raise KeyError(
+                raise DispatchKeyError(f"role {role!r} is not in mapping (roles: {list(self.mapping)})") from None
+            raise DispatchKeyError(
                 f"pool {self.mapping[role]!r} of role {role!r} does not exist; call create_resource_pool() first"
             ) from None
 
