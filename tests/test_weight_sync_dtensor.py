@@ -35,7 +35,7 @@ from dispatchcore import (
 )
 from dispatchcore._transfer import shard_rows
 from dispatchcore.executor import run_step
-from dispatchcore.testing.dtensor_workers import FsdpTrainer, Rollout, full_weights
+from dtensor_workers import FsdpTrainer, Rollout, full_weights
 
 # -- without process groups ----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Worker classes for DTensor weight transfers: a trainer offering FSDP2-placed DTensors, a rollout to check.
 
-In an importable module (as :mod:`dispatchcore.testing.weight_workers`) so
-Ray's actors load them by reference.  The trainer makes torch's default
+A module of the tests (not importable by the ranks: its code travels by
+value, as any test module's does).  The trainer makes torch's default
 process group over its own ranks (gloo, from the rank environment every
 process backend gives) and builds its DTensors with torch's own split
 (``fully_shard``, ``distribute_tensor``), so the offsets the transfer reads
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import Dispatch, Worker, register
+from dispatchcore import Dispatch, Worker, register
 
 __all__ = ["OFFER_KINDS", "FsdpTrainer", "Rollout", "full_weights", "model"]
 
