@@ -261,11 +261,11 @@ class _Inbox:
         body = receive_buffer(size)
         whole = memoryview(body).cast("B")
         if table is None or self.placer is None:
-            return [whole], body
+            return [whole], whole  # bytes-like, writable: what a small message is too
         offset, sizes = table
         targets = self.placer(bytes(head[offset : offset + sizes[0]]), sizes) or {}
         if not targets:
-            return [whole], body
+            return [whole], whole
         segments: list[memoryview] = []
         run = 0  # where the current run of unplaced bytes began
         for i, part in enumerate(sizes):

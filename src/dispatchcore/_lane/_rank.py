@@ -54,7 +54,11 @@ class LaneRank:
         if not isinstance(address, LaneAddress):
             address = LaneAddress.decode(address)
         calls = connect_lane(address, self.rank, timeout)
-        control = connect_lane(address, self.rank | CONTROL_LINK, timeout)
+        try:
+            control = connect_lane(address, self.rank | CONTROL_LINK, timeout)
+        except BaseException:
+            calls.close()  # not left for the garbage collector: the driver's door is gone or refused us
+            raise
         threading.Thread(
             target=self._serve_control,
             args=(control, threading.get_ident()),
