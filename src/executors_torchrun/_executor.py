@@ -174,9 +174,12 @@ class TorchrunExecutor(LaneExecutor):
                 self.lane.silent(g, self.spec.death_timeout)
 
     def _first_dead(self) -> tuple[int, str] | None:
-        """The world rank of a rank of this group that the lane knows is gone (the launch's SIGTERM report)."""
+        """The world rank of a rank of this group that the lane knows is gone (the launch's SIGTERM report).
+
+        Runs in a signal handler, maybe while the interrupted main thread holds a link's lock: it only reads.
+        """
         for g in range(self.spec.world_size):
-            reason = self.lane.silent(g, self.spec.death_timeout)
+            reason = self.lane.ended(g)
             if reason is not None:
                 return self._data_ranks[g], reason
         return None

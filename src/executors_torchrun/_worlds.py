@@ -19,7 +19,7 @@ has its default disposition, the driver installs a handler.  torchrun's
 elastic agent SIGTERMs every process when one rank dies; the handler
 restores the default disposition and raises
 :class:`~dispatchcore.WorkerDiedError` naming the dead rank (waiting up to
-1 s for a group's lane to see which), so the driver's traceback says why
+SIGTERM_REPORT_WAIT_S for a group's lane to see which), so the driver's traceback says why
 instead of just ending.  A program that installed its own handler first
 keeps it.
 """
@@ -57,6 +57,8 @@ from ._transport import Transport
 STOP_WAIT_S = 10.0
 #: How long a killed rank's process is waited for (SIGKILL: a moment, unless the machine is swamped).
 KILL_WAIT_S = 5.0
+#: How long the SIGTERM report waits for a lane to see which rank died (the agent waits 30 s before SIGKILL).
+SIGTERM_REPORT_WAIT_S = 5.0
 #: Says which data rank is known dead and why, or ``None`` (a group's answer to the SIGTERM report).
 DeadRank = Callable[[], tuple[int, str] | None]
 
@@ -314,7 +316,7 @@ def _install_sigterm_report() -> None:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        dead = _launch.first_dead(1.0) if _launch is not None else None
+        dead = _launch.first_dead(SIGTERM_REPORT_WAIT_S) if _launch is not None else None
         if dead is None:
             raise WorkerDiedError(
                 -1, "torchrun's agent stopped the driver (SIGTERM): a rank exited or torchrun was interrupted"

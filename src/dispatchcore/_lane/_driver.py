@@ -223,6 +223,11 @@ class LaneDriver:
         return True
 
     # -- liveness ----------------------------------------------------------------------
+    def ended(self, rank: int) -> str | None:
+        """Why ``rank`` is known gone, else ``None``: takes no lock and sends nothing (safe in a signal handler)."""
+        entry = self._ranks.get(rank)
+        return None if entry is None else entry.ended
+
     def silent(self, rank: int, death_timeout: float) -> str | None:
         """Why ``rank`` counts as gone, else ``None`` (and a ping sent when one is due)."""
         entry = self._ranks.get(rank)
