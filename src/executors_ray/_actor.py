@@ -1,22 +1,10 @@
 """The Ray actor behind one rank: the core's :class:`~dispatchcore.executor.LaneRank` plus what only Ray does.
 
-The class is plain Python; :func:`actor_class` wraps it with ``ray.remote``
-on first use, so importing this module never imports ray.  The driver calls
-:meth:`RankActor.serve_lane` once per lane it opens: that method runs the
-core's rank side on the one thread of the actor's ``lane`` concurrency
-group, which is the rank's method thread (the worker's ``__init__`` and
-every call run there; CUDA's current device and thread-locals stay put),
-and returns when the driver ends the lane.  The worker lives in the
-:class:`LaneRank`, so a detached group's worker outlives its driver and
-the next driver's ``serve_lane`` reaches it again.
-
-Other Ray actor methods answer beside a running call: start-up questions
-and identity (a one-thread ``control`` group); the object store's side of
-the lane (``stash``, ``take_result``, ``_bulk``) and lazy results' rows
-(``take_rows``, the core's row reads and frees) in a ``rows`` group of
-their own, so a rank keeps serving the rows it holds while it runs a long
-call (``_rows``); and verl's plain calls (:meth:`RankActor.call_plain`),
-whose references verl's own code reads.
+:meth:`RankActor.serve_lane` runs the core's rank side on the one thread of
+the ``lane`` concurrency group, the rank's method thread (the worker's
+``__init__`` and every call run there).  The other methods answer beside a
+running call: start-up questions and identity (``control``), the object
+store's side of the lane and lazy rows (``rows``), verl's plain calls.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Detached groups: actors that outlive the driver that made them.
+"""Detached groups (``detached=True``): actors that outlive the driver that made them.
 
-``WorkerGroup(Cls, n, backend="ray", detached=True, name="x")`` creates
-actors ``x-rank0..`` with ``lifetime="detached"`` in the ``dispatchcore``
-namespace.  Its ``shutdown()`` (also run at interpreter exit) only lets go of
-the handles; :func:`kill_detached` ends the actors.  Any driver on the same
-cluster attaches with :func:`attach_detached`.
+``shutdown()`` only lets go of them; :func:`kill_detached` ends them and any
+driver on the cluster attaches with :func:`attach_detached`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """``RayExecutor``: backend ``"ray"``, one named Ray actor per rank.
 
-Start-up: connect (or start a local Ray), create the actors (placed on a
-:class:`RayResourcePool` when one is given, else reserving no CPU so several
-groups fit on a small machine), ask where they landed, then build every
-worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
-``MASTER_ADDR``/``MASTER_PORT`` already in its environment.  Each phase is
-bounded by ``start_timeout``.
-
-Calls: the group's lane is the core's (:class:`~dispatchcore.executor.LaneDriver`):
-once the actors are placed, each is handed the lane's address by one
-``serve_lane`` call, which serves the lane on the actor's method thread
-(``_actor``), and the lane's ``start`` builds the workers there.  Small
-values and results ride the lane; large ones and object references go by
-the object store (``_bulk``, the lane's bulk path).  The lane's liveness is
-the one rule, with Ray's word that an actor died (its ``serve_lane`` task
-failed) as the process-death signal.  Actors that cannot reach the lane
-fail the group's start (so does Ray Client, whose driver is outside the
-cluster).
-
-Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
-core the producing results' shapes without fetching them, the core plans
-each rank's rows, and :meth:`RayExecutor.forward_chunk` hands a rank the
-references it fetches its rows from (``_forward``).
-
-Lazy results: :meth:`RayExecutor.row_address` names a rank's actor, and any
-Ray group of this driver (:meth:`RayExecutor.can_fetch_rows`) lets its ranks
-fetch those rows from the producing actors themselves (``_rows``).  The
-core's own row reads and frees run in the actors' ``rows`` concurrency
-group, beside whatever call is running.
+The actors are placed (on a :class:`RayResourcePool`, else reserving no CPU),
+each serves the core's lane from one ``serve_lane`` task (whose failure is
+Ray's word that the actor died), and large values go by the object store
+(``_bulk``); futures and lazy rows move actor to actor (``_forward``,
+``_rows``).  See docs/executor-contract.md and docs/lazy-results.md.
 """
 
 from __future__ import annotations
@@ -127,29 +104,24 @@ class RayExecutor(Executor):
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
-        #: The rank actors, their names and nodes, and whether the group is shut down: all that its
-        #: call handles see of it (kept current here, in place).
+        #: All that its call handles see of the group (kept current here, in place).
         self._rank_actors = self._new_rank_actors(spec)
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        #: The lane's bulk path: the object store (its puts bundled while every rank shares this node).
+        #: The lane's bulk path: the object store.
         self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
-        #: The core's lane (every call goes there), opened once the actors are placed.
+        #: The core's lane, opened once the actors are placed.
         self._lane: LaneDriver | None = None
-        #: Each rank's running ``serve_lane`` task: it fails when the actor dies (the lane's death signal).
+        #: Each rank's running ``serve_lane`` task: it fails when the actor dies.
         self._serve_refs: dict[int, Any] = {}
         try:
-            if opts["actors"] is not None:
-                self._attach_handles(list(opts["actors"]))
-                self._join_lane(range(spec.world_size), None)
-            elif opts["attach"]:
-                self._attach()
-                self._join_lane(range(spec.world_size), None)
-            else:
+            if self._spec_payload is not None:
                 self._launch()
+            else:
+                self._attach(None if opts["actors"] is None else list(opts["actors"]))
         except BaseException:
             self._release(kill=True)
             raise
@@ -254,8 +226,7 @@ class RayExecutor(Executor):
         try:
             self.ray.get(ready[0], timeout=0)
         except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
-            name, node = self._rank_actors.actor_name(rank), self._rank_actors.node_of(rank)
-            return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
+            return self._rank_actors.gone(rank, exc)
         return None
 
     # -- replacing dead ranks ------------------------------------------------------
@@ -268,10 +239,9 @@ class RayExecutor(Executor):
             self._spares.append((actor, actor.describe.remote(False), options["name"]))
 
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """New actors for ``ranks`` (spares first), workers built, rendezvous moved to a fresh port.
+        """Kill ``ranks``' actors (hung ones too), start new ones (spares first), rendezvous on a fresh port.
 
-        The old actors are killed first (a hung rank is replaced too).  A
-        used spare is topped up in the background.
+        A used spare is topped up in the background (docs/replacing-ranks.md).
         """
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
@@ -387,11 +357,7 @@ class RayExecutor(Executor):
         return envs
 
     def _collective_address(self) -> str:
-        """Where ``dispatchcore.collective``'s store is: one per group, held by this driver until shutdown.
-
-        On the driver, not on an actor, so it outlives any rank's replacement;
-        its port is its own, never the ``MASTER_PORT`` picked for the user.
-        """
+        """Where the group's ``dispatchcore.collective`` store is: on the driver, so it outlives replacements."""
         if self._collective is None:
             self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
         return str(self._collective[1])
@@ -427,43 +393,40 @@ class RayExecutor(Executor):
         extra = self.options["ray_actor_options"] or {}
         return f"{cpus:g} CPU, {gpus:g} GPU" + (f", {extra}" if extra else "")
 
-    def _attach(self) -> None:
-        """Look up the running actors of the detached group ``spec.name``."""
-        ray, group = self.ray, self._rank_actors
-        for rank, name in enumerate(group.names):
-            try:
-                group.actors.append(ray.get_actor(name, namespace=self._namespace))
-            except ValueError as exc:
-                raise DispatchError(
-                    f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
-                    f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
-                    f"name={self.spec.name!r})"
-                ) from exc
-        deadline = time.monotonic() + self._start_timeout
+    def _attach(self, handles: list[Any] | None) -> None:
+        """Use running actors: the detached group ``spec.name``'s, or ``handles`` of other groups (never killed)."""
+        group, size = self._rank_actors, self.spec.world_size
+        if handles is None:
+            group.actors.extend(self._detached_actor(rank) for rank in range(size))
+        elif len(handles) != size:
+            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={size}")
+        else:
+            group.actors.extend(handles)
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in group.actors]
-        idents = self._wait(refs, deadline, "reach the detached actors")
-        self._attached_ids = [ident.get("actor_id") or name for ident, name in zip(idents, group.names, strict=True)]
+        what = "reach the detached actors" if handles is None else "reach the given actors"
+        idents = self._wait(refs, time.monotonic() + self._start_timeout, what)
         for rank, ident in enumerate(idents):
-            if ident["world_size"] != self.spec.world_size or not ident["started"]:
+            if handles is None and (ident["world_size"] != size or not ident["started"]):
                 raise DispatchError(
-                    f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, "
-                    f"not {self.spec.world_size}"
+                    f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, not {size}"
                 )
-
-    def _attach_handles(self, handles: list[Any]) -> None:
-        """Use running rank actors of other groups (one identity round trip); shutdown only lets go of them."""
-        group = self._rank_actors
-        if len(handles) != self.spec.world_size:
-            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
-        group.actors.extend(handles)
-        deadline = time.monotonic() + self._start_timeout
-        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in handles]
-        idents = self._wait(refs, deadline, "reach the given actors")
-        for rank, ident in enumerate(idents):
-            if not ident["started"]:
+            if handles is not None and not ident["started"]:
                 raise DispatchError(f"actors[{rank}] hosts no started worker; pass the actors of a running group")
-            group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
-        self._attached_ids = [str(ident.get("actor_id") or "") for ident in idents]
+            if handles is not None:
+                group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
+        self._attached_ids = [str(i.get("actor_id") or name) for i, name in zip(idents, group.names, strict=True)]
+        self._join_lane(range(size), None)
+
+    def _detached_actor(self, rank: int) -> Any:
+        name = self._rank_actors.names[rank]
+        try:
+            return self.ray.get_actor(name, namespace=self._namespace)
+        except ValueError as exc:
+            raise DispatchError(
+                f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
+                f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
+                f"name={self.spec.name!r})"
+            ) from exc
 
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> CallHandle:
@@ -479,7 +442,7 @@ class RayExecutor(Executor):
         return handle
 
     def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, run in the ranks' ``rows`` concurrency group (never behind a long call)."""
+        """The core's row read or free, in the ranks' ``rows`` concurrency group (never behind a long call)."""
         refs = []
         for position, rank in enumerate(call.ranks):
             share = (call.args[position], call.kwargs[position])
@@ -497,10 +460,8 @@ class RayExecutor(Executor):
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
         """Shapes of a Ray call's results, learnt by one of this group's actors: no rows reach the driver.
 
-        Declines (``None``: the core resolves on the driver, which reports any
-        error) for handles of another backend or Ray, results already on the
-        driver, a producer shut down or failed, or a wait past the producing
-        call's bound; a dead producer is seen within ``death_timeout``.
+        ``None`` (the core resolves on the driver, which reports any error)
+        whenever the results are not all in this Ray's object store.
         """
         group = self._rank_actors
         if group.closed or not group.actors:
@@ -519,11 +480,7 @@ class RayExecutor(Executor):
             return None
 
     def _stored_results(self, handle: CallHandle) -> list[Any] | None:
-        """One object reference per rank holding the call's results, or ``None`` (the driver path then).
-
-        A lane call has them only when every result was large enough to be
-        kept in the object store (its ``take_result`` references).
-        """
+        """Each rank's ``take_result`` reference, or ``None`` unless every result was kept in the object store."""
         if not isinstance(handle, LaneCallHandle):
             return None
         try:
@@ -570,7 +527,7 @@ class RayExecutor(Executor):
 
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
-        return self._rank_actors.actor(rank)
+        return self._rank_actors.actors[rank]
 
     def actor_name(self, rank: int) -> str:
         return self._rank_actors.actor_name(rank)
@@ -590,10 +547,7 @@ class RayExecutor(Executor):
         return self._rank_actors.closed
 
     def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
-        """Each rank is asked on its lane control link, beside the running call (not waited for).
-
-        A rank whose link ended is gone: its call fails by that, nothing to stop.
-        """
+        """Each rank is asked on its lane control link, beside the running call (not waited for)."""
         if self.closed or self._lane is None:
             return False
         self._lane.cancel(call.instructions.call_id, ranks)
@@ -665,8 +619,3 @@ def _pack_spec(spec: GroupSpec) -> Serialized:
         return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
     except Exception as exc:
         raise unpicklable_spec_error(spec, exc) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

@@ -1,14 +1,8 @@
-"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another.
+"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another without the driver pulling it.
 
-The driver never pulls the batch.  It waits until the producing call's
-results sit in the object store, asks one consuming actor (in its control
-thread) to :func:`describe` them, and lets the core plan each consuming
-rank's chunk (padding and ``meta_info`` are the core's business, docs/design.md, "The executor contract").
-Each rank then receives a :class:`~executors_ray._tags.Forwarded`: the
-plan plus the references it reads.  :func:`resolve` fetches those results
-(zero-copy on the same node) and joins the planned rows with
-:func:`~dispatchcore.executor.assemble_chunk`, which copies them once, so the
-chunk is private whatever ``isolate`` says.
+One consuming actor :func:`describe` s the producing results, the core plans
+each rank's chunk, and each rank :func:`resolve` s its
+:class:`~executors_ray._tags.Forwarded` into a private ``DataProto``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""What a Ray group decides about its lane: whether it can have one, where it listens, what rides it inline.
-
-The lane itself is the core's; the executor only asks these questions once
-per group, so they live apart from it.
-The lane is a Ray group's one call path: options that chose another are
-refused here, and so is a driver whose actors could not reach it.
-"""
+"""What a Ray group decides about its lane: whether it can have one, where it listens, what rides it inline."""
 
 from __future__ import annotations
 

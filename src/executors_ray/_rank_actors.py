@@ -1,15 +1,8 @@
 """What a Ray group's lane and call handles see of it: its rank actors, not its executor.
 
-The lane's bulk path (``_bulk``) and the rows call handles need a handful of
-things from their group: the ``ray`` module and which Ray its references belong to, the
-rank actors with their names and nodes (for error messages), a few
-settings, whether the group is shut down, and how to mark it broken.
-:class:`RankActors` holds exactly those, so neither module imports (or calls
-back into) the executor, which imports them.
-
-The executor owns its one :class:`RankActors` and keeps its tables current in
-place (a replaced rank's entries are swapped, shutdown empties ``actors``), so
-a handle made earlier reads the group as it is now.
+The executor keeps its one :class:`RankActors` current in place (a replaced
+rank's entries swapped, shutdown empties ``actors``), so a handle made
+earlier reads the group as it is now, without importing the executor.
 """
 
 from __future__ import annotations
@@ -45,10 +38,6 @@ class RankActors:
     #: Whether the group shut down (its actors are gone, or let go of if detached).
     closed: bool = False
 
-    def actor(self, rank: int) -> Any:
-        """Rank ``rank``'s actor handle."""
-        return self.actors[rank]
-
     def actor_name(self, rank: int) -> str:
         """Rank ``rank``'s Ray actor name."""
         return self.names[rank]
@@ -59,3 +48,14 @@ class RankActors:
         if not info:
             return "an unknown node"
         return f"node {info['ip']} ({str(info['node_id'])[:8]})"
+
+    def gone(self, rank: int, exc: BaseException) -> str:
+        """Why rank ``rank`` counts as dead, from the error Ray raised for its actor."""
+        name, node = self.names[rank], self.node_of(rank)
+        return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {first_line(exc)})"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (Ray's run to many), cut at 300 characters."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""

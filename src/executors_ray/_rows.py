@@ -1,14 +1,8 @@
-"""Lazy results' rows moved actor to actor, never through the driver.
+"""Lazy results' rows moved actor to actor, never through the driver (docs/lazy-results.md).
 
-A lazy call leaves each rank's rows in its actor's process (the core's row
-store).  The driver names that actor with a :class:`RowAddress` (its handle);
-a rank of any Ray group of the same driver that receives those rows as an
-argument fetches them itself with a :class:`RowFetcher`: one ``take_rows``
-task per producing actor, all sent before any is waited on, answered in the
-producer's ``rows`` concurrency group (so a producer busy with a long call
-still serves) through the object store.  Tensors travel as out-of-band numpy
-buffers, read zero-copy on the same node; the core copies them once when it
-assembles the chunk.
+A consuming rank's :class:`RowFetcher` sends one ``take_rows`` task per
+producing actor (its ``rows`` group, so a busy producer still serves), all
+before waiting on any; tensors come back zero-copy on the same node.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ from typing import Any
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
 from dispatchcore.executor import RowRequest, take_kept_rows
 
+from ._rank_actors import first_line
 from ._store import pack_value, unpack
 from ._tags import FAILED, OK_PACKED, ROWS_GROUP
 
@@ -105,14 +100,9 @@ class RowFetcher:
             raise DispatchError(f"rank {request.rank} could not serve its kept rows: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - actor or node gone, rows lost, pull timed out
             raise WorkerDiedError(
-                request.rank, f"its Ray actor {address.name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
+                request.rank, f"its Ray actor {address.name!r} is gone ({type(exc).__name__}: {first_line(exc)})"
             ) from exc
         if tag == FAILED:
             raise DispatchError(payload)
         parts: list[DataProto] = unpack(payload, copy=False)
         return parts
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

@@ -1,8 +1,4 @@
-"""Connecting to Ray, lazily: nothing here imports ray until a group needs it.
-
-The entry-point module and the executor class must be importable without
-ray (docs/design.md, "The executor contract"), so every function that touches Ray imports it inside.
-"""
+"""Connecting to Ray lazily: the executor class must import without ray (docs/executor-contract.md)."""
 
 from __future__ import annotations
 

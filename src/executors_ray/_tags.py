@@ -1,9 +1,4 @@
-"""What the driver and a rank actor agree on: tags, concurrency groups, the forwarded-chunk placeholder.
-
-A leaf module (it imports nothing else of ``executors_ray``), so the driver
-side (``_executor``, ``_handle``) and the actor side (``_actor``,
-``_forward``) can share it without importing each other.
-"""
+"""What the driver and a rank actor agree on: tags, concurrency groups, the forwarded-chunk placeholder."""
 
 from __future__ import annotations
 
