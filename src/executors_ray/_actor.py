@@ -78,10 +78,7 @@ class RankActor:
     ) -> None:
         """Serve the driver's lane at ``address`` on this thread (the ``lane`` group's) until it ends.
 
-        The first driver sets the rank's environment (``env``) and makes the
-        rank side; the lane's ``start`` then builds the worker here.  A later
-        driver (attaching to a detached group) passes ``env=None`` and finds
-        the worker as the last one left it.
+        The first driver sets ``env`` and makes the rank side; a later one (attaching) finds the worker as left.
         """
         if self._lane is None:
             os.environ.update(env or {})
@@ -93,12 +90,7 @@ class RankActor:
         _serve(self._lane, self._bulk, address, timeout)
 
     def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float) -> None:
-        """Serve another group's lane, as its rank ``rank``, on a thread of the ``beside`` group.
-
-        For a group made of running actors (verl's ``worker_handles``) while
-        their own group's lane is up: the same worker, reached by a second
-        driver-side group under its own rank numbers.
-        """
+        """Serve another group's lane (verl's ``worker_handles``), as its rank ``rank``, on a ``beside`` thread."""
         host = self._host()
         if host is None:
             raise DispatchRuntimeError("this actor hosts no started worker")
@@ -144,10 +136,7 @@ class RankActor:
 
     # -- calls beside the lane -----------------------------------------------------
     def call_beside(self, method: str, instructions: Instructions, payload: Packed) -> tuple[int, Any]:
-        """The core's row reads and frees, run in the ``rows`` group itself: never behind a running call.
-
-        Answers ``(OK_PACKED, packed result)`` or ``(FAILED, RemoteFailure)``.
-        """
+        """The core's row reads and frees, in the ``rows`` group: ``(OK_PACKED, packed)`` or ``(FAILED, failure)``."""
         host = self._host()
         if host is None:
             return FAILED, RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -164,11 +153,7 @@ class RankActor:
             return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False, value=value)
 
     def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """verl's ``execute_*_async``: the value itself in the object store, errors raised.
-
-        Runs on the actor's default thread (the method thread serves the
-        lane), with the rank's GPU made current there too.
-        """
+        """verl's ``execute_*_async``: the value itself in the object store, errors raised (default thread)."""
         host = self._host()
         if host is None:
             raise DispatchRuntimeError("worker was not started")
@@ -216,9 +201,7 @@ def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float) -> None
 
 @functools.cache
 def actor_class() -> Any:
-    """``ray.remote`` of ``RankActor`` (made once): a one-thread ``lane`` group (the method thread),
-    a ``beside`` group for other groups' lanes, a one-thread ``control`` group for start-up
-    questions, and a ``rows`` group serving kept rows."""
+    """``ray.remote`` of ``RankActor`` with its concurrency groups (made once, on first use)."""
     import ray
 
     remote: Any = ray.remote  # its overloads do not list concurrency_groups

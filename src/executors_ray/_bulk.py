@@ -87,7 +87,7 @@ class DriverBulk:
         values = getattr(self._gathered, "values", None)
         if values is None:
             values = self._gathered.values = []
-        return values  # type: ignore[no-any-return]
+        return values
 
     def _stash(self, key: Any, ranks: tuple[int, ...], as_is: bool, carried: Any, member: int | None = None) -> None:
         """A ``stash`` task per rank (``rows`` group); Ray resolves a top-level reference in ``carried`` first."""

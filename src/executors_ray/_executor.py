@@ -94,7 +94,7 @@ class RayExecutor(Executor):
         self._spares: list[tuple[Any, Any, str]] = []
         self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
         self._actor_opts: list[dict[str, Any]] = []
-        #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
+        #: dispatchcore.collective's store for this group and its address.
         self._collective: tuple[Any, str] | None = None
         self._pool_acquired = False
         self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
@@ -111,9 +111,7 @@ class RayExecutor(Executor):
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        #: The lane's bulk path: the object store.
         self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
-        #: The core's lane, opened once the actors are placed.
         self._lane: LaneDriver | None = None
         #: Each rank's running ``serve_lane`` task: it fails when the actor dies.
         self._serve_refs: dict[int, Any] = {}
@@ -131,7 +129,6 @@ class RayExecutor(Executor):
         return RankActors(
             ray=self.ray,
             job_id=self.job_id,
-            world_size=spec.world_size,
             death_timeout=spec.death_timeout,
             isolate=spec.isolate,
             poll_interval=self.poll_interval,
@@ -487,14 +484,15 @@ class RayExecutor(Executor):
             handle.result()
         except DispatchError:
             return None
-        tokens = [handle.bulk_results.get(p) for p in range(len(handle.call.ranks))]
-        if not all(isinstance(t, KeptResult) and t.ref is not None for t in tokens):
-            return None
-        for token in tokens:
-            source = token.source  # type: ignore[union-attr]
-            if source is None or source.job_id != self.job_id or source.closed:
+        refs = []
+        for position in range(len(handle.call.ranks)):
+            token = handle.bulk_results.get(position)
+            if not isinstance(token, KeptResult) or token.ref is None or token.source is None:
                 return None
-        return [token.ref for token in tokens]  # type: ignore[union-attr]
+            if token.source.job_id != self.job_id or token.source.closed:
+                return None
+            refs.append(token.ref)
+        return refs
 
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
@@ -530,7 +528,7 @@ class RayExecutor(Executor):
         return self._rank_actors.actors[rank]
 
     def actor_name(self, rank: int) -> str:
-        return self._rank_actors.actor_name(rank)
+        return self._rank_actors.names[rank]
 
     def node_of(self, rank: int) -> str:
         """``node <ip> (<node id prefix>)`` hosting ``rank``, for error messages."""

@@ -34,14 +34,7 @@ def refuse_removed(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ray_client_error(address: Any, connected: bool) -> DispatchError | None:
-    """Why a group cannot start over Ray Client (``ray://``), or ``None``.
-
-    Ray Client's actors run on the cluster and cannot reach a driver outside
-    it, so they could never join its lane.  ``address`` is where this
-    process is about to connect (the ``address`` option, else
-    ``RAY_ADDRESS``), ``connected`` whether it already talks to Ray through
-    Ray Client.
-    """
+    """Why a group cannot start over Ray Client (``ray://``: its actors cannot reach the driver), or ``None``."""
     if not connected and not str(address or "").startswith("ray://"):
         return None
     return DispatchError(

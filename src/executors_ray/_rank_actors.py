@@ -16,31 +16,21 @@ from typing import Any
 class RankActors:
     """One Ray group's rank actors, where they run, and the facts its calls need (see the module docstring)."""
 
-    #: The ``ray`` module.
+    #: The ``ray`` module, and which Ray this group's references belong to.
     ray: Any
-    #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
     job_id: str
-    world_size: int
-    #: ``GroupSpec.death_timeout``: how long a rank may stay silent before it counts as dead.
+    #: The group's ``GroupSpec.death_timeout`` and ``isolate``, the backend's ``poll_interval`` cap.
     death_timeout: float
-    #: ``GroupSpec.isolate``: results are copied out of the object store unless the call copied them already.
     isolate: bool
-    #: The backend's cap on the seconds between liveness checks (``None``: the core's).
     poll_interval: float | None
     #: The executor's ``mark_broken``: a call that lost a rank refuses the group's later calls.
     mark_broken: Callable[[str], None]
-    #: Each rank's actor name (replacing a rank renames its entry).
+    #: Each rank's actor name and handle (empty once the group let go of them), in rank order.
     names: list[str]
-    #: The actor handles, in rank order (empty once the group let go of them).
     actors: list[Any] = field(default_factory=list)
     #: Each rank's ``describe()`` answer (its node id and ip), once its actor started.
     infos: list[dict[str, Any]] = field(default_factory=list)
-    #: Whether the group shut down (its actors are gone, or let go of if detached).
     closed: bool = False
-
-    def actor_name(self, rank: int) -> str:
-        """Rank ``rank``'s Ray actor name."""
-        return self.names[rank]
 
     def node_of(self, rank: int) -> str:
         """``node <ip> (<node id prefix>)`` hosting ``rank``, for error messages."""

@@ -49,9 +49,7 @@ def serve_rows(rank: int, requests: Sequence[RowRequest]) -> tuple[int, Any]:
 class RowFetcher:
     """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel.
 
-    A producer that is gone (its task fails) raises
-    :class:`~dispatchcore.WorkerDiedError` naming its rank at once; one that
-    sends no answer within ``death_timeout`` seconds is taken for dead too.
+    A producer gone, or silent for ``death_timeout``, raises :class:`~dispatchcore.WorkerDiedError`.
     """
 
     def __init__(self, death_timeout: float) -> None:
