@@ -137,31 +137,23 @@ class RayExecutor(Executor):
         )
 
     def _launch(self) -> None:
-        ray, spec, group = self.ray, self.spec, self._rank_actors
-        deadline = time.monotonic() + self._start_timeout
-        actor_opts = self._actor_opts = self._actor_options()
-        cls = actor_class()
-        for options in actor_opts:
-            group.actors.append(cls.options(**options).remote())
+        group, deadline = self._rank_actors, time.monotonic() + self._start_timeout
+        self._actor_opts = self._actor_options()
+        group.actors.extend(actor_class().options(**options).remote() for options in self._actor_opts)
         self._add_spares(self._spare_count)
         infos = self._wait(
             [a.describe.remote(rank == 0) for rank, a in enumerate(group.actors)], deadline, "place and start"
         )
         group.infos = infos
-        here = ray.get_runtime_context().get_node_id()
+        here = self.ray.get_runtime_context().get_node_id()
         self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in infos)
-        self._open_ranks(range(spec.world_size), self._rank_env(infos))
+        self._open_ranks(range(self.spec.world_size), self._rank_env(infos))
 
     def _open_ranks(self, ranks: Sequence[int], env: list[dict[str, str]]) -> None:
         """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
         self._join_lane(ranks, env)
-        assert self._lane is not None  # noqa: S101 - opened by the join
-        self._lane.start(tuple(ranks), self._boot(), self.spec.world_size, self._start_timeout)
-
-    def _boot(self) -> Serialized:
-        if self._spec_payload is None:
-            raise DispatchError(f"ray group {self.spec.name!r}: an attached group builds no workers")
-        return self._spec_payload
+        assert self._lane is not None and self._spec_payload is not None  # noqa: S101 - attached groups start none
+        self._lane.start(tuple(ranks), self._spec_payload, self.spec.world_size, self._start_timeout)
 
     # -- the lane ------------------------------------------------------------------
     def _join_lane(self, ranks: Sequence[int], env: list[dict[str, str]] | None) -> None:
@@ -251,16 +243,12 @@ class RayExecutor(Executor):
                 ray.kill(group.actors[rank], no_restart=True)
             except Exception:  # noqa: BLE001, S110 - already gone
                 pass
-        cls = actor_class()
-        fresh: dict[int, tuple[Any, Any, str]] = {}
-        used_spares = 0
-        for rank in ranks:
-            if self._spares:
-                fresh[rank] = self._spares.pop(0)
-                used_spares += 1
-                continue
+        used_spares = min(len(self._spares), len(ranks))
+        fresh = dict(zip(ranks, self._spares[:used_spares], strict=False))  # the first ranks take the spares
+        del self._spares[:used_spares]
+        for rank in ranks[used_spares:]:
             options = self._actor_opts[rank]
-            actor = self._create_named(cls, options, deadline)
+            actor = self._create_named(options, deadline)
             fresh[rank] = (actor, actor.describe.remote(False), options["name"])
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
@@ -290,11 +278,11 @@ class RayExecutor(Executor):
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
         return len(ready)
 
-    def _create_named(self, cls: Any, options: dict[str, Any], deadline: float) -> Any:
+    def _create_named(self, options: dict[str, Any], deadline: float) -> Any:
         """A new actor under a dead rank's name (Ray frees a dead actor's name shortly after)."""
         while True:
             try:
-                return cls.options(**options).remote()
+                return actor_class().options(**options).remote()
             except ValueError:
                 if time.monotonic() >= deadline:
                     raise
@@ -461,9 +449,7 @@ class RayExecutor(Executor):
         whenever the results are not all in this Ray's object store.
         """
         group = self._rank_actors
-        if group.closed or not group.actors:
-            return None
-        refs = self._stored_results(handle)
+        refs = None if group.closed or not group.actors else self._stored_results(handle)
         if refs is None:
             return None
         ray, timeout = self.ray, self.spec.death_timeout

@@ -15,8 +15,7 @@ from dispatchcore.executor import ResultShape, assemble_chunk
 from ._store import unpack
 from ._tags import Forwarded
 
-#: Bound on fetching forwarded results (they are ready before the call is sent;
-#: this only guards a node lost in between).
+#: Bound on fetching forwarded results, ready before the call is sent: it only guards a node lost in between.
 FETCH_TIMEOUT_S = 300.0
 
 

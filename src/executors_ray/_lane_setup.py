@@ -9,8 +9,8 @@ from typing import Any
 from dispatchcore import DispatchError, DispatchValueError
 from dispatchcore.executor import LOOPBACK
 
-#: Values and results up to this many bytes ride the lane; larger ones the object store.  Measured (DP echo,
-#: N = 2, one run): per-rank values of 0.125-8 MiB are 1.2-8x faster inline, 16 MiB and up faster by the store.
+#: Values and results up to this many bytes ride the lane, larger ones the object store (measured: 16 MiB
+#: and up are faster by the store, 0.125-8 MiB 1.2-8x faster inline; DP echo, N = 2).
 LANE_INLINE_BYTES = 8 << 20
 
 #: Options of the call paths a Ray group no longer has, and the one value each may still be given (its old default).

@@ -18,22 +18,18 @@ from ._rank_actors import first_line
 from ._store import pack_value, unpack
 from ._tags import FAILED, OK_PACKED, ROWS_GROUP
 
-#: Bound on pulling answered rows into this process (they are ready when it starts;
-#: this only guards a node lost in between, which Ray reports sooner).
+#: Bound on pulling answered rows, which are ready by then: it only guards a node lost in between.
 PULL_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
 class RowAddress:
-    """Where a rank's kept rows live: its actor, in which Ray connection."""
+    """Where a rank's kept rows live: its actor (id, name, handle), in which Ray connection (job and driver node)."""
 
-    #: The Ray this driver is connected to (job and driver node): only its actors are reachable.
     ray: str
-    #: Ray's id of the actor (groups requests by producer; a replaced rank's new actor has a new one).
+    #: Ray's id of the actor: groups requests by producer (a replaced rank's new actor has a new one).
     actor_id: str
-    #: The actor's name, for error messages.
     name: str
-    #: The actor's handle (picklable; Ray counts the copies).
     actor: Any
 
 

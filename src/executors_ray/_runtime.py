@@ -30,8 +30,6 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
         kwargs["include_dashboard"] = False
         if options.get("num_cpus") is not None:
             kwargs["num_cpus"] = options["num_cpus"]
-        if options.get("num_gpus_total") is not None:
-            kwargs["num_gpus"] = options["num_gpus_total"]
     ray.init(**kwargs)
     return ray
 

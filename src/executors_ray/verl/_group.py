@@ -97,9 +97,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         if runtime_env is not None:
             if not isinstance(runtime_env, Mapping):
                 raise DispatchTypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
-            env_vars = runtime_env.get("env_vars") or {}
             if set(runtime_env) <= {"env_vars"}:
-                out["env"] = dict(env_vars)
+                out["env"] = dict(runtime_env.get("env_vars") or {})
             else:
                 out["runtime_env"] = dict(runtime_env)
         actor.pop("name", None)  # ranks are named by the group (name_prefix)
@@ -146,11 +145,9 @@ class RayWorkerGroup(WorkerGroup[Any]):
     ) -> None:
         if ray_cls_with_init is None:
             raise DispatchTypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
-        spec = (
-            ray_cls_with_init
-            if isinstance(ray_cls_with_init, ClassWithInitArgs)
-            else (RayClassWithInitArgs(ray_cls_with_init))
-        )
+        spec = ray_cls_with_init
+        if not isinstance(spec, ClassWithInitArgs):
+            spec = RayClassWithInitArgs(spec)
         self._take_verl_keywords(resource_pool, bin_pack, device_name, ray_wait_register_center_timeout, options)
         self._merge_actor_options(spec, worker_env, options)
         self.fused_worker_used = bool(getattr(spec, "fused_worker_used", False))
