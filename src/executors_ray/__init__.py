@@ -1,7 +1,4 @@
-"""Ray executor: one actor per rank, resource pools, detached groups, and verl's names.
-
-Importing this package does not import ray; the first group does.
-"""
+"""Ray executor: one actor per rank, resource pools, detached groups, verl's names; importing it does not import ray."""
 
 from dispatchcore import create_colocated_worker_cls, create_colocated_worker_raw_cls
 

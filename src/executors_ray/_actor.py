@@ -1,10 +1,6 @@
 """The Ray actor behind one rank: the core's :class:`~dispatchcore.executor.LaneRank` plus what only Ray does.
 
-:meth:`RankActor.serve_lane` runs the core's rank side on the one thread of
-the ``lane`` concurrency group, the rank's method thread (the worker's
-``__init__`` and every call run there).  The other methods answer beside a
-running call: start-up questions and identity (``control``), the object
-store's side of the lane and lazy rows (``rows``), verl's plain calls.
+Calls run on the ``lane`` concurrency group's one thread; other groups answer beside a running call.
 """
 
 from __future__ import annotations

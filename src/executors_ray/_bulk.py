@@ -1,10 +1,6 @@
 """Ray's bulk path beside the core's lane: large values and object references go by the object store.
 
-:class:`DriverBulk` ``ray.put`` s a large argument once and sends each reading
-rank a ``stash`` task (``rows`` group) whose reference Ray resolves into the
-rank's node store; a large result is taken with one ``take_result`` task whose
-reference stays on the token (:class:`KeptResult`), so another Ray group can
-read it without the driver.  :class:`RankBulk` is the rank's end.
+A kept result's reference stays on its token (:class:`KeptResult`), so another Ray group reads it without the driver.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Detached groups (``detached=True``): actors that outlive the driver that made them.
-
-``shutdown()`` only lets go of them; :func:`kill_detached` ends them and any
-driver on the cluster attaches with :func:`attach_detached`.
-"""
+"""Detached groups (``detached=True``): actors that outlive the driver that made them; any driver attaches."""
 
 from __future__ import annotations
 

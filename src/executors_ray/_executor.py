@@ -1,10 +1,7 @@
-"""``RayExecutor``: backend ``"ray"``, one named Ray actor per rank.
+"""``RayExecutor``: backend ``"ray"``, one named Ray actor per rank, each serving the core's lane.
 
-The actors are placed (on a :class:`RayResourcePool`, else reserving no CPU),
-each serves the core's lane from one ``serve_lane`` task (whose failure is
-Ray's word that the actor died), and large values go by the object store
-(``_bulk``); futures and lazy rows move actor to actor (``_forward``,
-``_rows``).  See docs/executor-contract.md and docs/lazy-results.md.
+Large values go by the object store (``_bulk``); futures and lazy rows move
+actor to actor (docs/executor-contract.md, docs/lazy-results.md).
 """
 
 from __future__ import annotations

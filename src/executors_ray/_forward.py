@@ -1,9 +1,4 @@
-"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another without the driver pulling it.
-
-One consuming actor :func:`describe` s the producing results, the core plans
-each rank's chunk, and each rank :func:`resolve` s its
-:class:`~executors_ray._tags.Forwarded` into a private ``DataProto``.
-"""
+"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another without the driver pulling it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The core's row reads and frees: Ray tasks in the actors' ``rows`` group, so they never wait behind a call.
 
-:class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
-handle only says how results arrive (one object reference per rank, taken
-as each lands, so a dead rank's failed reference is seen at once) and asks
-the lane's pings whether a rank still running is alive.
+Results are taken as each lands, so a dead rank's failed reference is seen at once.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Resource pools: placement groups that one or more groups' ranks land on.
+"""Resource pools: placement groups (one per node) that one or more groups' ranks land on.
 
-One placement group per node, ``process_on_nodes[i]`` bundles on node ``i``;
-up to ``max_colocate_count`` groups share a pool, each actor asking
-``1/max_colocate_count`` of its bundle.  Rank ``r`` gets the ``r``-th bundle
-with nodes ordered by IP, then :data:`NODE_ORDER_LABEL`, so rank order is
-stable across restarts.  verl's names and defaults, and where they differ:
-the README, "Porting a verl driver".
+Rank ``r`` gets the ``r``-th bundle, nodes ordered by IP, then :data:`NODE_ORDER_LABEL`, so rank
+order is stable across restarts; verl's names and defaults (README, "Porting a verl driver").
 """
 
 from __future__ import annotations

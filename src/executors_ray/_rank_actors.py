@@ -1,9 +1,4 @@
-"""What a Ray group's lane and call handles see of it: its rank actors, not its executor.
-
-The executor keeps its one :class:`RankActors` current in place (a replaced
-rank's entries swapped, shutdown empties ``actors``), so a handle made
-earlier reads the group as it is now, without importing the executor.
-"""
+"""What a Ray group's lane and call handles see of it (kept current in place by the executor), not the executor."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Lazy results' rows moved actor to actor, never through the driver (docs/lazy-results.md).
-
-A consuming rank's :class:`RowFetcher` sends one ``take_rows`` task per
-producing actor (its ``rows`` group, so a busy producer still serves), all
-before waiting on any; tensors come back zero-copy on the same node.
-"""
+"""Lazy results' rows moved actor to actor, never through the driver (docs/lazy-results.md)."""
 
 from __future__ import annotations
 

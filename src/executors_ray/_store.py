@@ -1,7 +1,4 @@
-"""Values in Ray's object store: ``(pickle bytes, [uint8 arrays])``, and how to tell an object reference.
-
-Ray stores numpy buffers without a copy and returns read-only shared views.
-"""
+"""Values in Ray's object store as ``(pickle bytes, [uint8 arrays])``: Ray stores numpy buffers without a copy."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Weight transfers between Ray groups: one object per bucket, put by the source rank, got by each destination.
-
-The driver forwards only the ``ObjectRef`` (docs/weight-sync.md); a read
-that fails because the source rank died is reported as ``TensorSourceLost``.
-"""
+"""Weight transfers between Ray groups: one object per bucket, put by the source rank (docs/weight-sync.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""pytest helpers for the ray backend: one local Ray per test run.
-
-Import the fixture (``from executors_ray.testing import ray_session  # noqa:
-F401``) and depend on it; it shuts Ray down at the end only if it started it.
-"""
+"""pytest helpers for the ray backend: ``from executors_ray.testing import ray_session  # noqa: F401``."""
 
 from __future__ import annotations
 

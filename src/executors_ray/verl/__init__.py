@@ -1,7 +1,4 @@
-"""verl's ``single_controller.ray`` names over the Ray executor, so a verl driver ports by changing imports.
-
-:mod:`executors_ray` re-exports every name; importing does not import ray.
-"""
+"""verl's ``single_controller.ray`` names over the Ray executor; importing it does not import ray."""
 
 from dispatchcore import create_colocated_worker_cls
 

@@ -1,11 +1,4 @@
-"""verl-shaped names over the ray backend, so a verl driver ports by changing imports.
-
-``RayClassWithInitArgs``, ``RayWorkerGroup`` and
-``create_colocated_worker_cls_fused``; dispatch, ``spawn``, futures and the
-colocated classes are the core's.  What each of verl's keywords does here
-(applied, or recorded and said once in the log, logger ``executors_ray.verl``):
-the README, "Porting a verl driver".
-"""
+"""verl-shaped names over the ray backend; what each of verl's keywords does: README, "Porting a verl driver"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""verl's result shapes for ``blocking=False`` calls through :class:`~executors_ray.RayWorkerGroup`.
+"""verl's result shapes for ``blocking=False`` calls through ``RayWorkerGroup``: Ray refs, as verl ``ray.get`` s them.
 
-verl hands them straight to ``ray.get`` and adds two with ``+``: one
-``ObjectRef`` per rank (:class:`RefList`) for the per-rank modes, rank 0's
-for ``RANK_ZERO``, the core's futures otherwise (README, "Porting a verl
-driver").  These calls skip the core's pipeline hooks, as verl's have none.
+These calls skip the core's pipeline hooks, as verl's have none (README, "Porting a verl driver").
 """
 
 from __future__ import annotations
