@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
@@ -235,11 +235,7 @@ class RayExecutor(Executor):
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
         ray, group = self.ray, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
-        for rank in ranks:
-            try:
-                ray.kill(group.actors[rank], no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
+        self._kill(group.actors[rank] for rank in ranks)
         used_spares = min(len(self._spares), len(ranks))
         fresh = dict(zip(ranks, self._spares[:used_spares], strict=False))  # the first ranks take the spares
         del self._spares[:used_spares]
@@ -560,14 +556,17 @@ class RayExecutor(Executor):
         self._spares = []
         self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
-            for actor in actors:
-                try:
-                    self.ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001, S110 - already gone
-                    pass
+            self._kill(actors)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+    def _kill(self, actors: Iterable[Any]) -> None:
+        for actor in actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:

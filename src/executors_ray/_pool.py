@@ -299,10 +299,7 @@ def _slots_of(groups: Sequence[Any], sort: bool) -> list[Slot]:
 
 
 class SubRayResourcePool(RayResourcePool):
-    """Ranks ``start_bundle_index .. +subgroup_world_size`` of placement groups made elsewhere (verl's class).
-
-    Built directly, as verl does, it places on ``placement_groups`` and never removes them.
-    """
+    """Ranks ``start_bundle_index .. +subgroup_world_size`` of placement groups made elsewhere, never removed here."""
 
     def __init__(
         self, placement_groups: Sequence[Any], start_bundle_index: int, subgroup_world_size: int, **kwargs: Any

@@ -38,10 +38,7 @@ def serve_rows(rank: int, requests: Sequence[RowRequest]) -> tuple[int, Any]:
 
 
 class RowFetcher:
-    """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel.
-
-    A producer gone, or silent for ``death_timeout``, raises :class:`~dispatchcore.WorkerDiedError`.
-    """
+    """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel, bounded by death."""
 
     def __init__(self, death_timeout: float) -> None:
         self.death_timeout = death_timeout

@@ -104,10 +104,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 
 class RayWorkerGroup(WorkerGroup[Any]):
-    """verl's constructor, attributes and helpers on top of :class:`~dispatchcore.WorkerGroup` (backend ``ray``).
-
-    Takes every keyword verl 0.9.1's trainer, workers and checkpoint engine pass.
-    """
+    """verl 0.9.1's constructor (every keyword verl passes), attributes and helpers on a ``ray`` WorkerGroup."""
 
     #: verl's attributes: whether the class came from ``create_colocated_worker_cls_fused``, and the class spec.
     fused_worker_used: bool = False

@@ -16,10 +16,7 @@ class ResourcePoolShortageError(PlacementError, ValueError):
 
 @dataclass
 class ResourcePoolManager:
-    """Named resource pools and which role uses which (verl 0.9.1's class, same fields and methods).
-
-    ``resource_pool_spec`` maps a pool name to its processes per node, ``mapping`` a role to a pool name.
-    """
+    """Pools by name (processes per node) and each role's pool name (verl 0.9.1's class, fields and methods)."""
 
     resource_pool_spec: dict[str, list[int]]
     mapping: dict[Any, str]
