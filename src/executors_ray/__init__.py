@@ -1,11 +1,4 @@
-"""Ray executor: one actor per rank, resource pools, detached groups.
-
-verl's adapter names live in :mod:`executors_ray.verl` and are re-exported
-here (with the colocation helpers), so ``verl.single_controller.ray``
-imports port by renaming the module only.
-
-Importing this package does not import ray; the first group does.
-"""
+"""Ray executor: one actor per rank, resource pools, detached groups, verl's names; importing it does not import ray."""
 
 from dispatchcore import create_colocated_worker_cls, create_colocated_worker_raw_cls
 

@@ -1,22 +1,6 @@
 """The Ray actor behind one rank: the core's :class:`~dispatchcore.executor.LaneRank` plus what only Ray does.
 
-The class is plain Python; :func:`actor_class` wraps it with ``ray.remote``
-on first use, so importing this module never imports ray.  The driver calls
-:meth:`RankActor.serve_lane` once per lane it opens: that method runs the
-core's rank side on the one thread of the actor's ``lane`` concurrency
-group, which is the rank's method thread (the worker's ``__init__`` and
-every call run there; CUDA's current device and thread-locals stay put),
-and returns when the driver ends the lane.  The worker lives in the
-:class:`LaneRank`, so a detached group's worker outlives its driver and
-the next driver's ``serve_lane`` reaches it again.
-
-Other Ray actor methods answer beside a running call: start-up questions
-and identity (a one-thread ``control`` group); the object store's side of
-the lane (``stash``, ``take_result``, ``_bulk``) and lazy results' rows
-(``take_rows``, the core's row reads and frees) in a ``rows`` group of
-their own, so a rank keeps serving the rows it holds while it runs a long
-call (``_rows``); and verl's plain calls (:meth:`RankActor.call_plain`),
-whose references verl's own code reads.
+Calls run on the ``lane`` concurrency group's one thread; other groups answer beside a running call.
 """
 
 from __future__ import annotations
@@ -90,10 +74,7 @@ class RankActor:
     ) -> None:
         """Serve the driver's lane at ``address`` on this thread (the ``lane`` group's) until it ends.
 
-        The first driver sets the rank's environment (``env``) and makes the
-        rank side; the lane's ``start`` then builds the worker here.  A later
-        driver (attaching to a detached group) passes ``env=None`` and finds
-        the worker as the last one left it.
+        The first driver sets ``env`` and makes the rank side; a later one (attaching) finds the worker as left.
         """
         if self._lane is None:
             os.environ.update(env or {})
@@ -105,12 +86,7 @@ class RankActor:
         _serve(self._lane, self._bulk, address, timeout)
 
     def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float) -> None:
-        """Serve another group's lane, as its rank ``rank``, on a thread of the ``beside`` group.
-
-        For a group made of running actors (verl's ``worker_handles``) while
-        their own group's lane is up: the same worker, reached by a second
-        driver-side group under its own rank numbers.
-        """
+        """Serve another group's lane (verl's ``worker_handles``), as its rank ``rank``, on a ``beside`` thread."""
         host = self._host()
         if host is None:
             raise DispatchRuntimeError("this actor hosts no started worker")
@@ -156,10 +132,7 @@ class RankActor:
 
     # -- calls beside the lane -----------------------------------------------------
     def call_beside(self, method: str, instructions: Instructions, payload: Packed) -> tuple[int, Any]:
-        """The core's row reads and frees, run in the ``rows`` group itself: never behind a running call.
-
-        Answers ``(OK_PACKED, packed result)`` or ``(FAILED, RemoteFailure)``.
-        """
+        """The core's row reads and frees, in the ``rows`` group: ``(OK_PACKED, packed)`` or ``(FAILED, failure)``."""
         host = self._host()
         if host is None:
             return FAILED, RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
@@ -176,11 +149,7 @@ class RankActor:
             return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False, value=value)
 
     def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """verl's ``execute_*_async``: the value itself in the object store, errors raised.
-
-        Runs on the actor's default thread (the method thread serves the
-        lane), with the rank's GPU made current there too.
-        """
+        """verl's ``execute_*_async``: the value itself in the object store, errors raised (default thread)."""
         host = self._host()
         if host is None:
             raise DispatchRuntimeError("worker was not started")
@@ -228,9 +197,7 @@ def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float) -> None
 
 @functools.cache
 def actor_class() -> Any:
-    """``ray.remote`` of ``RankActor`` (made once): a one-thread ``lane`` group (the method thread),
-    a ``beside`` group for other groups' lanes, a one-thread ``control`` group for start-up
-    questions, and a ``rows`` group serving kept rows."""
+    """``ray.remote`` of ``RankActor`` with its concurrency groups (made once, on first use)."""
     import ray
 
     remote: Any = ray.remote  # its overloads do not list concurrency_groups

@@ -1,23 +1,6 @@
 """Ray's bulk path beside the core's lane: large values and object references go by the object store.
 
-The lane (:mod:`dispatchcore.executor`'s) carries every call and small
-values; a Ray group offers it this :class:`~dispatchcore.executor.BulkPath`,
-one object per side:
-
-* :class:`DriverBulk`: a large argument is ``ray.put`` once (a call's
-  large values all in one object when every rank shares the driver's
-  node), and each rank that reads it gets a ``stash`` task in its ``rows`` group whose top-level
-  reference Ray resolves (into the actor's node store, read zero-copy).
-  Values only Ray can hand over (an ``ObjectRef`` argument, a forwarded
-  chunk of another call's results, :class:`~executors_ray._tags.Forwarded`)
-  are claimed as they are and ride that task unresolved.  A large result
-  (or one that is an ``ObjectRef``) is taken with one ``take_result`` task;
-  its reference stays on the token (:class:`KeptResult`) so a consuming Ray
-  group can read the result without the driver.
-* :class:`RankBulk`: the rank's end: stashed values are waited for on the
-  method thread in call order; results are kept under a key until taken.
-
-Values go into the store packed (``_store``).
+A kept result's reference stays on its token (:class:`KeptResult`), so another Ray group reads it without the driver.
 """
 
 from __future__ import annotations
@@ -100,7 +83,7 @@ class DriverBulk:
         values = getattr(self._gathered, "values", None)
         if values is None:
             values = self._gathered.values = []
-        return values  # type: ignore[no-any-return]
+        return values
 
     def _stash(self, key: Any, ranks: tuple[int, ...], as_is: bool, carried: Any, member: int | None = None) -> None:
         """A ``stash`` task per rank (``rows`` group); Ray resolves a top-level reference in ``carried`` first."""

@@ -1,11 +1,4 @@
-"""Detached groups: actors that outlive the driver that made them.
-
-``WorkerGroup(Cls, n, backend="ray", detached=True, name="x")`` creates
-actors ``x-rank0..`` with ``lifetime="detached"`` in the ``dispatchcore``
-namespace.  Its ``shutdown()`` (also run at interpreter exit) only lets go of
-the handles; :func:`kill_detached` ends the actors.  Any driver on the same
-cluster attaches with :func:`attach_detached`.
-"""
+"""Detached groups (``detached=True``): actors that outlive the driver that made them; any driver attaches."""
 
 from __future__ import annotations
 

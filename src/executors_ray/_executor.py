@@ -1,40 +1,14 @@
-"""``RayExecutor``: backend ``"ray"``, one named Ray actor per rank.
+"""``RayExecutor``: backend ``"ray"``, one named Ray actor per rank, each serving the core's lane.
 
-Start-up: connect (or start a local Ray), create the actors (placed on a
-:class:`RayResourcePool` when one is given, else reserving no CPU so several
-groups fit on a small machine), ask where they landed, then build every
-worker with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/
-``MASTER_ADDR``/``MASTER_PORT`` already in its environment.  Each phase is
-bounded by ``start_timeout``.
-
-Calls: the group's lane is the core's (:class:`~dispatchcore.executor.LaneDriver`):
-once the actors are placed, each is handed the lane's address by one
-``serve_lane`` call, which serves the lane on the actor's method thread
-(``_actor``), and the lane's ``start`` builds the workers there.  Small
-values and results ride the lane; large ones and object references go by
-the object store (``_bulk``, the lane's bulk path).  The lane's liveness is
-the one rule, with Ray's word that an actor died (its ``serve_lane`` task
-failed) as the process-death signal.  Actors that cannot reach the lane
-fail the group's start (so does Ray Client, whose driver is outside the
-cluster).
-
-Futures passed into a call: :meth:`RayExecutor.describe_results` tells the
-core the producing results' shapes without fetching them, the core plans
-each rank's rows, and :meth:`RayExecutor.forward_chunk` hands a rank the
-references it fetches its rows from (``_forward``).
-
-Lazy results: :meth:`RayExecutor.row_address` names a rank's actor, and any
-Ray group of this driver (:meth:`RayExecutor.can_fetch_rows`) lets its ranks
-fetch those rows from the producing actors themselves (``_rows``).  The
-core's own row reads and frees run in the actors' ``rows`` concurrency
-group, beside whatever call is running.
+Large values go by the object store (``_bulk``); futures and lazy rows move
+actor to actor (docs/executor-contract.md, docs/lazy-results.md).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
@@ -117,7 +91,7 @@ class RayExecutor(Executor):
         self._spares: list[tuple[Any, Any, str]] = []
         self._spare_names = (f"{spec.name}-spare{i}" for i in itertools.count())
         self._actor_opts: list[dict[str, Any]] = []
-        #: dispatchcore.collective's store for this group and its address (built with the first rank environment).
+        #: dispatchcore.collective's store for this group and its address.
         self._collective: tuple[Any, str] | None = None
         self._pool_acquired = False
         self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
@@ -127,29 +101,22 @@ class RayExecutor(Executor):
         self.ray = ensure_ray(opts)
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
-        #: The rank actors, their names and nodes, and whether the group is shut down: all that its
-        #: call handles see of it (kept current here, in place).
+        #: All that its call handles see of the group (kept current here, in place).
         self._rank_actors = self._new_rank_actors(spec)
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        #: The lane's bulk path: the object store (its puts bundled while every rank shares this node).
         self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
-        #: The core's lane (every call goes there), opened once the actors are placed.
         self._lane: LaneDriver | None = None
-        #: Each rank's running ``serve_lane`` task: it fails when the actor dies (the lane's death signal).
+        #: Each rank's running ``serve_lane`` task: it fails when the actor dies.
         self._serve_refs: dict[int, Any] = {}
         try:
-            if opts["actors"] is not None:
-                self._attach_handles(list(opts["actors"]))
-                self._join_lane(range(spec.world_size), None)
-            elif opts["attach"]:
-                self._attach()
-                self._join_lane(range(spec.world_size), None)
-            else:
+            if self._spec_payload is not None:
                 self._launch()
+            else:
+                self._attach(None if opts["actors"] is None else list(opts["actors"]))
         except BaseException:
             self._release(kill=True)
             raise
@@ -159,7 +126,6 @@ class RayExecutor(Executor):
         return RankActors(
             ray=self.ray,
             job_id=self.job_id,
-            world_size=spec.world_size,
             death_timeout=spec.death_timeout,
             isolate=spec.isolate,
             poll_interval=self.poll_interval,
@@ -168,31 +134,23 @@ class RayExecutor(Executor):
         )
 
     def _launch(self) -> None:
-        ray, spec, group = self.ray, self.spec, self._rank_actors
-        deadline = time.monotonic() + self._start_timeout
-        actor_opts = self._actor_opts = self._actor_options()
-        cls = actor_class()
-        for options in actor_opts:
-            group.actors.append(cls.options(**options).remote())
+        group, deadline = self._rank_actors, time.monotonic() + self._start_timeout
+        self._actor_opts = self._actor_options()
+        group.actors.extend(actor_class().options(**options).remote() for options in self._actor_opts)
         self._add_spares(self._spare_count)
         infos = self._wait(
             [a.describe.remote(rank == 0) for rank, a in enumerate(group.actors)], deadline, "place and start"
         )
         group.infos = infos
-        here = ray.get_runtime_context().get_node_id()
+        here = self.ray.get_runtime_context().get_node_id()
         self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in infos)
-        self._open_ranks(range(spec.world_size), self._rank_env(infos))
+        self._open_ranks(range(self.spec.world_size), self._rank_env(infos))
 
     def _open_ranks(self, ranks: Sequence[int], env: list[dict[str, str]]) -> None:
         """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
         self._join_lane(ranks, env)
-        assert self._lane is not None  # noqa: S101 - opened by the join
-        self._lane.start(tuple(ranks), self._boot(), self.spec.world_size, self._start_timeout)
-
-    def _boot(self) -> Serialized:
-        if self._spec_payload is None:
-            raise DispatchError(f"ray group {self.spec.name!r}: an attached group builds no workers")
-        return self._spec_payload
+        assert self._lane is not None and self._spec_payload is not None  # noqa: S101 - attached groups start none
+        self._lane.start(tuple(ranks), self._spec_payload, self.spec.world_size, self._start_timeout)
 
     # -- the lane ------------------------------------------------------------------
     def _join_lane(self, ranks: Sequence[int], env: list[dict[str, str]] | None) -> None:
@@ -254,8 +212,7 @@ class RayExecutor(Executor):
         try:
             self.ray.get(ready[0], timeout=0)
         except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
-            name, node = self._rank_actors.actor_name(rank), self._rank_actors.node_of(rank)
-            return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
+            return self._rank_actors.gone(rank, exc)
         return None
 
     # -- replacing dead ranks ------------------------------------------------------
@@ -268,10 +225,9 @@ class RayExecutor(Executor):
             self._spares.append((actor, actor.describe.remote(False), options["name"]))
 
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """New actors for ``ranks`` (spares first), workers built, rendezvous moved to a fresh port.
+        """Kill ``ranks``' actors (hung ones too), start new ones (spares first), rendezvous on a fresh port.
 
-        The old actors are killed first (a hung rank is replaced too).  A
-        used spare is topped up in the background.
+        A used spare is topped up in the background (docs/replacing-ranks.md).
         """
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
@@ -279,21 +235,13 @@ class RayExecutor(Executor):
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
         ray, group = self.ray, self._rank_actors
         deadline = time.monotonic() + self._start_timeout
-        for rank in ranks:
-            try:
-                ray.kill(group.actors[rank], no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
-        cls = actor_class()
-        fresh: dict[int, tuple[Any, Any, str]] = {}
-        used_spares = 0
-        for rank in ranks:
-            if self._spares:
-                fresh[rank] = self._spares.pop(0)
-                used_spares += 1
-                continue
+        self._kill(group.actors[rank] for rank in ranks)
+        used_spares = min(len(self._spares), len(ranks))
+        fresh = dict(zip(ranks, self._spares[:used_spares], strict=False))  # the first ranks take the spares
+        del self._spares[:used_spares]
+        for rank in ranks[used_spares:]:
             options = self._actor_opts[rank]
-            actor = self._create_named(cls, options, deadline)
+            actor = self._create_named(options, deadline)
             fresh[rank] = (actor, actor.describe.remote(False), options["name"])
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
@@ -323,11 +271,11 @@ class RayExecutor(Executor):
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
         return len(ready)
 
-    def _create_named(self, cls: Any, options: dict[str, Any], deadline: float) -> Any:
+    def _create_named(self, options: dict[str, Any], deadline: float) -> Any:
         """A new actor under a dead rank's name (Ray frees a dead actor's name shortly after)."""
         while True:
             try:
-                return cls.options(**options).remote()
+                return actor_class().options(**options).remote()
             except ValueError:
                 if time.monotonic() >= deadline:
                     raise
@@ -387,11 +335,7 @@ class RayExecutor(Executor):
         return envs
 
     def _collective_address(self) -> str:
-        """Where ``dispatchcore.collective``'s store is: one per group, held by this driver until shutdown.
-
-        On the driver, not on an actor, so it outlives any rank's replacement;
-        its port is its own, never the ``MASTER_PORT`` picked for the user.
-        """
+        """Where the group's ``dispatchcore.collective`` store is: on the driver, so it outlives replacements."""
         if self._collective is None:
             self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
         return str(self._collective[1])
@@ -427,43 +371,40 @@ class RayExecutor(Executor):
         extra = self.options["ray_actor_options"] or {}
         return f"{cpus:g} CPU, {gpus:g} GPU" + (f", {extra}" if extra else "")
 
-    def _attach(self) -> None:
-        """Look up the running actors of the detached group ``spec.name``."""
-        ray, group = self.ray, self._rank_actors
-        for rank, name in enumerate(group.names):
-            try:
-                group.actors.append(ray.get_actor(name, namespace=self._namespace))
-            except ValueError as exc:
-                raise DispatchError(
-                    f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
-                    f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
-                    f"name={self.spec.name!r})"
-                ) from exc
-        deadline = time.monotonic() + self._start_timeout
+    def _attach(self, handles: list[Any] | None) -> None:
+        """Use running actors: the detached group ``spec.name``'s, or ``handles`` of other groups (never killed)."""
+        group, size = self._rank_actors, self.spec.world_size
+        if handles is None:
+            group.actors.extend(self._detached_actor(rank) for rank in range(size))
+        elif len(handles) != size:
+            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={size}")
+        else:
+            group.actors.extend(handles)
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in group.actors]
-        idents = self._wait(refs, deadline, "reach the detached actors")
-        self._attached_ids = [ident.get("actor_id") or name for ident, name in zip(idents, group.names, strict=True)]
+        what = "reach the detached actors" if handles is None else "reach the given actors"
+        idents = self._wait(refs, time.monotonic() + self._start_timeout, what)
         for rank, ident in enumerate(idents):
-            if ident["world_size"] != self.spec.world_size or not ident["started"]:
+            if handles is None and (ident["world_size"] != size or not ident["started"]):
                 raise DispatchError(
-                    f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, "
-                    f"not {self.spec.world_size}"
+                    f"detached group {self.spec.name!r} rank {rank} hosts world size {ident['world_size']}, not {size}"
                 )
-
-    def _attach_handles(self, handles: list[Any]) -> None:
-        """Use running rank actors of other groups (one identity round trip); shutdown only lets go of them."""
-        group = self._rank_actors
-        if len(handles) != self.spec.world_size:
-            raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={self.spec.world_size}")
-        group.actors.extend(handles)
-        deadline = time.monotonic() + self._start_timeout
-        refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in handles]
-        idents = self._wait(refs, deadline, "reach the given actors")
-        for rank, ident in enumerate(idents):
-            if not ident["started"]:
+            if handles is not None and not ident["started"]:
                 raise DispatchError(f"actors[{rank}] hosts no started worker; pass the actors of a running group")
-            group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
-        self._attached_ids = [str(ident.get("actor_id") or "") for ident in idents]
+            if handles is not None:
+                group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
+        self._attached_ids = [str(i.get("actor_id") or name) for i, name in zip(idents, group.names, strict=True)]
+        self._join_lane(range(size), None)
+
+    def _detached_actor(self, rank: int) -> Any:
+        name = self._rank_actors.names[rank]
+        try:
+            return self.ray.get_actor(name, namespace=self._namespace)
+        except ValueError as exc:
+            raise DispatchError(
+                f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
+                f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
+                f"name={self.spec.name!r})"
+            ) from exc
 
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> CallHandle:
@@ -479,7 +420,7 @@ class RayExecutor(Executor):
         return handle
 
     def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, run in the ranks' ``rows`` concurrency group (never behind a long call)."""
+        """The core's row read or free, in the ranks' ``rows`` concurrency group (never behind a long call)."""
         refs = []
         for position, rank in enumerate(call.ranks):
             share = (call.args[position], call.kwargs[position])
@@ -497,15 +438,11 @@ class RayExecutor(Executor):
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
         """Shapes of a Ray call's results, learnt by one of this group's actors: no rows reach the driver.
 
-        Declines (``None``: the core resolves on the driver, which reports any
-        error) for handles of another backend or Ray, results already on the
-        driver, a producer shut down or failed, or a wait past the producing
-        call's bound; a dead producer is seen within ``death_timeout``.
+        ``None`` (the core resolves on the driver, which reports any error)
+        whenever the results are not all in this Ray's object store.
         """
         group = self._rank_actors
-        if group.closed or not group.actors:
-            return None
-        refs = self._stored_results(handle)
+        refs = None if group.closed or not group.actors else self._stored_results(handle)
         if refs is None:
             return None
         ray, timeout = self.ray, self.spec.death_timeout
@@ -519,25 +456,22 @@ class RayExecutor(Executor):
             return None
 
     def _stored_results(self, handle: CallHandle) -> list[Any] | None:
-        """One object reference per rank holding the call's results, or ``None`` (the driver path then).
-
-        A lane call has them only when every result was large enough to be
-        kept in the object store (its ``take_result`` references).
-        """
+        """Each rank's ``take_result`` reference, or ``None`` unless every result was kept in the object store."""
         if not isinstance(handle, LaneCallHandle):
             return None
         try:
             handle.result()
         except DispatchError:
             return None
-        tokens = [handle.bulk_results.get(p) for p in range(len(handle.call.ranks))]
-        if not all(isinstance(t, KeptResult) and t.ref is not None for t in tokens):
-            return None
-        for token in tokens:
-            source = token.source  # type: ignore[union-attr]
-            if source is None or source.job_id != self.job_id or source.closed:
+        refs = []
+        for position in range(len(handle.call.ranks)):
+            token = handle.bulk_results.get(position)
+            if not isinstance(token, KeptResult) or token.ref is None or token.source is None:
                 return None
-        return [token.ref for token in tokens]  # type: ignore[union-attr]
+            if token.source.job_id != self.job_id or token.source.closed:
+                return None
+            refs.append(token.ref)
+        return refs
 
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Forwarded:
         """The references ``plan`` reads; the receiving rank joins its rows (``_forward.resolve``)."""
@@ -570,10 +504,10 @@ class RayExecutor(Executor):
 
     # -- state -------------------------------------------------------------------
     def actor(self, rank: int) -> Any:
-        return self._rank_actors.actor(rank)
+        return self._rank_actors.actors[rank]
 
     def actor_name(self, rank: int) -> str:
-        return self._rank_actors.actor_name(rank)
+        return self._rank_actors.names[rank]
 
     def node_of(self, rank: int) -> str:
         """``node <ip> (<node id prefix>)`` hosting ``rank``, for error messages."""
@@ -590,10 +524,7 @@ class RayExecutor(Executor):
         return self._rank_actors.closed
 
     def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
-        """Each rank is asked on its lane control link, beside the running call (not waited for).
-
-        A rank whose link ended is gone: its call fails by that, nothing to stop.
-        """
+        """Each rank is asked on its lane control link, beside the running call (not waited for)."""
         if self.closed or self._lane is None:
             return False
         self._lane.cancel(call.instructions.call_id, ranks)
@@ -625,14 +556,17 @@ class RayExecutor(Executor):
         self._spares = []
         self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
-            for actor in actors:
-                try:
-                    self.ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001, S110 - already gone
-                    pass
+            self._kill(actors)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()
+
+    def _kill(self, actors: Iterable[Any]) -> None:
+        for actor in actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
@@ -665,8 +599,3 @@ def _pack_spec(spec: GroupSpec) -> Serialized:
         return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
     except Exception as exc:
         raise unpicklable_spec_error(spec, exc) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

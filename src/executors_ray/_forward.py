@@ -1,15 +1,4 @@
-"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another.
-
-The driver never pulls the batch.  It waits until the producing call's
-results sit in the object store, asks one consuming actor (in its control
-thread) to :func:`describe` them, and lets the core plan each consuming
-rank's chunk (padding and ``meta_info`` are the core's business, docs/design.md, "The executor contract").
-Each rank then receives a :class:`~executors_ray._tags.Forwarded`: the
-plan plus the references it reads.  :func:`resolve` fetches those results
-(zero-copy on the same node) and joins the planned rows with
-:func:`~dispatchcore.executor.assemble_chunk`, which copies them once, so the
-chunk is private whatever ``isolate`` says.
-"""
+"""Rank side of passing a ``DataProtoFuture`` from one Ray call into another without the driver pulling it."""
 
 from __future__ import annotations
 
@@ -21,8 +10,7 @@ from dispatchcore.executor import ResultShape, assemble_chunk
 from ._store import unpack
 from ._tags import Forwarded
 
-#: Bound on fetching forwarded results (they are ready before the call is sent;
-#: this only guards a node lost in between).
+#: Bound on fetching forwarded results, ready before the call is sent: it only guards a node lost in between.
 FETCH_TIMEOUT_S = 300.0
 
 

@@ -1,23 +1,6 @@
-"""The results of the core's row reads and frees: one object reference per rank, pulled by the core's call handle.
+"""The core's row reads and frees: Ray tasks in the actors' ``rows`` group, so they never wait behind a call.
 
-Every call of a Ray group goes by the core's lane, except these,
-which run as Ray tasks in the actors' ``rows`` concurrency group so that they
-never wait behind a running call.
-:class:`~dispatchcore.executor.RankCallHandle` owns every time bound; this
-module only says how results arrive and how death is seen:
-
-* :meth:`RowsCallHandle.wait_for_progress` first tries one ``ray.get`` of
-  every reference, bounded by :data:`FAST_GET_S` (a short call's results in
-  one round trip), then waits with ``ray.wait`` and fetches each result as
-  it lands, so a dead rank's failed reference (``RayActorError``) and a
-  raising rank's failure are seen at once (a get of every reference would
-  wait for the slowest rank: fail fast needs the first);
-* a dead actor fails its reference (Ray's process-death signal), and
-  :meth:`RowsCallHandle.check_alive` asks the lane, whose pings on each
-  rank's control link are the one liveness rule: a link that ended, or
-  pings unanswered for ``death_timeout``, means the rank is gone.
-
-``ray.get`` is never called on a reference that is not ready without a bound.
+Results are taken as each lands, so a dead rank's failed reference is seen at once.
 """
 
 from __future__ import annotations
@@ -101,7 +84,7 @@ class RowsCallHandle(RankCallHandle):
                 try:
                     value = ray.get(self.refs[position])
                 except Exception as exc:  # noqa: BLE001
-                    self.rank_died(position, self._gone(position, exc))
+                    self.rank_died(position, self.rank_actors.gone(self.call.ranks[position], exc))
                 else:
                     self._accept(position, value)
             return
@@ -130,13 +113,3 @@ class RowsCallHandle(RankCallHandle):
             detail = self.lane.silent(self.call.ranks[position], self.death_timeout)
             if detail is not None:
                 self.rank_died(position, detail)
-
-    def _gone(self, position: int, exc: BaseException) -> str:
-        rank = self.call.ranks[position]
-        name, node = self.rank_actors.actor_name(rank), self.rank_actors.node_of(rank)
-        return f"its Ray actor {name!r} on {node} is gone ({type(exc).__name__}: {_first_line(exc)})"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

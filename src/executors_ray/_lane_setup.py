@@ -1,10 +1,4 @@
-"""What a Ray group decides about its lane: whether it can have one, where it listens, what rides it inline.
-
-The lane itself is the core's; the executor only asks these questions once
-per group, so they live apart from it.
-The lane is a Ray group's one call path: options that chose another are
-refused here, and so is a driver whose actors could not reach it.
-"""
+"""What a Ray group decides about its lane: whether it can have one, where it listens, what rides it inline."""
 
 from __future__ import annotations
 
@@ -15,8 +9,8 @@ from typing import Any
 from dispatchcore import DispatchError, DispatchValueError
 from dispatchcore.executor import LOOPBACK
 
-#: Values and results up to this many bytes ride the lane; larger ones the object store.  Measured (DP echo,
-#: N = 2, one run): per-rank values of 0.125-8 MiB are 1.2-8x faster inline, 16 MiB and up faster by the store.
+#: Values and results up to this many bytes ride the lane, larger ones the object store (measured: 16 MiB
+#: and up are faster by the store, 0.125-8 MiB 1.2-8x faster inline; DP echo, N = 2).
 LANE_INLINE_BYTES = 8 << 20
 
 #: Options of the call paths a Ray group no longer has, and the one value each may still be given (its old default).
@@ -40,14 +34,7 @@ def refuse_removed(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ray_client_error(address: Any, connected: bool) -> DispatchError | None:
-    """Why a group cannot start over Ray Client (``ray://``), or ``None``.
-
-    Ray Client's actors run on the cluster and cannot reach a driver outside
-    it, so they could never join its lane.  ``address`` is where this
-    process is about to connect (the ``address`` option, else
-    ``RAY_ADDRESS``), ``connected`` whether it already talks to Ray through
-    Ray Client.
-    """
+    """Why a group cannot start over Ray Client (``ray://``: its actors cannot reach the driver), or ``None``."""
     if not connected and not str(address or "").startswith("ray://"):
         return None
     return DispatchError(

@@ -1,33 +1,7 @@
-"""Resource pools: placement groups that one or more groups' ranks land on.
+"""Resource pools: placement groups (one per node) that one or more groups' ranks land on.
 
-A pool reserves ``process_on_nodes[i]`` bundles on node ``i`` (one
-``STRICT_PACK`` placement group per node, as verl does), each bundle
-``{"CPU": cpus_per_process}`` plus one GPU when ``use_gpu``.  Up to
-``max_colocate_count`` groups may share a pool: each of their actors asks for
-``1/max_colocate_count`` of its bundle, so GPUs are shared fractionally.
-Rank ``r`` of every group on the pool gets the ``r``-th bundle after sorting
-the placement groups by node IP as a number (what orders a real cluster),
-then by the node's ``dispatchcore-node-order`` label (where several nodes
-share an IP, as simulated nodes on one machine do), then by the pool's own
-order, so rank order is stable across restarts.  Placement groups are made on first use, and removed when the last
-group using the pool shuts down (or by :meth:`RayResourcePool.remove`).
-
-verl's names and defaults (a verl driver ports by changing imports): the
-constructor's positional order is verl's, ``use_gpu=True`` and
-``max_colocate_count=10`` are verl's defaults, ``pgs`` /
-``get_placement_groups`` / ``local_world_size_list`` / ``local_rank_list``
-are verl's, and :class:`SubRayResourcePool` is verl 0.9.1's (see the
-porting guide in the README; verl's ``ResourcePoolManager`` is in
-:mod:`executors_ray.verl`).  One deliberate
-difference: verl reserves ``max_colocate_count`` CPUs per bundle (each actor
-then takes one); here a bundle holds ``cpus_per_process`` CPUs (default 1)
-and each actor takes ``1/max_colocate_count`` of it, so a 2-core machine
-places a 2-rank pool whatever ``max_colocate_count`` is (verl's would need
-20 logical CPUs there).  GPUs are Ray's logical ``GPU`` resource: a local
-Ray started with ``ray.init(num_gpus=N)`` places GPU-asking pools on a
-machine without GPUs (what the tests do; their workers never touch CUDA);
-on a cluster with no GPU at all a GPU-asking pool fails at once with a
-:class:`PlacementError` saying to pass ``use_gpu=False``.
+Rank ``r`` gets the ``r``-th bundle, nodes ordered by IP, then :data:`NODE_ORDER_LABEL`, so rank
+order is stable across restarts; verl's names and defaults (README, "Porting a verl driver").
 """
 
 from __future__ import annotations
@@ -158,9 +132,7 @@ class RayResourcePool:
     ) -> list[Any]:
         """Reserve the bundles now (if not yet) and return the placement groups in rank order (verl's method).
 
-        ``strategy`` applies when this call is the one that places the pool;
-        ``name`` and ``device_name`` are accepted as verl's and not used (the
-        groups are named after ``name_prefix``; GPUs are Ray's ``GPU`` resource).
+        ``name`` and ``device_name`` are verl's and unused (groups are named after ``name_prefix``).
         """
         if self._root._slots is None:
             self.prefer_strategy(strategy)
@@ -327,12 +299,7 @@ def _slots_of(groups: Sequence[Any], sort: bool) -> list[Slot]:
 
 
 class SubRayResourcePool(RayResourcePool):
-    """Ranks ``start_bundle_index .. +subgroup_world_size`` of placement groups made elsewhere (verl's class).
-
-    ``pool.split(...)`` / :func:`split_resource_pool` return these over the
-    parent's placement groups (removed with the parent); built directly, as
-    verl does, it places on ``placement_groups`` and never removes them.
-    """
+    """Ranks ``start_bundle_index .. +subgroup_world_size`` of placement groups made elsewhere, never removed here."""
 
     def __init__(
         self, placement_groups: Sequence[Any], start_bundle_index: int, subgroup_world_size: int, **kwargs: Any

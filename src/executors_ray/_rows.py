@@ -1,15 +1,4 @@
-"""Lazy results' rows moved actor to actor, never through the driver.
-
-A lazy call leaves each rank's rows in its actor's process (the core's row
-store).  The driver names that actor with a :class:`RowAddress` (its handle);
-a rank of any Ray group of the same driver that receives those rows as an
-argument fetches them itself with a :class:`RowFetcher`: one ``take_rows``
-task per producing actor, all sent before any is waited on, answered in the
-producer's ``rows`` concurrency group (so a producer busy with a long call
-still serves) through the object store.  Tensors travel as out-of-band numpy
-buffers, read zero-copy on the same node; the core copies them once when it
-assembles the chunk.
-"""
+"""Lazy results' rows moved actor to actor, never through the driver (docs/lazy-results.md)."""
 
 from __future__ import annotations
 
@@ -20,25 +9,22 @@ from typing import Any
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
 from dispatchcore.executor import RowRequest, take_kept_rows
 
+from ._rank_actors import first_line
 from ._store import pack_value, unpack
 from ._tags import FAILED, OK_PACKED, ROWS_GROUP
 
-#: Bound on pulling answered rows into this process (they are ready when it starts;
-#: this only guards a node lost in between, which Ray reports sooner).
+#: Bound on pulling answered rows, which are ready by then: it only guards a node lost in between.
 PULL_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
 class RowAddress:
-    """Where a rank's kept rows live: its actor, in which Ray connection."""
+    """Where a rank's kept rows live: its actor (id, name, handle), in which Ray connection (job and driver node)."""
 
-    #: The Ray this driver is connected to (job and driver node): only its actors are reachable.
     ray: str
-    #: Ray's id of the actor (groups requests by producer; a replaced rank's new actor has a new one).
+    #: Ray's id of the actor: groups requests by producer (a replaced rank's new actor has a new one).
     actor_id: str
-    #: The actor's name, for error messages.
     name: str
-    #: The actor's handle (picklable; Ray counts the copies).
     actor: Any
 
 
@@ -52,12 +38,7 @@ def serve_rows(rank: int, requests: Sequence[RowRequest]) -> tuple[int, Any]:
 
 
 class RowFetcher:
-    """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel.
-
-    A producer that is gone (its task fails) raises
-    :class:`~dispatchcore.WorkerDiedError` naming its rank at once; one that
-    sends no answer within ``death_timeout`` seconds is taken for dead too.
-    """
+    """Consuming actor's ``WorkerHost.fetch_rows``: rows of other actors, fetched in parallel, bounded by death."""
 
     def __init__(self, death_timeout: float) -> None:
         self.death_timeout = death_timeout
@@ -105,14 +86,9 @@ class RowFetcher:
             raise DispatchError(f"rank {request.rank} could not serve its kept rows: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - actor or node gone, rows lost, pull timed out
             raise WorkerDiedError(
-                request.rank, f"its Ray actor {address.name!r} is gone ({type(exc).__name__}: {_first_line(exc)})"
+                request.rank, f"its Ray actor {address.name!r} is gone ({type(exc).__name__}: {first_line(exc)})"
             ) from exc
         if tag == FAILED:
             raise DispatchError(payload)
         parts: list[DataProto] = unpack(payload, copy=False)
         return parts
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

@@ -1,8 +1,4 @@
-"""Connecting to Ray, lazily: nothing here imports ray until a group needs it.
-
-The entry-point module and the executor class must be importable without
-ray (docs/design.md, "The executor contract"), so every function that touches Ray imports it inside.
-"""
+"""Connecting to Ray lazily: the executor class must import without ray (docs/executor-contract.md)."""
 
 from __future__ import annotations
 
@@ -16,11 +12,9 @@ DETACHED_NAMESPACE = "dispatchcore"
 
 
 def ensure_ray(options: Mapping[str, Any]) -> Any:
-    """The ``ray`` module, connected: reuse, connect to an address, or start locally.
+    """The ``ray`` module, connected: this process's Ray, ``address``/``RAY_ADDRESS``, else a local one.
 
-    Order: a Ray already initialised in this process; ``options["address"]``
-    or ``RAY_ADDRESS``; otherwise a local Ray with ``options["num_cpus"]``
-    and no dashboard (it costs seconds and ~900 MB here).
+    A local Ray starts without the dashboard (it costs seconds and ~900 MB).
     """
     import ray
 
@@ -36,8 +30,6 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
         kwargs["include_dashboard"] = False
         if options.get("num_cpus") is not None:
             kwargs["num_cpus"] = options["num_cpus"]
-        if options.get("num_gpus_total") is not None:
-            kwargs["num_gpus"] = options["num_gpus_total"]
     ray.init(**kwargs)
     return ray
 
@@ -59,11 +51,9 @@ def ip_sort_key(ip: str) -> tuple[int, int, str]:
 
 
 def cuda_device_index(gpu_ids: list[Any], visible: str | None) -> int | None:
-    """Index, in this process's CUDA numbering, of the first GPU Ray assigned.
+    """Index, in this process's CUDA numbering, of the first GPU Ray assigned (``None``: no GPU).
 
-    Ray usually narrows ``CUDA_VISIBLE_DEVICES`` to the actor's GPU(s), so the
-    assigned id is found in that list; with every GPU visible the physical
-    id is the index.  ``None`` when the actor holds no GPU.
+    Ray usually narrows ``CUDA_VISIBLE_DEVICES`` to the actor's GPUs; else the id is the index.
     """
     if not gpu_ids:
         return None

@@ -1,11 +1,4 @@
-"""Values in Ray's object store: ``(pickle bytes, [uint8 arrays])``, and how to tell an object reference.
-
-Ray's own pickle-5 serializer writes numpy arrays into the object store
-without an extra copy and hands them back as read-only views of shared
-memory (a torch tensor pickled by Ray would go through ``torch.save`` of its
-whole storage), so a value pickled by :mod:`dispatchcore.wire` is stored as
-its stream plus uint8 views of its buffers.
-"""
+"""Values in Ray's object store as ``(pickle bytes, [uint8 arrays])``: Ray stores numpy buffers without a copy."""
 
 from __future__ import annotations
 

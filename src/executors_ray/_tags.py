@@ -1,9 +1,4 @@
-"""What the driver and a rank actor agree on: tags, concurrency groups, the forwarded-chunk placeholder.
-
-A leaf module (it imports nothing else of ``executors_ray``), so the driver
-side (``_executor``, ``_handle``) and the actor side (``_actor``,
-``_forward``) can share it without importing each other.
-"""
+"""What the driver and a rank actor agree on: tags, concurrency groups, the forwarded-chunk placeholder."""
 
 from __future__ import annotations
 
@@ -12,26 +7,21 @@ from typing import Any
 
 from dispatchcore.executor import ChunkPlan
 
-#: What a rank's row read or free (and a row fetch) answers:
-#: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure or message)``.
+#: What a rank's row read, free or fetch answers: ``(OK_PACKED, packed)`` or ``(FAILED, failure or message)``.
 OK_PACKED, FAILED = 1, 2
 
-#: Concurrency group of the control methods (descriptions, identity): one thread
-#: beside the worker's, so a busy rank still answers.
+#: The actor's concurrency groups, each beside the worker's thread so a busy rank still answers:
+#: control methods (descriptions, identity), one thread.
 CONTROL_GROUP = "control"
 
-#: Concurrency group serving lazy results' rows (other ranks' fetches, the driver's reads and
-#: frees) and the object store's side of the lane (stashed values, kept results): its own
-#: threads, so a rank busy with a long call still serves the rows it keeps.
+#: Lazy results' rows (fetches, the driver's reads and frees) and the lane's object store side.
 ROWS_GROUP = "rows"
 ROWS_THREADS = 2
 
-#: Concurrency group whose one thread serves the driver's lane: the rank's method thread
-#: (every call and the worker's ``__init__`` run there).
+#: The driver's lane: its one thread is the rank's method thread (every call and ``__init__``).
 LANE_GROUP = "lane"
 
-#: Concurrency group serving the lanes of groups made of running actors (verl's ``worker_handles``)
-#: while the actors' own lane is up: a thread per such lane.
+#: Lanes of groups made of running actors (verl's ``worker_handles``): a thread per such lane.
 BESIDE_GROUP = "beside"
 BESIDE_THREADS = 4
 

@@ -1,15 +1,4 @@
-"""Weight transfers between Ray groups: one object per bucket, put by the source rank, got by each destination.
-
-The source rank puts the bucket's pieces (cast and contiguous, as uint8
-numpy views: Ray writes them into the object store with one copy and no
-pickling of torch); the driver forwards only the ``ObjectRef``; each
-destination rank ``ray.get`` s it, zero-copy and read-only, and copies
-each piece once into the place the core gives (its rows of the name's
-buffer); a whole piece stays store memory only when the destination group
-is ``isolate=False``.  The
-object belongs to the source rank: when that rank dies first, the read
-fails and is reported as the source's death (``TensorSourceLost``).
-"""
+"""Weight transfers between Ray groups: one object per bucket, put by the source rank (docs/weight-sync.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""pytest helpers for the ray backend: one local Ray per test run.
-
-Import the fixture into a test module (``from executors_ray.testing import
-ray_session  # noqa: F401``) and depend on it.  Start-up costs ~5-15 s, so every module shares one Ray;
-it is shut down at the end of the session only if this fixture started it.
-
-Worker classes for tests belong in the tests themselves: a class defined in
-a test module reaches the actors by value (``dispatchcore.wire``), so it
-need not live in an installed package.
-"""
+"""pytest helpers for the ray backend: ``from executors_ray.testing import ray_session  # noqa: F401``."""
 
 from __future__ import annotations
 

@@ -1,32 +1,4 @@
-"""verl-shaped names over the ray backend, so a verl driver ports by changing imports.
-
-``RayClassWithInitArgs(cls, *args, **kwargs)`` (``cls`` may be a plain class
-or verl's ``ray.remote(cls)``), ``RayWorkerGroup(resource_pool,
-ray_cls_with_init, worker_env=...)`` with ``execute_all_sync`` /
-``execute_all_async`` / ``execute_rank_zero*``, ``from_detached`` and
-``fuse``, and ``create_colocated_worker_cls_fused``.  Everything else
-(dispatch, ``spawn``, futures, the colocated classes) is the core's.
-
-Worker environment: ``worker_env={...}`` and the ``env_vars`` of a
-``runtime_env`` given through ``RayClassWithInitArgs.update_options`` are
-set in each worker before its ``__init__`` (no per-actor ``runtime_env``,
-which would cost every actor a fresh Ray worker process); the variables the
-executor sets per rank (``RANK``, ``WORLD_SIZE``, ``MASTER_*``,
-``LOCAL_*``, ``RAY_LOCAL_RANK``, ``RAY_LOCAL_WORLD_SIZE``) are refused with
-a ``ValueError`` naming them, as verl does.
-
-verl's trainer-level keywords (issue 23; the README's porting guide lists
-them): ``worker_handles`` builds a group over running rank actors (rank i
-the i-th handle, one identity round trip, never killed by ``shutdown()``);
-``ray_wait_register_center_timeout`` is the start timeout; ``use_gpu`` and
-``bin_pack`` act as in verl; ``device_name`` and ``profile_steps`` are
-recorded; ``worker_nsight_options`` and ``master_addr`` / ``master_port`` /
-``master_port_range`` are accepted, do not apply, and say so once in the
-log (logger ``executors_ray.verl``).  Groups, ``spawn`` roles and views carry
-the attributes verl's trainer reads (``_dispatch_info``, ``sub_cls_name``,
-...), and ``blocking=False`` methods return verl's shapes
-(:mod:`executors_ray.verl._refs`).
-"""
+"""verl-shaped names over the ray backend; what each of verl's keywords does: README, "Porting a verl driver"."""
 
 from __future__ import annotations
 
@@ -110,9 +82,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
     def backend_options(self) -> dict[str, Any]:
         """The ray backend options these actor options amount to (``env``, ``runtime_env``, ``ray_actor_options``).
 
-        A ``runtime_env`` holding only ``env_vars`` becomes ``env`` (set in
-        the worker, no per-actor runtime env); any other ``runtime_env`` is
-        passed to Ray as given.
+        A ``runtime_env`` of only ``env_vars`` becomes ``env``: no per-actor runtime env, which costs a process.
         """
         actor = {**self._additional_resource, **self._options}
         out: dict[str, Any] = {}
@@ -120,9 +90,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         if runtime_env is not None:
             if not isinstance(runtime_env, Mapping):
                 raise DispatchTypeError(f"runtime_env must be a dict, got {type(runtime_env).__name__}")
-            env_vars = runtime_env.get("env_vars") or {}
             if set(runtime_env) <= {"env_vars"}:
-                out["env"] = dict(env_vars)
+                out["env"] = dict(runtime_env.get("env_vars") or {})
             else:
                 out["runtime_env"] = dict(runtime_env)
         actor.pop("name", None)  # ranks are named by the group (name_prefix)
@@ -135,11 +104,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 
 class RayWorkerGroup(WorkerGroup[Any]):
-    """verl's constructor, attributes and helpers on top of :class:`~dispatchcore.WorkerGroup` (backend ``ray``).
-
-    Every keyword verl 0.9.1's trainer, workers and checkpoint engine pass is
-    taken (see the module docstring for what each one does here).
-    """
+    """verl 0.9.1's constructor (every keyword verl passes), attributes and helpers on a ``ray`` WorkerGroup."""
 
     #: verl's attributes: whether the class came from ``create_colocated_worker_cls_fused``, and the class spec.
     fused_worker_used: bool = False
@@ -170,11 +135,9 @@ class RayWorkerGroup(WorkerGroup[Any]):
     ) -> None:
         if ray_cls_with_init is None:
             raise DispatchTypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
-        spec = (
-            ray_cls_with_init
-            if isinstance(ray_cls_with_init, ClassWithInitArgs)
-            else (RayClassWithInitArgs(ray_cls_with_init))
-        )
+        spec = ray_cls_with_init
+        if not isinstance(spec, ClassWithInitArgs):
+            spec = RayClassWithInitArgs(spec)
         self._take_verl_keywords(resource_pool, bin_pack, device_name, ray_wait_register_center_timeout, options)
         self._merge_actor_options(spec, worker_env, options)
         self.fused_worker_used = bool(getattr(spec, "fused_worker_used", False))
@@ -208,7 +171,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
     def _take_verl_keywords(
         self, pool: RayResourcePool | None, bin_pack: bool, device_name: str, wait: float, options: dict[str, Any]
     ) -> None:
-        """Take verl's keywords out of ``options``: applied (see the module docstring), or recorded and logged once."""
+        """Take verl's keywords out of ``options``: applied, or recorded and logged once."""
         self.resource_pool = pool
         self.device_name = device_name
         self.use_gpu = bool(options.pop("use_gpu", pool.use_gpu if pool is not None else False))
@@ -333,11 +296,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     # -- verl's helpers ------------------------------------------------------------
     def fuse(self, prefix_set: Iterable[str]) -> None:
-        """Set each role's group of a fused or colocated class as an attribute: ``wg.actor.add(x)`` (verl's method).
-
-        The roles' groups share these ranks (they are :meth:`spawn`'s views);
-        the class's own methods stay callable on ``wg`` itself.
-        """
+        """Set each role's group (:meth:`spawn`'s views) as an attribute: ``wg.actor.add(x)`` (verl's method)."""
         views = self.spawn(prefix_set)
         for role in views:
             if hasattr(type(self), role) or role in self.__dict__:

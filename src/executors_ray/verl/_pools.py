@@ -1,9 +1,4 @@
-"""verl's ``ResourcePoolManager``: named pools and which role places on which.
-
-The pools themselves (:class:`~executors_ray.RayResourcePool`) are the Ray
-executor's placement (its ``resource_pool`` option); this is only verl's
-bookkeeping over them, with verl's defaults and its GPU check.
-"""
+"""verl's ``ResourcePoolManager``: verl's bookkeeping of named :class:`~executors_ray.RayResourcePool` s."""
 
 from __future__ import annotations
 
@@ -21,13 +16,7 @@ class ResourcePoolShortageError(PlacementError, ValueError):
 
 @dataclass
 class ResourcePoolManager:
-    """Named resource pools and which role uses which (verl 0.9.1's class, same fields and methods).
-
-    ``resource_pool_spec`` maps a pool name to its processes per node,
-    ``mapping`` a role to a pool name.  :meth:`create_resource_pool` makes one
-    :class:`RayResourcePool` per name with verl's settings (``use_gpu=True``,
-    this manager's ``max_colocate_count``) and checks the cluster has the GPUs.
-    """
+    """Pools by name (processes per node) and each role's pool name (verl 0.9.1's class, fields and methods)."""
 
     resource_pool_spec: dict[str, list[int]]
     mapping: dict[Any, str]

@@ -1,31 +1,6 @@
-"""verl's result shapes for ``blocking=False`` calls through :class:`~executors_ray.RayWorkerGroup`.
+"""verl's result shapes for ``blocking=False`` calls through ``RayWorkerGroup``: Ray refs, as verl ``ray.get`` s them.
 
-verl's trainer and checkpoint engine hand what a non-blocking call returns
-straight to ``ray.get`` (``ray.get(actor_wg.update_weights(...))``) and add
-two such results with ``+``.  So through ``RayWorkerGroup``, as verl 0.9.1
-gives them:
-
-* ``ONE_TO_ALL``, ``ALL_TO_ALL``, ``DP_COMPUTE``, ``DP_COMPUTE_METRIC`` (the
-  per-rank modes): a :class:`RefList`, one Ray ``ObjectRef`` per rank (a
-  ``list``; its ``.get()`` waits too);
-* ``Dispatch.RANK_ZERO``, or ``Execute.RANK_ZERO`` with a per-rank mode or
-  ``DP_COMPUTE_PROTO*``: one ``ObjectRef`` (rank 0's);
-* the other DataProto modes (``DP_COMPUTE_PROTO*``, nd modes): the core's
-  ``DataProtoFuture``;
-* any other (user-registered) mode: the core's ``CallFuture``.
-
-``ray.get`` on those refs is Ray's own wait: a dead actor raises Ray's
-``ActorDiedError``, a raising worker Ray's ``RayTaskError`` (which is also
-the worker's :class:`~dispatchcore.WorkerError`), and nothing bounds the
-wait unless the caller passes ``timeout=``.  The core's bounded futures are
-one call away: ``wg.method.options(timeout=...)(...)`` goes through the
-core and returns its ``CallFuture`` (``death_timeout`` and the call bound
-apply), and dispatchcore's own ``WorkerGroup`` always returns those.
-
-The arguments are dispatched by the mode's own dispatch function (padding
-included) and sent as Ray task arguments; an object several ranks receive is
-``ray.put`` once.  Calls on this path skip the core's pipeline hooks (tracing,
-lazy rows, setup replay), as verl's calls have none.
+These calls skip the core's pipeline hooks, as verl's have none (README, "Porting a verl driver").
 """
 
 from __future__ import annotations
