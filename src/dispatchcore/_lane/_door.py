@@ -1,9 +1,7 @@
 """Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours.
 
-A rank's first 20 bytes name it (a 4-byte rank) and prove it read the
-directory (the 16-byte token); anything else is dropped before it can send a
-message.  The listener binds the one address it was asked for (loopback for
-a one-machine job), never every interface, and closes when the door does.
+A rank's first 20 bytes name it (4-byte rank) and prove it read the
+directory (16-byte token); anything else is dropped.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The driver's side of a group's lane: each rank's pending calls, one reader, one liveness rule.
 
-A :class:`LaneDriver` opens the door, has the executor start (or tell) its
-ranks where it is, and accepts each rank's call link and control link
-(named by rank, proved by the door's token).  From then on a call goes out
-as one envelope per rank (``_envelope``) on the call link and its answer
-comes back on the same link, read by the group's one :class:`LinkReader`
-thread and delivered to the call's :class:`LaneCallHandle`.  Pings,
-cancels and stacks go on the control link, which the rank answers while a
-method runs.
-
-Liveness, one rule for every process backend: a rank is gone when one of
-its links ends, or when its pings go unanswered for ``death_timeout``; an
-executor may add a process-death signal, ``rank_dead(rank) -> str | None``
-(a child's exit code, Ray's actor death), which names the cause and ends
-the rank even if its links outlive it (a forked child holding the socket),
-shortly after the signal, so answers the rank sent before it went still
-arrive.  ``on_gone(rank, reason)`` hears of each rank found gone that way
-(not of ranks the driver ends itself: replaced, or at ``close``), e.g. to
-tell other ranks that wait on it beside the lane.
+Calls go out on each rank's call link and their answers come back on it,
+read by the group's one :class:`LinkReader`; pings, cancels and stacks go on
+the control link.  Liveness and the ``rank_dead`` / ``on_gone`` hooks:
+``docs/executor-contract.md`` ("The lane").
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -121,8 +108,7 @@ class LaneDriver:
         """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
 
         A rank that joins again (replaced) ends its old links.  Raises
-        ``DispatchTimeoutError`` past ``timeout``, ``DispatchError`` when the
-        death signal says a rank will never connect.
+        ``DispatchTimeoutError`` past ``timeout``, ``DispatchError`` when a rank will never connect.
         """
         expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
         dead = self._rank_dead or (lambda rank: None)
@@ -139,7 +125,7 @@ class LaneDriver:
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
                 self._end(old, f"rank {rank} was replaced", found=False)
-            entry.calls.place_with(lambda note, sizes, entry=entry: self._place(entry, note, sizes))
+            entry.calls.place_with(functools.partial(self._place, entry))
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:

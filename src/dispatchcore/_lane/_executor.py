@@ -1,22 +1,9 @@
 """``LaneExecutor``: an executor whose ranks are processes on the core's lane; the backend only hosts them.
 
-Everything between the driver and its ranks is the core's: the lane's
-driver side (:class:`LaneDriver`), the rank side (:class:`LaneRank`), the
-call envelope, liveness, cancel and stacks.  A backend subclasses
-:class:`LaneExecutor` and writes what is its own:
-
-* :meth:`LaneExecutor.launch_ranks`: start (or place, or tell) the rank
-  processes, each of which calls ``LaneRank(rank, ...).serve(address)``;
-* :meth:`LaneExecutor.stop_ranks`: release them (their links are closed
-  first, so a rank that was told to leave on its driver's end does);
-* optionally :meth:`LaneExecutor.rank_dead`, a process-death signal,
-  :meth:`LaneExecutor.rank_gone`, told of each rank the lane finds gone, and
-  a :class:`BulkPath` for large values.
-
-Its ``__init__`` calls ``super().__init__(spec, ...)`` (which pickles the
-worker class and init arguments before anything starts) and then
-:meth:`LaneExecutor.open_ranks`; ``replace_ranks`` stops the old processes
-and calls :meth:`LaneExecutor.open_ranks` again.
+A subclass writes :meth:`LaneExecutor.launch_ranks` and
+:meth:`LaneExecutor.stop_ranks` (optionally ``rank_dead``, ``rank_gone``
+and a :class:`BulkPath`), and calls :meth:`LaneExecutor.open_ranks` from its
+``__init__`` and ``replace_ranks``; see ``docs/executor-contract.md``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A rank's side of the lane: calls run on the method thread, pings, cancels and stacks answered beside them.
 
-A rank process makes one :class:`LaneRank` and calls :meth:`LaneRank.serve`
-with the driver's lane address on the thread that is to run the worker's
-methods (CUDA's current device and thread-locals are per thread, so
-``__init__`` runs there too).  That thread reads the call link itself, so a
-call starts with no hand-off; a daemon thread reads the control link and
-answers pings, cancels (:func:`cancel_in_process`) and stacks
-(:func:`thread_stacks` of the method thread) while a method runs.
+``serve`` runs on the thread that is to run the worker's methods (CUDA's
+current device and thread-locals are per thread, so ``__init__`` runs there
+too) and reads the call link itself; a daemon thread serves the control link.
 """
 
 from __future__ import annotations

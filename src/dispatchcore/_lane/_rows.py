@@ -1,20 +1,10 @@
 """A large DataProto result received straight into the rows of the collect's output, not copied there again.
 
-When the collect step concatenates every rank's ``DataProto``
-(``Call.results_are_copied``), receiving each rank's tensors into fresh
-memory and then copying them into the concatenation costs an allocation
-and a copy per byte.  Instead the rank says in its answer's frame note
-(:func:`row_layout`) which of the frame's buffers hold which batch tensor;
-the driver's link reads each such buffer straight into that rank's rows of
-one output buffer per key, allocated from the call handle's
-:class:`~dispatchcore.wire.RowBuffers` (:class:`RowPlan`), and the
-concatenation, handed those buffers, returns a view spanning them.
-
-Row counts are not known before results arrive, so the first rank's answer
-sets the plan: every position is assumed to return as many rows as it did.
-A rank whose tensor does not fit (other rows, dtype or trailing shape, or a
-key the first did not have) is received into fresh memory and the collect
-copies as before; nothing is ever wrong, only slower.
+The rank's frame note (:func:`row_layout`) says which buffers hold which
+batch tensor; the driver's link reads each into that rank's rows of one
+output buffer per key (:class:`RowPlan`), which the concatenation adopts.
+The first rank's answer sets the plan (rows per position); a tensor that
+does not fit it is received into fresh memory and copied as before.
 """
 
 from __future__ import annotations
@@ -95,7 +85,7 @@ class RowPlan:
             if dtype != want_dtype or tuple(shape[1:]) != trailing or shape[0] != rows:
                 continue
             view = out[position * rows : (position + 1) * rows]
-            target = memoryview(view.reshape(-1).view(torch.uint8).numpy())
+            target = view.reshape(-1).view(torch.uint8).numpy().data
             if target.nbytes != sizes[index]:
                 continue
             targets[index] = target
@@ -112,8 +102,7 @@ class RowPlan:
     def adopt(self, position: int, value: Any) -> None:
         """Swap the tensors unpickled over ``position``'s rows for the output buffer's own views.
 
-        They hold the same bytes, but only views of the buffer itself (one
-        storage) let the concatenation join them without copying.
+        Same bytes, but only views of the buffer's own storage let the concatenation join them.
         """
         with self._lock:
             views = self._views.pop(position, None)

@@ -1,11 +1,9 @@
 """Which object inside a value keeps it from pickling, and the path to it.
 
-A pickler names the type it choked on (``cannot pickle '_thread.lock'
-object``), not where that object sat: in ``cfg['callback']``, or in a class
-attribute of a helper class that travels by value because the driver script
-defined it.  :func:`find_unpicklable` walks down only the parts that fail to
-pickle, so it costs nothing until something has failed, and returns the path
-as a user would write it (``cfg['callback']``, ``W.score → Registry.lock``).
+A pickler names the type it choked on, not where that object sat.
+:func:`find_unpicklable` walks down only the parts that fail to pickle (so
+it costs nothing until something has failed) and returns the path as a user
+would write it (``cfg['callback']``, ``W.score → Registry.lock``).
 """
 
 from __future__ import annotations

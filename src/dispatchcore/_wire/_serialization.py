@@ -1,17 +1,9 @@
 """Pickle with tensors as raw out-of-band buffers.
 
-torch's own pickling of a tensor goes through ``torch.save`` of its whole
-storage: a 10-row view of a 1M-row batch ships all 1M rows, in-band.  Here a
-tensor is reduced to a :class:`pickle.PickleBuffer` over exactly its bytes,
-which protocol 5 hands out of band (no copy), and rebuilt with
-``torch.frombuffer`` over whatever buffer the receiver supplies (no copy
-either).  A bare ``PickleBuffer`` rather than a numpy array: the stream then
-names no numpy dtype or rebuild helper, which makes a small DataProto's
-pickle about a third shorter and its pickling and unpickling cheaper.  Executors that move bytes
-themselves (threads, torch.distributed, Ray) call :func:`dumps` / :func:`loads`;
-:class:`~dispatchcore.DataProto` uses :func:`reduce_tensor` in its own
-``__reduce_ex__`` so that any protocol-5 pickler (Ray's included) gets the
-same zero-copy layout.
+torch's own pickling ships a tensor's whole storage in-band (a 10-row view
+of a 1M-row batch ships all 1M rows).  Here a tensor becomes a bare
+:class:`pickle.PickleBuffer` over exactly its bytes, handed out of band by
+protocol 5 and rebuilt over the receiver's buffer, no copy on either side.
 """
 
 from __future__ import annotations
@@ -70,8 +62,7 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
 class _SharingPickler(_Pickler):
     """Also passes callables, classes and modules by reference (same process only).
 
-    A separate class because pickle calls ``persistent_id`` for every object
-    whenever the method exists, which would slow down every other pickle.
+    A separate class: pickle calls ``persistent_id`` for every object whenever it exists.
     """
 
     def persistent_id(self, obj: Any) -> Any:
@@ -88,11 +79,8 @@ class _SharingPickler(_Pickler):
 class _InProcessPickler(_Pickler):
     """Code of modules this process imported from an inserted path (a pytest test module) goes by name.
 
-    For checks made on behalf of ranks that live in this process (``local``):
-    they import those modules as the driver did, so a module-level lock or
-    event a worker shares with its test is never pickled.  ``__main__``'s
-    code, and modules registered by value by their authors, still travel by
-    value, as on every backend.
+    For checks on behalf of ranks in this process (``local``), which import
+    those modules as the driver did; ``__main__`` still travels by value.
     """
 
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]):
@@ -109,9 +97,7 @@ class _InProcessPickler(_Pickler):
 class _FastPickler(pickle.Pickler):
     """The C pickler with tensors in its dispatch table: no Python hook per object.
 
-    Functions and classes go by reference (by name), which is right only
-    inside one process; anything it cannot pickle (lambdas, local classes)
-    falls back to :class:`_Pickler`.
+    Code goes by name; what it cannot pickle (lambdas) falls back to :class:`_Pickler`.
     """
 
     dispatch_table = {**copyreg.dispatch_table, torch.Tensor: reduce_tensor}
@@ -167,11 +153,7 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
 
 
 def dumps_in_process(obj: Any) -> Serialized:
-    """``obj`` pickled as for a rank in this process: by value only what no import here reaches.
-
-    Differs from :func:`dumps` only for modules reached through a path
-    inserted at run time (see :class:`_InProcessPickler`).
-    """
+    """``obj`` pickled as for a rank in this process: by value only what no import here reaches."""
     refresh_by_value()
     file = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
@@ -182,10 +164,9 @@ def dumps_in_process(obj: Any) -> Serialized:
 def dumps_portable(obj: Any) -> Serialized:
     """``obj`` pickled for another process, by the C pickler when that is safe.
 
-    The C pickler costs a fraction of cloudpickle's Python hooks (~20-50 us
-    per DataProto chunk), but names every function and class by reference.
-    Its stream is kept when it shared nothing and names no module whose code
-    must travel by value; otherwise ``obj`` is pickled again with cloudpickle.
+    The C pickler saves ~20-50 us per DataProto chunk but names all code by
+    reference: its stream is kept only when it names no module whose code
+    must travel by value; otherwise cloudpickle pickles ``obj`` again.
     """
     try:
         serialized = dumps(obj, share_callables=True)
