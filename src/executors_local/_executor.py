@@ -1,23 +1,12 @@
 """``LocalExecutor``: ranks as worker objects, each on its own daemon thread.
 
-Everything here but the thread-per-rank layout comes from the public
-executor contract: :class:`~dispatchcore.executor.RankThread` serves a rank,
-:func:`~dispatchcore.executor.run_isolated` gives it what a pickle round trip
-would (copied on the rank's own thread, so copies run in parallel), and
-:class:`~dispatchcore.executor.RankCallHandle` owns every time bound.
-Small arguments are copied on the driver instead, before any rank wakes:
-every torch call releases the GIL, and a rank thread retaking it behind
-the driver or another rank costs far more than the copy itself.
-What cannot be pickled is refused before anything is queued, as on every
-backend: the worker class and init arguments as a process backend would
-pickle them (:func:`~dispatchcore.executor.check_spec_picklable`), a call's
-arguments as the copy would (:func:`~dispatchcore.executor.check_copyable`);
-with ``isolate=False`` nothing is pickled and nothing refused.
-A rank whose thread exited is reported dead; a worker calling ``os._exit``
-ends this whole process, the driver's (a thread cannot die alone: plant
-deaths with the ``faulty`` backend to test them).  Lazy results stay in this
-process, so a consuming rank reads a producer's rows directly (copying them
-once, as isolation asks).
+Built only from the public executor contract.  Isolation copies run on each
+rank's own thread (in parallel), except small arguments, copied on the
+driver before any rank wakes: a rank thread retaking the GIL behind the
+driver costs more than the copy.  What cannot be pickled is refused before
+anything is queued, as on every backend (with ``isolate=False`` nothing is
+pickled).  A worker calling ``os._exit`` ends the driver's process too
+(plant deaths with the ``faulty`` backend to test them).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """``DataProto``: verl's batch container, without tensordict or Ray.
 
-A DataProto is three things sharing one row count: ``batch`` (a
-:class:`~dispatchcore._data._tensor_batch.TensorBatch` of tensors), ``non_tensor_batch``
-(name -> numpy array, object dtype allowed) and ``meta_info`` (a dict for
-the whole batch).  Method names, arguments and defaults follow verl 0.9.1's
-``verl.protocol.DataProto`` so verl code ports by changing imports.  Where
-verl has sharp edges this module fixes them: padding never mutates the
-caller, ``concat([])`` raises a ValueError, chunks are views that own their
-``meta_info`` dict, and pickling ships each tensor's own bytes out of band
-(a chunk of a big batch carries only its rows).
-
-This module holds the class and its row logic (indexing, concat, columns,
-pickling).  The rest sits in modules by concept that never import this one
-at run time: padding and chunking (``_padding``), meta-info merging and
-unions (``_meta_info``), row repetition and folding (``_row_reshape``),
-tensordict conversion (``_tensordict_interop``), DataLoader glue
-(``_minibatch``) and input checks (``_coerce``).
+Method names, arguments and defaults follow verl 0.9.1's
+``verl.protocol.DataProto`` so verl code ports by changing imports; its
+sharp edges are fixed (padding never mutates the caller, ``concat([])``
+raises, chunks own their ``meta_info``, pickles carry only a view's rows).
+This module holds the class and its row logic; padding, meta-info rules,
+reshaping, tensordict interop and DataLoader glue sit in sibling modules.
 """
 
 from __future__ import annotations
@@ -80,9 +70,7 @@ class DataProto:
     def batch(self) -> TensorBatch:
         """The tensors (a TensorBatch); assigning a TensorDict or dict converts it.
 
-        ``None`` when the DataProto has no tensor columns; typed as a
-        TensorBatch (as verl types its TensorDict) so ``data.batch["x"]``
-        type-checks in user code.
+        ``None`` when there are no tensor columns; typed as a TensorBatch (as verl types its TensorDict).
         """
         return self._batch  # type: ignore[return-value]
 
@@ -522,10 +510,7 @@ class DataProto:
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         """Under protocol 5 (every executor's and Ray's), tensors go as bare out-of-band buffers.
 
-        That stream is about a third shorter than with numpy arrays and
-        cheaper both ways, which small calls pay per rank.  Older protocols
-        and ``copy`` take the default path through :meth:`__getstate__`;
-        subclasses with a reduction of their own keep it.
+        A third shorter than with numpy arrays; older protocols and ``copy`` go through :meth:`__getstate__`.
         """
         if int(protocol) < 5 or type(self).__reduce__ is not object.__reduce__:
             return super().__reduce_ex__(protocol)

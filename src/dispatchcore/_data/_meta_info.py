@@ -1,9 +1,7 @@
 """Equality, unions and merging of meta info and column dicts.
 
-Kept apart from :mod:`dispatchcore._data._dataproto` because these rules work on
-plain dicts (``meta_info``, ``non_tensor_batch``, tensor batches) and are
-shared by ``DataProto.concat`` / ``union``, the forwarding plans and the
-testing assertions, none of which should need the DataProto class to use them.
+Plain-dict rules shared by ``DataProto.concat`` / ``union``, the forwarding
+plans and the testing assertions, none of which need the DataProto class.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from dispatchcore._data._tensor_batch import TensorBatch
 __all__ = [
     "merge_meta_info",
     "union_numpy_dict",
-    "union_python_dict",
     "union_tensor_dict",
     "union_two_dict",
     "values_equal",
@@ -35,10 +32,8 @@ __all__ = [
 def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
     """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
 
-    ``==`` alone raises on arrays ("truth value is ambiguous") and calls
-    NaN unequal to itself; meta_info and object columns hold both.  A pair of
-    containers met again while being compared is taken as equal (an object
-    array holding itself equals another of the same shape), so cycles end.
+    ``==`` alone raises on arrays and calls NaN unequal to itself.  A pair of
+    containers met again while being compared is taken as equal, so cycles end.
     """
     if a is b:
         return True
@@ -133,9 +128,6 @@ def union_two_dict(dict1: dict[str, Any], dict2: Mapping[str, Any]) -> dict[str,
             raise DispatchValueError(f"union: meta_info key {key!r} differs: {dict1[key]!r} vs {value!r}")
         dict1[key] = value
     return dict1
-
-
-union_python_dict = union_two_dict
 
 
 # -- meta_info merging for concat ---------------------------------------------------

@@ -1,10 +1,7 @@
 """Reducing per-rank metrics to the one number a trainer logs: mean, sum, max or min per name.
 
-Data-parallel ranks each report their metrics; ``DP_COMPUTE_METRIC`` gives
-the driver one dict per rank and ``DataProto.concat`` gathers
-``meta_info["metrics"]`` into one list per name (verl's rules).  Trainers
-want one value per name: :func:`reduce_metrics` takes either shape (verl's
-``reduce_metrics`` takes the second and means it).
+:func:`reduce_metrics` takes per-rank dicts (``DP_COMPUTE_METRIC``) or one
+dict of lists (``DataProto.concat``'s ``meta_info["metrics"]``); see docs/metrics.md.
 """
 
 from __future__ import annotations

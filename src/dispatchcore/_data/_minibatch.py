@@ -1,10 +1,4 @@
-"""Mini-batches through torch's DataLoader: iterating a DataProto and collating rows.
-
-``DataProto.make_iterator`` and verl's ``collate_fn`` are the DataLoader
-glue of the container; they live here so the class module holds row logic
-only.  The class is passed in (``collate_rows(items, cls)``), so this module
-never imports :mod:`dispatchcore._data._dataproto` at run time.
-"""
+"""Mini-batches through torch's DataLoader: iterating a DataProto and collating rows (the class is passed in)."""
 
 from __future__ import annotations
 

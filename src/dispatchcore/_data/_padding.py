@@ -1,11 +1,8 @@
 """Padding: the auto-padding switch, and splitting rows into equal chunks.
 
 A batch whose length does not divide by the world size is padded by
-repeating rows, and every chunk records how many of its trailing rows are
-padding (:data:`PADDING_ROWS_KEY`) so results can be trimmed.  This module
-owns that arithmetic; the DataProto class calls it (``chunk``, ``split``)
-and the functions here only call DataProto methods (``len``, slicing,
-``_take``, ``is_padding_enabled``), so the class is needed for typing only.
+repeating rows; every chunk records how many trailing rows are padding
+(:data:`PADDING_ROWS_KEY`) so results can be trimmed.
 """
 
 from __future__ import annotations
@@ -112,12 +109,10 @@ def _existing_padding(data: RowsLike) -> int | None:
 def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tuple[list[D], int]:
     """Split ``data`` into ``n`` equal chunks, padding when allowed; returns ``(chunks, pad_size)``.
 
-    ``allow_padding=None`` means ``data.is_padding_enabled()``.  Without
-    padding, a length that ``n`` does not divide raises :class:`BatchSizeError`.
-    Chunks without padding rows are views of ``data``; only chunks holding
-    padding rows are gathered copies.  When padding is allowed (or ``data``
-    already says it holds padding), every chunk's ``meta_info`` carries
-    :data:`PADDING_ROWS_KEY`: how many of its trailing rows are padding.
+    ``allow_padding=None`` means ``data.is_padding_enabled()``; without it a
+    length ``n`` does not divide raises :class:`BatchSizeError`.  Only chunks
+    holding padding rows are copies.  When padding is allowed (or ``data``
+    holds some), every chunk's ``meta_info`` carries :data:`PADDING_ROWS_KEY`.
     """
     n = check_positive("chunks", n)
     if allow_padding is None:
@@ -159,8 +154,7 @@ def _even_views(data: D, n: int, size: int) -> list[D]:
     batch = data.batch
     if len(batch.batch_size) != 1:
         return [data[i * size : (i + 1) * size] for i in range(n)]
-    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); the length divides by n, so
-    # it gives exactly n views of ``size`` rows.
+    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); n divides the length.
     columns = [(k, t.chunk(n)) for k, t in batch._tensors.items()]
     arrays = data.non_tensor_batch
     meta = data.meta_info

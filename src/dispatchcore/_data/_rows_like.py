@@ -1,10 +1,6 @@
-"""What the row helpers need of a ``DataProto``, as a protocol.
+"""What the row helpers need of a ``DataProto``, as a protocol, and the ``meta_info`` keys they share.
 
-``DataProto``'s methods call the helpers (padding, reshaping, mini-batches,
-tensordict interop), so the helpers cannot import the class, not even for a
-type: they program against :class:`RowsLike`, which ``DataProto`` (and any
-subclass, ``LazyDataProto`` included) satisfies.  The ``meta_info`` keys
-they agree on live here too, so this module imports nothing of the package.
+``DataProto`` calls the helpers, so they cannot import it, not even for a type.
 """
 
 from __future__ import annotations

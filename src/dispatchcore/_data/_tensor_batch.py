@@ -1,14 +1,9 @@
-"""``TensorBatch``: the tensor part of a :class:`~dispatchcore.DataProto`.
+"""``TensorBatch``: the tensor part of a :class:`~dispatchcore.DataProto`, TensorDict's API without tensordict.
 
-verl keeps its tensors in a ``tensordict.TensorDict``.  dispatchcore must not
-require tensordict, yet verl code reads ``data.batch`` with TensorDict's API
-(``keys()``, ``batch["x"]``, ``batch_size``, ``to(device)``, ``select`` ...).
-``TensorBatch`` is a plain dict of tensors sharing their leading dimension
-that offers that subset, with TensorDict's meanings: ``len(batch)`` is the
-number of rows, iteration yields keys, and indexing by a row index (int,
-slice, index tensor/array/list) indexes every tensor.  Row slicing returns
-views, never copies.  A ``TensorDict`` passed in is converted on the spot;
-tensordict itself is never imported here.
+verl code reads ``data.batch`` with TensorDict's API; ``TensorBatch`` is a
+plain dict of tensors sharing their leading dimension that offers that
+subset with TensorDict's meanings (``len`` is rows, iteration yields keys,
+a row index indexes every tensor, row slices are views).
 """
 
 from __future__ import annotations
@@ -41,8 +36,6 @@ from .._wire import RowBuffers, cat_rows
 __all__ = ["TensorBatch", "is_tensordict"]
 
 _MISSING: Any = object()
-
-RowIndex = int | slice | list[Any] | tuple[Any, ...] | np.ndarray | torch.Tensor
 
 
 def is_tensordict(obj: Any) -> bool:
@@ -249,8 +242,7 @@ class TensorBatch:
     # -- rows ----------------------------------------------------------------
 
     def _index_rows(self, index: Any) -> TensorBatch:
-        if type(index) is slice and len(self._batch_size) == 1:
-            # Fast path (every chunk goes through here): a view per tensor.
+        if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
             out = TensorBatch.__new__(TensorBatch)
             out._batch_size = torch.Size([len(range(*index.indices(self._batch_size[0])))])
             out._tensors = {k: v[index] for k, v in self._tensors.items()}
@@ -260,15 +252,11 @@ class TensorBatch:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        new_size = probe[index].shape
-        out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = new_size
-        out._tensors = {k: v[index] for k, v in self._tensors.items()}
-        return out
+        return self._with({k: v[index] for k, v in self._tensors.items()}, probe[index].shape)
 
     def _with(self, tensors: dict[str, torch.Tensor], batch_size: torch.Size | None = None) -> TensorBatch:
         out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = self._batch_size if batch_size is None else torch.Size(batch_size)
+        out._batch_size = self._batch_size if batch_size is None else batch_size
         out._tensors = tensors
         return out
 
@@ -413,12 +401,7 @@ class TensorBatch:
 
 
 def batch_state(batch: TensorBatch, *, protocol5: bool = False) -> dict[str, Any]:
-    """Picklable state: each tensor as its own bytes.
-
-    ``protocol5``: as bare pickle buffers (out of band, the leanest stream;
-    only protocol 5 can pickle them); otherwise as numpy arrays, which every
-    protocol, ``copy.deepcopy`` included, can handle.
-    """
+    """Picklable state: each tensor as its own bytes (``protocol5``: bare pickle buffers, else numpy arrays)."""
     return {
         "batch_size": tuple(batch.batch_size),
         "tensors": {k: _tensor_args(v, protocol5) for k, v in batch.items()},
@@ -433,11 +416,7 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
 
 
 def _tensor_args(t: torch.Tensor, protocol5: bool = False) -> tuple[Any, ...]:
-    """``reduce_tensor``'s arguments; empty tensors carry no bytes at all.
-
-    (Byte views of zero-element tensors can have stride 0, which
-    ``Tensor.view(dtype)`` refuses, so they are rebuilt from their shape.)
-    """
+    """``reduce_tensor``'s arguments; empty tensors carry no bytes (their byte views may have stride 0)."""
     if t.numel() == 0:
         device = None if t.device.type == "cpu" else str(t.device)
         return (None, t.dtype, tuple(t.shape), device, False)

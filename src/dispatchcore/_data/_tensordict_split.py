@@ -1,16 +1,10 @@
 """TensorDict arguments and results of the DP dispatch modes, split and joined like DataProto.
 
 verl's decorator accepts a ``tensordict.TensorDict`` wherever it accepts a
-DataProto, so ``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``,
-``DP_COMPUTE_METRIC`` and the nd modes split TensorDicts by rows and join
-TensorDict results in rank order.  TensorDicts carry no auto-padding flag:
-their length must divide by the number of chunks.
-
-Jagged nested tensors (``torch.nested`` with ``layout=torch.jagged``, e.g.
-ragged ``position_ids``) are cut and joined here through their ``values``
-and ``offsets``, keeping the ragged dimension: not every tensordict release
-splits or concatenates them.  tensordict is never imported here: a value can
-only be a TensorDict if the caller already imported tensordict.
+DataProto; TensorDicts carry no auto-padding flag, so their length must
+divide.  Jagged nested tensors are cut and joined here through their
+``values`` and ``offsets`` (not every tensordict release handles them).
+tensordict is never imported here.
 """
 
 from __future__ import annotations

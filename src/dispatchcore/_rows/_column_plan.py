@@ -1,12 +1,7 @@
 """Where each row of a lazy column comes from: row arithmetic without the rows.
 
-A lazy ``DataProto`` column is a :class:`ColumnPlan`: a list of
-:class:`Segment` (rows ``index`` of a source: a result kept on a rank, or an
-array already on the driver), concatenated, then optionally reordered by
-``order``.  Slicing, gathering, padding and concatenation only rewrite the
-plan; bytes move when a column is read or a rank fetches its chunk, and only
-the rows the plan names (a rank reading a quarter of a reordered batch
-fetches that quarter, from each source the rows it needs).
+A :class:`ColumnPlan` is ``concat(segment rows)[order]``; slicing, gathering,
+padding and concatenation only rewrite it, and a read moves only the rows it names.
 """
 
 from __future__ import annotations
@@ -65,6 +60,14 @@ class Segment:
 
     def narrow(self, sub: Index) -> Segment:
         return Segment(self.source, compose(self.index, sub))
+
+
+def local_rows(segment: Segment) -> Any:
+    """The rows of a segment whose source is a driver-side tensor or array."""
+    source, index = segment.source, segment.index
+    if isinstance(index, slice) or not isinstance(source, torch.Tensor):
+        return source[index]
+    return source[torch.from_numpy(index)]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,9 @@
 """What a rank receives in place of a lazy DataProto argument, and how it becomes rows.
 
-On the driver, :func:`send_lazy_arguments` replaces each lazy ``DataProto``
-in a call's per-rank arguments with a :class:`LazyChunk`: the row requests
-for the producing ranks, plus the driver-side columns of those rows.  On the
-rank, :meth:`WorkerHost.run <dispatchcore.executor.WorkerHost.run>` resolves
-it with :func:`resolve_lazy_arguments` before the method runs: rows kept in
-the same process are read there, the rest come through the executor's
-``fetch_rows`` (rank to rank).  Where the consuming executor cannot reach
-the producing ranks, the driver reads the rows and sends a plain chunk.
+The driver (:func:`send_lazy_arguments`) replaces each lazy ``DataProto``
+with a :class:`LazyChunk` (row requests plus driver-side columns); the rank
+(:func:`resolve_lazy_arguments`, from ``WorkerHost.run``) reads the rows
+from its own process or through the executor's ``fetch_rows``.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from typing import Any
 from .._base import DispatchError
 from .._data import DataProto, TensorBatch
 from .._trace import _driver_traffic, count_sent, count_sent_bytes
-from ._column_plan import ColumnPlan, Segment, index_key
+from ._column_plan import ColumnPlan, Segment, index_key, local_rows
 from ._fetch import plan_requests
 from ._lazy_dataproto import LazyDataProto
 from ._records import ColumnSpec, RowRequest
@@ -59,7 +55,7 @@ class LazyChunk:
                     slot = RequestSlot(slots[(id(segment.source), index_key(segment.index))])
                     segments.append(Segment(slot, slice(0, len(segment))))
                 else:  # only these rows of a driver-side column travel
-                    rows = _local_rows(segment)
+                    rows = local_rows(segment)
                     segments.append(Segment(rows, slice(0, len(rows))))
             plans[name] = ColumnPlan(tuple(segments), plan.order)
         return cls(len(data), dict(data._specs), plans, [r for _, r in requests], dict(data.meta_info), data._has_batch)
@@ -67,11 +63,9 @@ class LazyChunk:
     def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False, share_local: bool = False) -> DataProto:
         """The chunk's rows as a DataProto the worker may write to.
 
-        ``fetched_private``: what ``fetch`` returns is fresh memory of this
-        process (a receive buffer), so a column made of one fetched part is
-        used without another copy.  ``share_local`` (``isolate=False``
-        groups): rows kept in this process are handed over without a copy,
-        which only a worker that promised not to write may get.
+        ``fetched_private``: ``fetch`` returns fresh memory, so a lone fetched
+        part is used without another copy.  ``share_local`` (``isolate=False``
+        groups): rows kept in this process are handed over without a copy.
         """
         fetched = read_rows(self.requests, fetch)
         local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)}
@@ -104,15 +98,6 @@ class LazyChunk:
                     source = segment.source
                     total += source.numel() * source.element_size() if hasattr(source, "numel") else source.nbytes
         return total
-
-
-def _local_rows(segment: Segment) -> Any:
-    import torch
-
-    source, index = segment.source, segment.index
-    if isinstance(index, slice) or not isinstance(source, torch.Tensor):
-        return source[index]
-    return source[torch.from_numpy(index)]
 
 
 def _empty(spec: ColumnSpec, length: int) -> Any:
@@ -172,9 +157,8 @@ def send_lazy_arguments(
     """Driver side: per-rank argument lists with each lazy DataProto made a LazyChunk (or plain rows).
 
     Returns the lists (the same ones when nothing is lazy) and the remote
-    results they read (keep them alive until the call is over).  The same
-    object on several ranks becomes the same LazyChunk (shipped once).
-    Counts the DataProto bytes the driver sends.
+    results they read (keep them alive until the call is over).  Counts the
+    DataProto bytes the driver sends.
     """
     lazy = any(isinstance(v, LazyDataProto) for values in per_rank for v in values)
     if _driver_traffic.counting:

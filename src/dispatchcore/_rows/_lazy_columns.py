@@ -1,9 +1,4 @@
-"""``data.batch`` and ``data.non_tensor_batch`` of a lazy DataProto.
-
-Column names are known without fetching; reading a column fetches it (and
-the owner keeps it on the driver); writing one adds a driver-side column.
-They offer the part of TensorBatch's and dict's surface that verl code uses.
-"""
+"""``data.batch`` and ``data.non_tensor_batch`` of a lazy DataProto: names known, columns fetched when read."""
 
 from __future__ import annotations
 

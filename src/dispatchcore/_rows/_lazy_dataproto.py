@@ -1,22 +1,8 @@
 """A ``DataProto`` whose rows stay on the ranks that made them (issue 15).
 
-A lazy call returns a :class:`LazyDataProto`.  To code and type checkers it
-is a ``DataProto`` (``isinstance`` holds); its length, column names, dtypes,
-per-row shapes and ``meta_info`` are known at once, from what each rank sent
-back instead of its rows.  The rows move only when needed:
-
-* reading a column on the driver (``data.batch["rewards"]``) fetches that
-  column (only the rows this object covers), then keeps it on the driver;
-* passing it into another call sends each rank a description of its chunk,
-  and the rank fetches those rows from the producing ranks itself (where the
-  backend can; otherwise the driver reads them and sends them on);
-* writing a column (``data.batch["adv"] = t``) adds a driver-side column.
-
-Slicing, ``select``, ``pop``, ``union``, ``rename``, ``reorder``, ``chunk``
-and ``DataProto.concat`` rewrite column plans (:mod:`._column_plan`) without
-moving rows.  Anything else (``repeat``, ``to``, ``save_to_disk``, pickling,
-...) reads every column first and works on the plain ``DataProto``:
-correct, but it brings the rows to the driver.
+Plan-only operations rewrite column plans (:mod:`._column_plan`) without
+moving rows; the rest reads every column first.  What costs what:
+``docs/lazy-results.md``.
 """
 
 from __future__ import annotations
@@ -113,9 +99,7 @@ class LazyDataProto(DataProto):
     def bring_unreachable_rows(self, executor: Any) -> None:
         """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
 
-        Called before a lazy argument is chunked, so the rows come over once
-        for the whole batch (and stay on the driver for later calls with the
-        same object) instead of once per chunk.
+        Called before a lazy argument is chunked, so the rows come over once, not once per chunk.
         """
         reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
         unreachable = {id(s) for s in self.remote_sources() if not reaches(s.address)}
@@ -127,11 +111,6 @@ class LazyDataProto(DataProto):
             if any(isinstance(seg.source, RemoteRows) and id(seg.source) in unreachable for seg in plan.segments)
         ]
         self.read(names)
-
-    @property
-    def is_materialized(self) -> bool:
-        """Whether every column is on the driver."""
-        return not self.remote_sources()
 
     def check_consistency(self) -> None:
         """Column plans cover the same rows by construction; driver-side writes are checked when made."""

@@ -1,21 +1,11 @@
 """Driver-side bookkeeping of rows kept on ranks: handles, budgets, frees, reads.
 
-Each rank result of a lazy call becomes one :class:`RemoteRows` handle.
-While any lazy ``DataProto`` (or an in-flight call reading it) refers to the
-handle, the rank keeps the rows; when the last reference goes, the handle's
-finalizer queues the key (never a message from a garbage-collector
-callback).  The key then rides the next call or read that reaches its rank:
-a call carries it in ``Instructions.free``, a read in its
-:class:`RowAccess`; :meth:`RowLedger.flush` sends what is left when no call
-follows (a group shutting down).  Keys kept in this process are freed at once.
-
-:class:`RowLedger` (one per executor) counts the bytes each rank holds and
-refuses a result that would take a rank past its budget
-(:class:`~dispatchcore.MemoryBudgetError`, nothing evicted silently).  It
-also reads rows to the driver: straight from this process's store when the
-rank lives here (local ranks, torchrun's rank 0), else with a beside call
-(``Call.beside``) of the core's :data:`~dispatchcore._spi.Operation.ROWS`
-operation on the producing rank, sent through the group's submit path.
+A handle's finalizer only queues its key (never a message from a garbage
+collector callback); the key rides the next call (``Instructions.free``) or
+read (:class:`RowAccess`) that reaches its rank, or :meth:`RowLedger.flush`.
+Past a rank's budget a result is refused (:class:`~dispatchcore.MemoryBudgetError`),
+nothing is evicted silently.  Reads come from this process's store when the
+rank lives here, else from a beside call of the core's ``ROWS`` operation.
 """
 
 from __future__ import annotations
@@ -97,10 +87,6 @@ class RowLedger:
             RemoteRows(self, rank, executor.row_address(rank), value) if isinstance(value, HeldRows) else value
             for rank, value in zip(ranks, results, strict=True)
         ]
-
-    def held_bytes(self, rank: int) -> int:
-        """Bytes of lazy results rank ``rank`` holds for live references."""
-        return self._held.get(rank, 0)
 
     def release(self, rank: int, key: str, nbytes: int) -> None:
         """A handle's finalizer: account at once; the rank frees at the next :meth:`flush`."""

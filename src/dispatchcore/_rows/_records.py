@@ -1,9 +1,6 @@
 """Kept rows described without the rows: column types, what a rank holds, what a reader asks for.
 
-These plain records cross processes (a rank's answer to a lazy call, a
-consumer's request to a producer) and are what the driver's bookkeeping
-reasons with; nothing here touches a ``DataProto``, so every part of the
-lazy-results plane can name them.
+Plain records that cross processes; nothing here touches a ``DataProto``.
 """
 
 from __future__ import annotations
@@ -78,10 +75,7 @@ class RowRequest:
 class RowAccess:
     """A driver's visit to the rows one rank keeps: free ``free``, then read ``requests``.
 
-    The one argument of the core's beside calls (``Call.beside``), which an
-    executor with a row transport of its own may serve itself: free the keys
-    (``free_kept_rows`` in the keeping process), then answer each request in
-    order (``take_kept_rows``), one ``DataProto`` per request.
+    The one argument of the core's beside calls; see ``docs/executor-contract.md`` ("Beside calls").
     """
 
     requests: tuple[RowRequest, ...] = ()
