@@ -115,7 +115,10 @@ class UnpicklableError(DispatchTypeError):
         self.in_process = in_process
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpicklable_error, (str(self), self.where, self.method, self.in_process))
+        return (
+            _rebuild,
+            (type(self), str(self), {"where": self.where, "method": self.method, "in_process": self.in_process}),
+        )
 
 
 class WorkerError(DispatchError, RuntimeError):
@@ -179,37 +182,28 @@ class MemoryBudgetError(DispatchError, MemoryError):
     """A rank would hold more rows of lazy results than its budget (``lazy_budget_bytes``)."""
 
 
-class DispatchTimeoutError(DispatchError, TimeoutError):
-    """A call did not finish within its timeout.
-
-    ``method`` and ``ranks`` (the ranks still running) are set when known.
-    """
+class _CallEnded(DispatchError):
+    """An error about one call: ``method`` and ``ranks`` (the ranks not finished) when known, kept through pickling."""
 
     def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.method = method
         self.ranks = tuple(ranks)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_timeout_error, (str(self), self.method, self.ranks))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"method": self.method, "ranks": self.ranks}))
 
 
-class CallCancelledError(DispatchError, concurrent.futures.CancelledError):
+class DispatchTimeoutError(_CallEnded, TimeoutError):
+    """A call did not finish within its timeout (``method`` and ``ranks``, the ranks still running, when known)."""
+
+
+class CallCancelledError(_CallEnded, concurrent.futures.CancelledError):
     """A call was cancelled (``future.cancel()``, a stream left early, a timeout with ``on_timeout="cancel"``).
 
-    ``method`` and ``ranks`` (the ranks that had not finished when it was
-    cancelled) are set when known.  It is also a
-    ``concurrent.futures.CancelledError``, what ``Future.result()`` raises
-    after a cancel.
+    ``method`` and ``ranks`` (the ranks not finished) are set when known; also
+    a ``concurrent.futures.CancelledError``, what ``Future.result()`` raises after a cancel.
     """
-
-    def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.method = method
-        self.ranks = tuple(ranks)
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_cancelled_error, (str(self), self.method, self.ranks))
 
 
 class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thread, like KeyboardInterrupt
@@ -221,13 +215,6 @@ class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thr
     """
 
 
-def _unpicklable_error(message: str, where: str, method: str | None, in_process: bool) -> UnpicklableError:
-    return UnpicklableError(message, where=where, method=method, in_process=in_process)
-
-
-def _cancelled_error(message: str, method: str | None, ranks: tuple[int, ...]) -> CallCancelledError:
-    return CallCancelledError(message, method=method, ranks=ranks)
-
-
-def _timeout_error(message: str, method: str | None, ranks: tuple[int, ...]) -> DispatchTimeoutError:
-    return DispatchTimeoutError(message, method=method, ranks=ranks)
+def _rebuild(cls: type[BaseException], message: str, fields: dict[str, Any]) -> BaseException:
+    """Unpickle an error whose fields are keyword-only arguments."""
+    return cls(message, **fields)

@@ -1,11 +1,8 @@
 """A one-shot signal for one call: set once, waited on by the caller (and rarely a few more).
 
-``threading.Event`` builds a ``Condition`` per event and a fresh waiter lock
-per wait; at one event per call that was a third of the local backend's
-per-call cost.  A bare lock, taken at creation and released when the latch
-is set, gives the same ``set`` / ``is_set`` / ``wait`` behaviour for this
-use: a waiter that gets the lock hands it straight back, so every other
-waiter passes too.
+``threading.Event`` builds a ``Condition`` per event and a waiter lock per
+wait (a third of the local backend's per-call cost); a bare lock, released
+when set and handed straight back by each waiter, behaves the same here.
 """
 
 from __future__ import annotations

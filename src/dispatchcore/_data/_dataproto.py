@@ -78,8 +78,6 @@ class DataProto:
     def batch(self, value: Any) -> None:
         self._batch = as_batch(value)
 
-    # -- construction ------------------------------------------------------------
-
     @classmethod
     def from_dict(
         cls,
@@ -137,8 +135,6 @@ class DataProto:
         """Build from a TensorDict laid out as :meth:`to_tensordict` writes it (needs tensordict)."""
         return from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
 
-    # -- checks and info -----------------------------------------------------------
-
     def check_consistency(self) -> None:
         """Raise if columns disagree on the row count (public, as in verl)."""
         if self.batch is not None and self.batch.batch_dims != 1:
@@ -195,8 +191,6 @@ class DataProto:
         lines.append("meta_info")
         lines += [f"  {k}: {type(v).__name__}" for k, v in self.meta_info.items()]
         return "\n".join(lines)
-
-    # -- indexing ----------------------------------------------------------------
 
     def _new(
         self,
@@ -267,8 +261,6 @@ class DataProto:
         non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor, dict(self.meta_info))
 
-    # -- splitting and joining ------------------------------------------------------
-
     def chunk(self, chunks: int) -> list[Self]:
         """``chunks`` equal parts (views), padding first when padding is enabled.
 
@@ -338,8 +330,6 @@ class DataProto:
         padded = self._take(index)
         self.batch = padded.batch
         self.non_tensor_batch = padded.non_tensor_batch
-
-    # -- column selection ------------------------------------------------------------
 
     def select(
         self,
@@ -443,8 +433,6 @@ class DataProto:
         self.check_consistency()
         return self
 
-    # -- reshaping rows --------------------------------------------------------------
-
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """Permute rows in place by ``indices``."""
         reordered = self.select_idxs(indices)
@@ -462,8 +450,6 @@ class DataProto:
     def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> Self:
         """Split dim 1 of ``split_keys`` into ``n_split`` rows each; other columns repeat."""
         return unfold_column_chunks(self, n_split, split_keys)
-
-    # -- devices, iteration, persistence ----------------------------------------------
 
     def to(self, device: torch.device | str, **kwargs: Any) -> Self:
         """Move the tensors to ``device`` in place; returns self (as verl)."""
@@ -500,8 +486,6 @@ class DataProto:
         with open(filepath, "rb") as f:
             loaded: DataProto = pickle.load(f)
             return loaded
-
-    # -- pickling -------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         """Tensors as their own bytes (numpy arrays, out of band under protocol 5), only this view's rows."""

@@ -26,9 +26,6 @@ __all__ = [
 ]
 
 
-# -- equality -------------------------------------------------------------------
-
-
 def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
     """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
 
@@ -86,9 +83,6 @@ def _flat_equal(a: Any, b: Any) -> bool:
         return False
 
 
-# -- unions (verl's helpers; update their first argument) -------------------------
-
-
 def union_tensor_dict(tensor_dict1: TensorBatch, tensor_dict2: TensorBatch) -> TensorBatch:
     """Add ``tensor_dict2``'s tensors to ``tensor_dict1``; shared keys must be equal."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
@@ -128,9 +122,6 @@ def union_two_dict(dict1: dict[str, Any], dict2: Mapping[str, Any]) -> dict[str,
             raise DispatchValueError(f"union: meta_info key {key!r} differs: {dict1[key]!r} vs {value!r}")
         dict1[key] = value
     return dict1
-
-
-# -- meta_info merging for concat ---------------------------------------------------
 
 
 def _dict_of_lists(dicts: Sequence[Any]) -> Any:

@@ -115,8 +115,6 @@ class TensorBatch:
             self._check_shape(key, tensor)
             self._tensors[key] = tensor
 
-    # -- shape ---------------------------------------------------------------
-
     def _check_shape(self, key: str, tensor: torch.Tensor) -> None:
         dims = len(self._batch_size)
         if tuple(tensor.shape[:dims]) != tuple(self._batch_size):
@@ -156,8 +154,6 @@ class TensorBatch:
     def is_empty(self) -> bool:
         """True when there are no tensors (whatever the batch size)."""
         return not self._tensors
-
-    # -- mapping -------------------------------------------------------------
 
     def keys(self) -> KeysView[str]:
         """The tensor names (a live, read-only view)."""
@@ -239,8 +235,6 @@ class TensorBatch:
         """A plain dict of the tensors (the tensors are shared)."""
         return dict(self._tensors)
 
-    # -- rows ----------------------------------------------------------------
-
     def _index_rows(self, index: Any) -> TensorBatch:
         if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
             out = TensorBatch.__new__(TensorBatch)
@@ -293,8 +287,6 @@ class TensorBatch:
         _dim0(dim)
         return tuple(self[i] for i in range(len(self)))
 
-    # -- whole-batch transforms ------------------------------------------------
-
     def select(self, *keys: str, strict: bool = True) -> TensorBatch:
         """A new batch holding only ``keys`` (tensors shared)."""
         if strict:
@@ -336,8 +328,6 @@ class TensorBatch:
     def contiguous(self) -> TensorBatch:
         """A batch whose tensors are all contiguous (copies only where needed)."""
         return self._with({k: v.contiguous() for k, v in self._tensors.items()})
-
-    # -- joining ---------------------------------------------------------------
 
     @classmethod
     def cat(cls, batches: Iterable[TensorBatch], dim: int = 0, *, row_buffers: RowBuffers | None = None) -> TensorBatch:
@@ -383,8 +373,6 @@ class TensorBatch:
         if func is torch.stack:
             return cls.stack(*args, **kwargs)
         return NotImplemented
-
-    # -- pickling and display --------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         return batch_state(self)

@@ -64,11 +64,9 @@ class LaneDoor:
         timeout: float,
         gone: Callable[[int], str | None] = lambda rank: None,
     ) -> dict[int, LaneLink]:
-        """One link from each of ``ranks``, within ``timeout`` seconds.
+        """One link from each of ``ranks``, within ``timeout`` seconds; strangers and second connections are dropped.
 
-        ``gone(rank)`` says why a rank that has not connected yet never will
-        (its process exited), so waiting fails at once instead of at
-        ``timeout``.  Strangers and second connections of a rank are dropped.
+        ``gone(rank)`` says why a rank that has not connected yet never will, so waiting fails at once.
         """
         waiting = set(ranks)
         links: dict[int, LaneLink] = {}

@@ -103,7 +103,6 @@ class LaneDriver:
         self._cids = itertools.count(1)
         self._reader = LinkReader(f"dispatchcore-lane-{name}", self._on_message, self._on_end)
 
-    # -- joining -------------------------------------------------------------------
     def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
         """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
 
@@ -131,8 +130,7 @@ class LaneDriver:
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
         """Build the worker on each of ``ranks`` from ``boot`` (worker class, init args, init kwargs).
 
-        Raises the ``WorkerError`` of a failing ``__init__``, ``WorkerDiedError``,
-        or ``DispatchTimeoutError`` past ``timeout``.
+        Raises a failing ``__init__``'s ``WorkerError``, ``WorkerDiedError`` or ``DispatchTimeoutError``.
         """
         n = len(ranks)
         handle = LaneCallHandle(self, Call("__init__", tuple(ranks), [()] * n, [{}] * n))
@@ -142,7 +140,6 @@ class LaneDriver:
             self._send(rank, handle, position, cid, (START, cid, part, world_size, self._isolate))
         handle.result(timeout)
 
-    # -- calls -----------------------------------------------------------------------
     def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
         """Send ``call`` to its ranks at once (every argument pickled before the first send).
 
@@ -208,7 +205,6 @@ class LaneDriver:
             return False
         return True
 
-    # -- liveness ----------------------------------------------------------------------
     def ended(self, rank: int) -> str | None:
         """Why ``rank`` is known gone, else ``None``: takes no lock and sends nothing (safe in a signal handler)."""
         entry = self._ranks.get(rank)
@@ -240,7 +236,6 @@ class LaneDriver:
             self._control(rank, (PING, next(entry.pings)))
         return None
 
-    # -- what the reader calls ---------------------------------------------------------
     def _on_message(self, entry: _Rank, raw: bytearray) -> None:
         message = unframe_object(raw)
         kind = message[0]
@@ -302,10 +297,7 @@ class LaneDriver:
         self._end(entry, reason or "its process is gone (its lane link to the driver closed)")
 
     def _end(self, entry: _Rank, reason: str, found: bool = True) -> None:
-        """Close ``entry``'s links once and fail what still waits on it with ``reason``.
-
-        ``found``: the rank was found gone (``on_gone`` hears of it), not ended by the driver.
-        """
+        """Close ``entry``'s links once and fail what waits on it; ``found``: gone by itself (``on_gone`` hears)."""
         with entry.lock:
             if entry.ended is not None:
                 return

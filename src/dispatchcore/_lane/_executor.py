@@ -45,7 +45,6 @@ class LaneExecutor(Executor):
         )
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
 
-    # -- the backend's part ---------------------------------------------------------
     @abstractmethod
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """Start ``ranks``' processes; each runs ``LaneRank(rank, ...).serve(address)`` (pass ``address.encode()``)."""
@@ -67,7 +66,6 @@ class LaneExecutor(Executor):
         self.lane.join(ranks, lambda address: self.launch_ranks(ranks, address), timeout)
         self.lane.start(ranks, self._boot, self.spec.world_size, timeout)
 
-    # -- the contract ---------------------------------------------------------------
     @property
     def closed(self) -> bool:
         """Whether :meth:`shutdown` ran."""

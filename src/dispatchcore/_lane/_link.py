@@ -40,11 +40,7 @@ class LaneLink:
         self.send_parts((message,))
 
     def send_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Send the concatenation of ``parts`` as one message, without joining them first.
-
-        Large payloads (a tensor's bytes) go out straight from their own
-        memory; the caller must not change them until the peer has answered.
-        """
+        """Send the concatenation of ``parts`` as one message, straight from their memory (unchanged until answered)."""
         views = [memoryview(p).cast("B") for p in parts]
         header = _LENGTH.pack(sum(v.nbytes for v in views))
         with self._send_lock:
@@ -74,10 +70,8 @@ class LaneLink:
     def place_with(self, placer: Placer | None) -> None:
         """Let ``placer(note, part sizes)`` name memory for a large message's parts before they are read.
 
-        It returns part index -> writable memory of that part's size (or
-        ``None``), and runs on the thread reading this link; such a message
-        comes out of :meth:`recv` / :meth:`take_ready` as a ``Placed``, which
-        :func:`unframe_object` reads like the rest.
+        It returns part index -> writable memory (or ``None``), on the reading
+        thread; such a message comes out as a ``Placed``, which :func:`unframe_object` reads.
         """
         self._inbox.placer = placer
 
@@ -118,8 +112,7 @@ class LaneLink:
     def take_ready(self) -> list[Any] | None:
         """Without waiting: the whole messages that arrived (maybe none); ``None`` once the peer closed.
 
-        For one thread reading many links: call it when a selector says the
-        link is readable (messages already read stay here until taken).
+        For one thread reading many links, when a selector says this one is readable.
         """
         inbox = self._inbox
         inbox.take(wait=False)

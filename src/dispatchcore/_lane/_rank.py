@@ -103,10 +103,7 @@ class LaneRank:
         return self.host.run(method, args, kwargs, instructions)
 
     def _answer(self, cid: int, ok: bool, value: Any, method: str) -> tuple[tuple[Any, ...], bytes]:
-        """The DONE message for call ``cid`` and its frame note (where a DataProto's tensors are, ``_rows``).
-
-        An unpicklable result fails the call, not the rank.
-        """
+        """The DONE message for call ``cid`` and its frame note (``_rows``); an unpicklable result fails the call."""
         if value is None:
             return (DONE, cid, ok, None), b""
         if ok and claimed(self._bulk, value):  # a value only the executor's bulk path can hand over

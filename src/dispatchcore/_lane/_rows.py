@@ -34,8 +34,7 @@ def _data(value: Any) -> Any:
 def row_layout(value: Any, buffers: list[Any], first: int) -> bytes:
     """The frame note of a rank's answer: which parts (``first`` + index in ``buffers``) hold which batch tensor.
 
-    Empty unless ``value`` is a ``DataProto`` whose contiguous CPU tensors
-    went out as their own buffers.
+    Empty unless ``value`` is a ``DataProto`` whose contiguous CPU tensors went out as their own buffers.
     """
     value = _data(value)
     if not isinstance(value, DataProto) or value.batch is None or not buffers:

@@ -44,8 +44,6 @@ class LazyDataProto(DataProto):
         self._has_batch = has_batch or any(s.tensor for s in self._specs.values())
         self.meta_info = dict(meta_info or {})
 
-    # -- construction -----------------------------------------------------------------
-
     @classmethod
     def of_remote(cls, rows: RemoteRows) -> LazyDataProto:
         """All of one rank's kept result."""
@@ -70,8 +68,6 @@ class LazyDataProto(DataProto):
     def _sibling(self, plans: Mapping[str, ColumnPlan], length: int, meta: Mapping[str, Any]) -> LazyDataProto:
         specs = {name: self._specs[name] for name in plans}
         return LazyDataProto(plans, specs, length, meta, self._has_batch)
-
-    # -- what is known without fetching ---------------------------------------------------
 
     def __len__(self) -> int:
         return self._length
@@ -118,8 +114,6 @@ class LazyDataProto(DataProto):
     def __repr__(self) -> str:
         remote = len(self.remote_sources())
         return f"LazyDataProto(rows={self._length}, columns={list(self._plans)}, remote_sources={remote})"
-
-    # -- the columns, as DataProto exposes them ---------------------------------------------
 
     @property  # type: ignore[override]
     def batch(self) -> LazyTensorColumns:
@@ -185,8 +179,6 @@ class LazyDataProto(DataProto):
         batch = TensorBatch(tensors, batch_size=[self._length]) if self._has_batch else None
         return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=copy.copy(self.meta_info))
 
-    # -- rows ---------------------------------------------------------------------------------
-
     def _rows(self, rows: slice | np.ndarray, length: int) -> LazyDataProto:
         return self._sibling({n: p.take(rows) for n, p in self._plans.items()}, length, dict(self.meta_info))
 
@@ -222,8 +214,6 @@ class LazyDataProto(DataProto):
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         reordered = self.select_idxs(indices)
         self._plans, self._length = reordered._plans, reordered._length
-
-    # -- columns ------------------------------------------------------------------------------
 
     def select(
         self,
@@ -320,8 +310,6 @@ class LazyDataProto(DataProto):
         meta = merge_meta_info([p.meta_info for p in parts])
         length = sum(len(p) for p in parts)
         return LazyDataProto(plans, parts[0]._specs, length, meta, parts[0]._has_batch)
-
-    # -- everything else: on the rows, brought to the driver ------------------------------------
 
     def __reduce__(self) -> Any:
         return (_plain, (self.materialize(),))

@@ -53,10 +53,7 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         if _is_plain_tensor(obj) and obj.device.type != "meta":
             return reduce_tensor(obj)
-        parent = getattr(super(), "reducer_override", None)
-        if parent is not None:
-            return parent(obj)
-        return NotImplemented
+        return super().reducer_override(obj)
 
 
 class _SharingPickler(_Pickler):
