@@ -262,10 +262,7 @@ class DataProto:
         return self._new(batch, non_tensor, dict(self.meta_info))
 
     def chunk(self, chunks: int) -> list[Self]:
-        """``chunks`` equal parts (views), padding first when padding is enabled.
-
-        Without padding a length that does not divide raises BatchSizeError.
-        """
+        """``chunks`` equal parts (views), padding first when enabled; else a length that does not divide raises."""
         return chunk_with_padding(self, chunks)[0]
 
     def split(self, split_size: int) -> list[Self]:
@@ -276,11 +273,9 @@ class DataProto:
     def concat(data: Iterable[DataProto], *, row_buffers: RowBuffers | None = None) -> DataProto:
         """Join rows of several DataProtos (one copy per column).
 
-        ``meta_info["metrics"]`` of the items is gathered into lists per key;
-        any other meta key must agree across items (ValueError naming it).
-        ``row_buffers``: the receive buffers the items' rows arrived in (an
-        executor's ``CallHandle.row_buffers``); rows lying in order in one of
-        them are adopted instead of copied.
+        ``meta_info["metrics"]`` is gathered into lists per key; other meta keys
+        must agree.  Rows lying in order in one of ``row_buffers`` (an
+        executor's ``CallHandle.row_buffers``) are adopted instead of copied.
         """
         items = list(data)
         if not items:
@@ -326,10 +321,12 @@ class DataProto:
         if len(self) == 0:
             raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
         row = 0 if padding_candidate == "first" else len(self) - 1
-        index = np.concatenate([np.arange(len(self)), np.full(padding_size, row)])
-        padded = self._take(index)
-        self.batch = padded.batch
-        self.non_tensor_batch = padded.non_tensor_batch
+        self._assume_rows(self._take(np.concatenate([np.arange(len(self)), np.full(padding_size, row)])))
+
+    def _assume_rows(self, other: Self) -> None:
+        """Take ``other``'s rows of the same columns, in place (``padding``, ``reorder``)."""
+        self.batch = other.batch
+        self.non_tensor_batch = other.non_tensor_batch
 
     def select(
         self,
@@ -338,10 +335,7 @@ class DataProto:
         meta_info_keys: Iterable[str] | None = None,
         deepcopy: bool = False,
     ) -> Self:
-        """A DataProto with only the named columns/meta keys (tensors shared).
-
-        ``deepcopy=True`` deep-copies non-tensor columns and meta info (as verl).
-        """
+        """A DataProto with only the named columns/meta keys (tensors shared; ``deepcopy`` copies the rest)."""
         batch = self.batch
         if batch_keys is not None:
             if batch is None:
@@ -410,9 +404,7 @@ class DataProto:
     def union(self, other: DataProto) -> Self:
         """Merge ``other``'s columns and meta into self (shared keys must be equal); returns self.
 
-        With a lazy ``other`` (rows kept on ranks), self becomes lazy in place
-        (same object, now a ``LazyDataProto``): its own columns stay on the
-        driver, ``other``'s stay on the ranks, nothing is fetched.
+        With a lazy ``other``, self becomes a ``LazyDataProto`` in place; nothing is fetched.
         """
         if other.is_lazy and not self.is_lazy:
             joined = type(other).of_local(self).union(other)  # type: ignore[attr-defined]
@@ -435,9 +427,7 @@ class DataProto:
 
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """Permute rows in place by ``indices``."""
-        reordered = self.select_idxs(indices)
-        self.batch = reordered.batch
-        self.non_tensor_batch = reordered.non_tensor_batch
+        self._assume_rows(self.select_idxs(indices))
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> Self:
         """Each row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
@@ -464,11 +454,7 @@ class DataProto:
         seed: int | None = None,
         dataloader_kwargs: dict[str, Any] | None = None,
     ) -> Iterator[Self]:
-        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs.
-
-        ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
-        ``shuffle=True``); ``seed`` seeds its generator.
-        """
+        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs (a DataLoader's, seeded by ``seed``)."""
         return iterate_minibatches(self, mini_batch_size, epochs, seed, dataloader_kwargs)
 
     def to_tensordict(self) -> Any:

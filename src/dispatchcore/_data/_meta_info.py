@@ -136,10 +136,7 @@ def _dict_of_lists(dicts: Sequence[Any]) -> Any:
 
 
 def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """verl's concat rule: ``metrics`` gathered into lists, other keys must agree.
-
-    The per-chunk :data:`PADDING_ROWS_KEY` is dropped: it differs by design.
-    """
+    """verl's concat rule: ``metrics`` gathered into lists, other keys must agree (:data:`PADDING_ROWS_KEY` dropped)."""
     merged: dict[str, Any] = {}
     metrics: list[Any] = []
     for pos, meta in enumerate(metas):

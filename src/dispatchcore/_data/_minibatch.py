@@ -24,11 +24,7 @@ def iterate_minibatches(
     seed: int | None = None,
     dataloader_kwargs: dict[str, Any] | None = None,
 ) -> Iterator[D]:
-    """Mini-batches of ``mini_batch_size`` rows of ``data`` for ``epochs`` epochs.
-
-    ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
-    ``shuffle=True``); ``seed`` seeds its generator.
-    """
+    """Mini-batches of ``mini_batch_size`` rows of ``data`` for ``epochs`` epochs, through a ``DataLoader``."""
     from torch.utils.data import DataLoader
 
     if mini_batch_size <= 0 or len(data) % mini_batch_size:

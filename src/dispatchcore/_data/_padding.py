@@ -59,8 +59,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
     """Pad ``data`` so its length divides by ``size_divisor``; returns ``(padded, pad_size)``.
 
-    Padding rows repeat rows from the start (row 0, 1, ... wrapping), as verl
-    does.  ``data`` is never modified; without padding the result is a view.
+    Padding repeats rows 0, 1, ... (as verl); ``data`` is never modified.
     """
     divisor = check_positive("size_divisor", size_divisor)
     length = len(data)
@@ -82,9 +81,7 @@ def unpad_dataproto(data: D, pad_size: int) -> D:
 def real_rows(data: RowsLike) -> int:
     """How many of ``data``'s rows are real, not padding: its length less ``meta_info[PADDING_ROWS_KEY]``.
 
-    In a worker, the count a padded chunk's loss is normalised by (padding
-    rows are its trailing ones: ``data[:real_rows(data)]`` are the real ones);
-    a chunk without the key has no padding.
+    In a worker, what a padded chunk's loss is normalised by (``data[:real_rows(data)]`` are the real rows).
     """
     return len(data) - (_existing_padding(data) or 0)
 

@@ -82,9 +82,7 @@ def _check_row_index(index: Any) -> Any:
 class TensorBatch:
     """Name -> tensor mapping whose tensors share leading dims ``batch_size``.
 
-    Build it like a TensorDict: ``TensorBatch({"x": t}, batch_size=[n])``; with
-    ``batch_size=None`` the size is the first tensor's leading dim (or ``[]``
-    when there are no tensors).
+    Built like a TensorDict: ``TensorBatch({"x": t}, batch_size=[n])``; ``None`` takes the first tensor's.
     """
 
     __slots__ = ("_batch_size", "_tensors")

@@ -29,9 +29,7 @@ def from_tensordict(
 ) -> D:
     """A ``cls`` built from a TensorDict laid out as :func:`to_tensordict` writes it.
 
-    Tensors go to ``batch``, ``NonTensorStack`` entries to ``non_tensor_batch``
-    and ``NonTensorData`` entries to ``meta_info`` (winning over the argument's
-    keys).  Stacks are read with ``tolist()``: a nested stack's ``.data`` raises.
+    ``NonTensorData`` entries go to ``meta_info``; stacks are read with ``tolist()`` (a nested one's ``.data`` raises).
     """
     td = _import_tensordict()
     if num_batch_dims != 1:
@@ -62,9 +60,8 @@ def from_tensordict(
 def to_tensordict(data: RowsLike) -> Any:
     """A TensorDict of ``data``'s tensors, non-tensor columns and meta info.
 
-    Each column becomes a 1-D ``NonTensorStack`` of rows wrapped one by one (no
-    nested stacks); ``meta_info`` entries become ``NonTensorData``.  Columns that
-    are not 1-D object arrays record dtype and row shape so they come back exactly.
+    Each column is a ``NonTensorStack`` of rows wrapped one by one; columns that are not 1-D object arrays
+    record dtype and row shape so they come back exactly.
     """
     td = _import_tensordict()
     tensor_keys = list(data.batch.keys()) if data.batch is not None else []

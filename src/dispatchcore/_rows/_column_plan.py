@@ -109,11 +109,7 @@ class ColumnPlan:
         return ColumnPlan(tuple(segments), np.concatenate(orders) if reordered else None)
 
     def assemble(self, values: Callable[[Segment], Any], owned: Callable[[Segment], bool] = lambda s: False) -> Any:
-        """The column: each segment's rows (``values(segment)``) joined, then reordered.
-
-        Always private memory: a copy, except a lone segment ``owned`` says
-        is already private (rows a transport just received), used as is.
-        """
+        """The column in private memory: each segment's rows joined, then reordered (a lone ``owned`` one as is)."""
         parts = [values(s) for s in self.segments]
         if len(parts) == 1 and self.order is None and owned(self.segments[0]):
             return parts[0]

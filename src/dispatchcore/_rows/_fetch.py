@@ -15,10 +15,7 @@ from ._remote import RemoteRows
 
 
 def plan_requests(plans: Mapping[str, ColumnPlan]) -> tuple[list[tuple[RemoteRows, Any]], dict[tuple[int, Any], int]]:
-    """One request per (remote source, row index) across ``plans``, with every column it serves.
-
-    Returns ``(source, RowRequest)`` pairs and a map from (source id, index key) to their position.
-    """
+    """``(source, RowRequest)`` pairs, one per (remote source, row index) with every column it serves; their slots."""
     columns: dict[tuple[int, Any], list[str]] = {}
     first: dict[tuple[int, Any], Segment] = {}
     for name, plan in plans.items():

@@ -29,8 +29,7 @@ class ColumnOwner(Protocol):
 class LazyTensorColumns:
     """``data.batch`` of a lazy DataProto: names known, each tensor fetched when read.
 
-    Offers the TensorBatch surface verl code uses; anything else works on
-    the fetched :class:`TensorBatch` (a copy: writes through it are lost).
+    Anything beyond the TensorBatch surface verl uses works on a fetched copy (writes through it are lost).
     """
 
     def __init__(self, owner: ColumnOwner) -> None:

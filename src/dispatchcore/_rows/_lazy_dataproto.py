@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -211,9 +211,8 @@ class LazyDataProto(DataProto):
             return self._take(np.array([int(item) % self._length])).materialize()[0]
         return super().__getitem__(item)
 
-    def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
-        reordered = self.select_idxs(indices)
-        self._plans, self._length = reordered._plans, reordered._length
+    def _assume_rows(self, other: Self) -> None:
+        self._plans, self._length = other._plans, other._length
 
     def select(
         self,
@@ -317,17 +316,14 @@ class LazyDataProto(DataProto):
     def __getstate__(self) -> dict[str, Any]:
         return self.materialize().__getstate__()
 
-    def _eager(self) -> DataProto:
-        return self.materialize()
-
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().repeat(repeat_times, interleave))
+        return LazyDataProto.of_local(self.materialize().repeat(repeat_times, interleave))
 
     def sample_level_repeat(self, repeat_times: Any) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().sample_level_repeat(repeat_times))
+        return LazyDataProto.of_local(self.materialize().sample_level_repeat(repeat_times))
 
     def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().unfold_column_chunks(n_split, split_keys))
+        return LazyDataProto.of_local(self.materialize().unfold_column_chunks(n_split, split_keys))
 
     def to(self, device: torch.device | str, **kwargs: Any) -> LazyDataProto:
         moved = self.read(self.tensor_keys())
@@ -335,31 +331,20 @@ class LazyDataProto(DataProto):
             self.set_column(name, tensor.to(device, **kwargs))
         return self
 
-    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
-        if padding_size == 0:
-            return
-        if padding_size < 0:
-            raise DispatchValueError(f"padding_size must be >= 0, got {padding_size}")
-        if self._length == 0:
-            raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
-        row = 0 if padding_candidate == "first" else self._length - 1
-        padded = self._take(np.concatenate([np.arange(self._length), np.full(padding_size, row)]))
-        self._plans, self._length = padded._plans, padded._length
-
     def make_iterator(self, *args: Any, **kwargs: Any) -> Any:
-        return self._eager().make_iterator(*args, **kwargs)
+        return self.materialize().make_iterator(*args, **kwargs)
 
     def to_tensordict(self) -> Any:
-        return self._eager().to_tensordict()
+        return self.materialize().to_tensordict()
 
     def save_to_disk(self, filepath: Any) -> None:
-        self._eager().save_to_disk(filepath)
+        self.materialize().save_to_disk(filepath)
 
     def print_size(self, prefix: str = "") -> None:
-        self._eager().print_size(prefix)
+        self.materialize().print_size(prefix)
 
     def get_data_info(self) -> str:
-        return self._eager().get_data_info()
+        return self.materialize().get_data_info()
 
 
 def _plain(data: DataProto) -> DataProto:

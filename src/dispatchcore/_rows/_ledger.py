@@ -51,11 +51,7 @@ class RowLedger:
         self.send: Send | None = None
 
     def adopt(self, ranks: Sequence[int], results: list[Any]) -> list[Any]:
-        """Per-rank results with each :class:`HeldRows` turned into a :class:`RemoteRows` handle.
-
-        Past the budget on any rank, the call's kept rows are freed at once
-        and :class:`MemoryBudgetError` names the rank, the budget and the fix.
-        """
+        """Per-rank results with each :class:`HeldRows` turned into a handle; past a budget, freed and refused."""
         executor = self._executor()
         assert executor is not None  # noqa: S101 - the group that made the call is alive
         incoming: dict[int, int] = {}

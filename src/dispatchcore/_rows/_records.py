@@ -59,9 +59,7 @@ class HeldRows:
 class RowRequest:
     """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
 
-    ``address`` says where the key lives, in the producing executor's terms
-    (:meth:`~dispatchcore.Executor.row_address`); ``rank`` names the producing
-    rank in errors.
+    ``address`` is the producer's :meth:`~dispatchcore.Executor.row_address`; ``rank`` names it in errors.
     """
 
     address: Any

@@ -78,8 +78,7 @@ _TCACHE_COUNT = 7
 def fill_thread_cache() -> None:
     """Fill the calling thread's small-chunk cache, so the bytes aligned allocations trim off merge again.
 
-    Only if :func:`keep_freed_memory` took effect here.  About a millisecond:
-    once per thread that makes large tensors, after its setup, not per call.
+    Only if :func:`keep_freed_memory` took effect; about 1 ms, once per thread, after its setup.
     """
     if not applied:
         return

@@ -144,9 +144,7 @@ def receive_buffer(nbytes: int) -> np.ndarray:
 def numpy_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor in numpy-allocated memory, for every large receive or output buffer.
 
-    numpy advises huge pages and torch's CPU allocator does not, so it
-    page-faults far less (MEASURED.md, "into a fresh tensor"); large buffers
-    are recycled from the pool.
+    numpy advises huge pages (far fewer page faults than torch's allocator); large buffers come from the pool.
     """
     numel = int(torch.Size(shape).numel())
     itemsize = torch.empty(0, dtype=dtype).element_size()

@@ -113,9 +113,7 @@ def _under_root(name: str, file: str) -> bool:
 def importable_by_name(module: ModuleType) -> bool:
     """Whether a fresh rank process of this environment imports ``module`` by its name.
 
-    A submodule whose file does not match its name (``torch._C._autograd``
-    lives in ``torch/_C.so``) is its parent's creation: it is importable
-    when the parent is.
+    A submodule its parent made (``torch._C._autograd``) is importable when the parent is.
     """
     name = module.__name__
     if name == "__main__":

@@ -37,12 +37,9 @@ Child = tuple[str, Any, bool]  # (path text, object, reached through code that t
 class Culprit:
     """The innermost object that cannot be pickled, and how it was reached.
 
-    ``path`` is the hops after the root: ``()`` when the root itself is the
-    culprit, ``("cfg['callback']",)`` for an item, ``("W.score",
-    "Registry.lock")`` when a class's method uses a global class whose
-    attribute is a lock.  ``by_value`` says the path passes through a class
-    or function that travels by value (cloudpickle: defined in the driver
-    script or not importable), where the fix is in the code, not the data.
+    ``path`` is the hops after the root (``()``: the root itself;
+    ``("W.score", "Registry.lock")``).  ``by_value``: the path passes through
+    code that travels by value, where the fix is in the code, not the data.
     """
 
     path: tuple[str, ...]
@@ -56,11 +53,7 @@ class Culprit:
 
 
 def find_unpicklable(obj: Any, name: str = "value", *, share_callables: bool = False) -> Culprit | None:
-    """``None`` if ``obj`` pickles (as :func:`dumps` with ``share_callables`` would), else its :class:`Culprit`.
-
-    ``name`` is how the path spells ``obj`` itself (an argument's name, a
-    class's name).
-    """
+    """``None`` if ``obj`` pickles (as :func:`dumps` would), else its :class:`Culprit`; ``name`` spells ``obj``."""
     search = _Search(share_callables)
     error = search.fails(obj)
     if error is None:
@@ -201,11 +194,7 @@ def _global_names(code: types.CodeType) -> list[str]:
 
 
 def _object_children(obj: Any, expr: str) -> Iterator[Child]:
-    """An instance: its attributes (``__dict__`` and slots), then its class (which may travel by value).
-
-    The standard library's objects (an ``Event``, a ``Queue``, a socket) are
-    culprits as a whole: the lock inside an ``Event`` is no place to look.
-    """
+    """An instance: its attributes, then its class; the standard library's objects are culprits as a whole."""
     if type(obj).__module__.partition(".")[0] in sys.stdlib_module_names:
         return
     attributes = getattr(obj, "__dict__", None)

@@ -57,10 +57,7 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
 
 
 class _SharingPickler(_Pickler):
-    """Also passes callables, classes and modules by reference (same process only).
-
-    A separate class: pickle calls ``persistent_id`` for every object whenever it exists.
-    """
+    """Also passes code by reference (same process only); apart, as pickle calls ``persistent_id`` per object."""
 
     def persistent_id(self, obj: Any) -> Any:
         if self._shared is None or not isinstance(obj, _BY_REFERENCE):
@@ -92,10 +89,7 @@ class _InProcessPickler(_Pickler):
 
 
 class _FastPickler(pickle.Pickler):
-    """The C pickler with tensors in its dispatch table: no Python hook per object.
-
-    Code goes by name; what it cannot pickle (lambdas) falls back to :class:`_Pickler`.
-    """
+    """The C pickler with tensors in its dispatch table: no Python hook per object; code goes by name."""
 
     dispatch_table = {**copyreg.dispatch_table, torch.Tensor: reduce_tensor}
 
@@ -111,11 +105,7 @@ class _Unpickler(pickle.Unpickler):
 
 @dataclass
 class Serialized:
-    """A pickled object: the pickle stream plus its out-of-band buffers.
-
-    ``shared`` holds the objects passed by reference (same-process executors
-    only); it is empty for anything that crosses a process boundary.
-    """
+    """A pickled object: the pickle stream plus its out-of-band buffers (``shared``: by reference, same process)."""
 
     data: bytes
     #: Out-of-band buffers: PickleBuffers when dumped, any buffer (numpy, bytes) when received.
@@ -130,10 +120,8 @@ class Serialized:
 def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
     """Pickle ``obj`` with protocol 5; tensor bytes go to ``buffers`` uncopied.
 
-    ``share_callables=True`` passes functions, classes and modules by
-    reference (for executors whose ranks live in this process).  Otherwise
-    functions and classes of ``__main__`` and of modules a rank process
-    cannot import by name travel by value (see ``_by_value``).
+    ``share_callables=True`` passes code by reference (ranks in this process);
+    otherwise code a rank process cannot import by name travels by value.
     """
     refresh_by_value()  # cloudpickle must know every module that goes by value before it pickles
     file = io.BytesIO()

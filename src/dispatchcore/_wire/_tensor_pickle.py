@@ -73,11 +73,7 @@ def _receiving_device(device: str) -> torch.device:
 
 
 def reduce_tensor(t: torch.Tensor, *, protocol5: bool = True) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce__`` value of a tensor as its own bytes, never its storage.
-
-    ``protocol5``: the bytes as a bare pickle buffer (only protocol 5 can
-    pickle it); otherwise as a numpy array, which any protocol can.
-    """
+    """``__reduce__`` value of a tensor as its own bytes, never its storage (``protocol5``: a bare pickle buffer)."""
     device = None if t.device.type == "cpu" else str(t.device)
     return rebuild_tensor, (
         _tensor_bytes(t) if protocol5 else tensor_array(t),
