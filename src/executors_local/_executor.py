@@ -1,12 +1,7 @@
-"""``LocalExecutor``: ranks as worker objects, each on its own daemon thread.
+"""``LocalExecutor``: ranks as worker objects, each on its own daemon thread, built from the public contract.
 
-Built only from the public executor contract.  Isolation copies run on each
-rank's own thread (in parallel), except small arguments, copied on the
-driver before any rank wakes: a rank thread retaking the GIL behind the
-driver costs more than the copy.  What cannot be pickled is refused before
-anything is queued, as on every backend (with ``isolate=False`` nothing is
-pickled).  A worker calling ``os._exit`` ends the driver's process too
-(plant deaths with the ``faulty`` backend to test them).
+Small arguments are copied on the driver, larger ones on each rank's thread; ``os._exit`` in a worker
+ends the driver's process too (plant deaths with the ``faulty`` backend).
 """
 
 from __future__ import annotations
@@ -62,11 +57,7 @@ class _LocalCallHandle(RankCallHandle):
 
 
 class LocalExecutor(Executor):
-    """Backend ``"local"``: zero setup, threads in this process.
-
-    Options: ``start_timeout`` (seconds to wait for every worker's
-    ``__init__``, default 300).
-    """
+    """Backend ``"local"``: zero setup, threads in this process; option ``start_timeout`` (s, default 300)."""
 
     name = "local"
     ranks_share_process = True

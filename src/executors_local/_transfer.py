@@ -1,8 +1,4 @@
-"""Weight transfers between local groups: every rank lives in this process, so a bucket is its views.
-
-Each destination rank copies the views once into the places the core gives
-(or keeps them as they are when ``isolate=False``); the last reader drops the entry.
-"""
+"""Weight transfers between local groups: every rank lives in this process, so a bucket is its views."""
 
 from __future__ import annotations
 

@@ -56,9 +56,7 @@ class BackendNotFoundError(DispatchError, LookupError):
 class CallSignatureError(DispatchError, TypeError):
     """A call's arguments, as a rank would receive them, do not fit the worker method's signature.
 
-    Raised on the driver before anything is sent; ``method`` is
-    ``"<class>.<method>"`` and ``parameter`` the parameter named by the
-    mismatch, when there is one.
+    Raised before anything is sent; ``method`` is ``"<class>.<method>"``, ``parameter`` the one at fault.
     """
 
     method: str | None = None
@@ -85,10 +83,7 @@ class DispatchIndexError(DispatchError, IndexError):
 
 
 class DispatchAttributeError(DispatchError, AttributeError):
-    """A group has no such method (the message suggests the nearest), or the method lacks ``@register``.
-
-    Still an ``AttributeError``: ``hasattr(wg, name)`` and ``getattr(wg, name, default)`` keep working.
-    """
+    """A group has no such method (nearest suggested), or it lacks ``@register``; ``hasattr`` still works."""
 
 
 class DispatchRuntimeError(DispatchError, RuntimeError):
@@ -102,10 +97,8 @@ class DispatchImportError(DispatchError, ImportError):
 class UnpicklableError(DispatchTypeError):
     """A worker class, init argument or call argument cannot be pickled for the ranks; nothing was sent.
 
-    ``where`` is the path to the object at fault (``argument 'cfg' →
-    cfg['callback']``, ``worker class W → Registry.lock``); ``in_process``
-    says the pickling was for isolation inside this process (``local``),
-    where callables and classes are shared, not pickled.
+    ``where`` is the path to the object at fault (``argument 'cfg' → cfg['callback']``); ``in_process``:
+    pickled for isolation inside this process (``local``), where code is shared, not pickled.
     """
 
     def __init__(self, message: str, *, where: str = "", method: str | None = None, in_process: bool = False) -> None:
@@ -209,9 +202,7 @@ class CallCancelledError(_CallEnded, concurrent.futures.CancelledError):
 class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thread, like KeyboardInterrupt
     """Raised inside a worker method whose call was cancelled (at its next Python instruction).
 
-    A ``BaseException``, as ``KeyboardInterrupt`` and ``asyncio.CancelledError``
-    are, so that a worker's ``except Exception`` does not swallow it.  Catch it
-    only to clean up, then re-raise.
+    A ``BaseException``, so ``except Exception`` does not swallow it; catch it only to clean up, then re-raise.
     """
 
 

@@ -1,8 +1,6 @@
-"""A one-shot signal for one call: set once, waited on by the caller (and rarely a few more).
+"""A one-shot signal for one call: ``threading.Event``'s behaviour on a bare lock.
 
-``threading.Event`` builds a ``Condition`` per event and a waiter lock per
-wait (a third of the local backend's per-call cost); a bare lock, released
-when set and handed straight back by each waiter, behaves the same here.
+An ``Event`` builds a ``Condition`` per event and a lock per wait (a third of the local per-call cost).
 """
 
 from __future__ import annotations

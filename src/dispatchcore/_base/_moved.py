@@ -1,8 +1,4 @@
-"""Pickles written before the core's modules moved into packages still load: old paths are aliases.
-
-Only the paths a pickle names (``DataProto.save_to_disk`` stored
-``dispatchcore._dataproto.DataProto``) are kept.
-"""
+"""Old module paths that pickles written before the core became packages name, as aliases."""
 
 from __future__ import annotations
 

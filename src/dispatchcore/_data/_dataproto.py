@@ -1,11 +1,6 @@
 """``DataProto``: verl's batch container, without tensordict or Ray.
 
-Method names, arguments and defaults follow verl 0.9.1's
-``verl.protocol.DataProto`` so verl code ports by changing imports; its
-sharp edges are fixed (padding never mutates the caller, ``concat([])``
-raises, chunks own their ``meta_info``, pickles carry only a view's rows).
-This module holds the class and its row logic; padding, meta-info rules,
-reshaping, tensordict interop and DataLoader glue sit in sibling modules.
+verl 0.9.1's method names, arguments and defaults (verl code ports by changing imports), sharp edges fixed.
 """
 
 from __future__ import annotations
@@ -68,10 +63,7 @@ class DataProto:
 
     @property
     def batch(self) -> TensorBatch:
-        """The tensors (a TensorBatch); assigning a TensorDict or dict converts it.
-
-        ``None`` when there are no tensor columns; typed as a TensorBatch (as verl types its TensorDict).
-        """
+        """The tensors (a TensorBatch, or ``None``); assigning a TensorDict or dict converts it."""
         return self._batch  # type: ignore[return-value]
 
     @batch.setter
@@ -478,10 +470,7 @@ class DataProto:
         return self._pickle_state(protocol5=False)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        """Under protocol 5 (every executor's and Ray's), tensors go as bare out-of-band buffers.
-
-        A third shorter than with numpy arrays; older protocols and ``copy`` go through :meth:`__getstate__`.
-        """
+        """Under protocol 5 tensors go as bare out-of-band buffers (a third shorter than numpy arrays)."""
         if int(protocol) < 5 or type(self).__reduce__ is not object.__reduce__:
             return super().__reduce_ex__(protocol)
         return copyreg.__newobj__, (type(self),), self._pickle_state(protocol5=True)  # type: ignore[attr-defined]  # missing from the stubs

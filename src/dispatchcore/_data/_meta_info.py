@@ -1,8 +1,4 @@
-"""Equality, unions and merging of meta info and column dicts.
-
-Plain-dict rules shared by ``DataProto.concat`` / ``union``, the forwarding
-plans and the testing assertions, none of which need the DataProto class.
-"""
+"""Equality, unions and merging of meta info and column dicts, as plain-dict rules (no DataProto needed)."""
 
 from __future__ import annotations
 
@@ -27,11 +23,7 @@ __all__ = [
 
 
 def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
-    """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
-
-    ``==`` alone raises on arrays and calls NaN unequal to itself.  A pair of
-    containers met again while being compared is taken as equal, so cycles end.
-    """
+    """Deep equality for tensors, arrays, NaN, nested containers and cycles (where ``==`` raises or says no)."""
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):

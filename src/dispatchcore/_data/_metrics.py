@@ -1,8 +1,4 @@
-"""Reducing per-rank metrics to the one number a trainer logs: mean, sum, max or min per name.
-
-:func:`reduce_metrics` takes per-rank dicts (``DP_COMPUTE_METRIC``) or one
-dict of lists (``DataProto.concat``'s ``meta_info["metrics"]``); see docs/metrics.md.
-"""
+"""Reducing per-rank metrics to the one number a trainer logs (docs/metrics.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Padding: the auto-padding switch, and splitting rows into equal chunks.
 
-A batch whose length does not divide by the world size is padded by
-repeating rows; every chunk records how many trailing rows are padding
-(:data:`PADDING_ROWS_KEY`) so results can be trimmed.
+Every chunk records how many trailing rows are padding (:data:`PADDING_ROWS_KEY`) so results can be trimmed.
 """
 
 from __future__ import annotations
@@ -57,10 +55,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
-    """Pad ``data`` so its length divides by ``size_divisor``; returns ``(padded, pad_size)``.
-
-    Padding repeats rows 0, 1, ... (as verl); ``data`` is never modified.
-    """
+    """Pad ``data`` (a copy) to a multiple of ``size_divisor`` by repeating rows 0, 1, ...; ``(padded, pad_size)``."""
     divisor = check_positive("size_divisor", size_divisor)
     length = len(data)
     pad_size = (-length) % divisor
@@ -79,10 +74,7 @@ def unpad_dataproto(data: D, pad_size: int) -> D:
 
 
 def real_rows(data: RowsLike) -> int:
-    """How many of ``data``'s rows are real, not padding: its length less ``meta_info[PADDING_ROWS_KEY]``.
-
-    In a worker, what a padded chunk's loss is normalised by (``data[:real_rows(data)]`` are the real rows).
-    """
+    """How many of ``data``'s rows are real (what a padded chunk's loss is normalised by): its length less padding."""
     return len(data) - (_existing_padding(data) or 0)
 
 

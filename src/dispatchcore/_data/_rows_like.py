@@ -1,7 +1,4 @@
-"""What the row helpers need of a ``DataProto``, as a protocol, and the ``meta_info`` keys they share.
-
-``DataProto`` calls the helpers, so they cannot import it, not even for a type.
-"""
+"""What the row helpers need of a ``DataProto`` (which calls them, so they cannot import it), and shared keys."""
 
 from __future__ import annotations
 

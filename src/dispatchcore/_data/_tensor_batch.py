@@ -1,9 +1,6 @@
 """``TensorBatch``: the tensor part of a :class:`~dispatchcore.DataProto`, TensorDict's API without tensordict.
 
-verl code reads ``data.batch`` with TensorDict's API; ``TensorBatch`` is a
-plain dict of tensors sharing their leading dimension that offers that
-subset with TensorDict's meanings (``len`` is rows, iteration yields keys,
-a row index indexes every tensor, row slices are views).
+The subset of TensorDict verl code uses, with its meanings (``len`` is rows, row slices are views).
 """
 
 from __future__ import annotations
@@ -80,10 +77,7 @@ def _check_row_index(index: Any) -> Any:
 
 
 class TensorBatch:
-    """Name -> tensor mapping whose tensors share leading dims ``batch_size``.
-
-    Built like a TensorDict: ``TensorBatch({"x": t}, batch_size=[n])``; ``None`` takes the first tensor's.
-    """
+    """Name -> tensor mapping sharing leading dims ``batch_size``: ``TensorBatch({"x": t}, batch_size=[n])``."""
 
     __slots__ = ("_batch_size", "_tensors")
 

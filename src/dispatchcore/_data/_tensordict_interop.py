@@ -27,10 +27,7 @@ def from_tensordict(
     meta_info: Mapping[str, Any] | None = None,
     num_batch_dims: int = 1,
 ) -> D:
-    """A ``cls`` built from a TensorDict laid out as :func:`to_tensordict` writes it.
-
-    ``NonTensorData`` entries go to ``meta_info``; stacks are read with ``tolist()`` (a nested one's ``.data`` raises).
-    """
+    """A ``cls`` built from a TensorDict as :func:`to_tensordict` lays it out (stacks read with ``tolist()``)."""
     td = _import_tensordict()
     if num_batch_dims != 1:
         raise DispatchValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")

@@ -1,10 +1,6 @@
 """TensorDict arguments and results of the DP dispatch modes, split and joined like DataProto.
 
-verl's decorator accepts a ``tensordict.TensorDict`` wherever it accepts a
-DataProto; TensorDicts carry no auto-padding flag, so their length must
-divide.  Jagged nested tensors are cut and joined here through their
-``values`` and ``offsets`` (not every tensordict release handles them).
-tensordict is never imported here.
+No auto-padding (the length must divide); jagged tensors go through their ``values`` and ``offsets``.
 """
 
 from __future__ import annotations

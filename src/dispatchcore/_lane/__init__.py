@@ -1,9 +1,6 @@
 """The control lane: direct, authenticated socket links between a driver and its ranks.
 
-Written once for every process backend: the door and links, the driver side
-(:class:`LaneDriver`), the rank side (:class:`LaneRank`), the call envelope
-and :class:`LaneExecutor`.  ``docs/executor-contract.md`` ("The lane") is
-the contract.
+Door, links, driver and rank sides, envelope, ``LaneExecutor``: ``docs/executor-contract.md`` ("The lane").
 """
 
 from ._address import LaneAddress, LaneDirectory

@@ -1,8 +1,4 @@
-"""Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours.
-
-A rank's first 20 bytes name it (4-byte rank) and prove it read the
-directory (16-byte token); anything else is dropped.
-"""
+"""Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours."""
 
 from __future__ import annotations
 
@@ -45,10 +41,7 @@ def address_toward(host: str, port: int) -> str:
 
 
 class LaneDoor:
-    """A listener ranks connect to while the driver accepts them; closed once they are in.
-
-    ``with open_lane(host) as door: directory.publish(door.address); links = door.accept(ranks, timeout)``.
-    """
+    """A listener ranks connect to while the driver accepts them (``with open_lane(host) as door``)."""
 
     def __init__(self, host: str) -> None:
         self._server = _listener(host)
@@ -64,10 +57,7 @@ class LaneDoor:
         timeout: float,
         gone: Callable[[int], str | None] = lambda rank: None,
     ) -> dict[int, LaneLink]:
-        """One link from each of ``ranks``, within ``timeout`` seconds; strangers and second connections are dropped.
-
-        ``gone(rank)`` says why a rank that has not connected yet never will, so waiting fails at once.
-        """
+        """One link from each of ``ranks`` within ``timeout`` s; ``gone(rank)``: why one never will (fail at once)."""
         waiting = set(ranks)
         links: dict[int, LaneLink] = {}
         deadline = time.monotonic() + timeout

@@ -1,9 +1,6 @@
 """The driver's side of a group's lane: each rank's pending calls, one reader, one liveness rule.
 
-Calls go out on each rank's call link and their answers come back on it,
-read by the group's one :class:`LinkReader`; pings, cancels and stacks go on
-the control link.  Liveness and the ``rank_dead`` / ``on_gone`` hooks:
-``docs/executor-contract.md`` ("The lane").
+See ``docs/executor-contract.md`` ("The lane").
 """
 
 from __future__ import annotations
@@ -106,8 +103,7 @@ class LaneDriver:
     def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
         """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
 
-        A rank that joins again (replaced) ends its old links.  Raises
-        ``DispatchTimeoutError`` past ``timeout``, ``DispatchError`` when a rank will never connect.
+        A replaced rank's old links end; raises ``DispatchTimeoutError``, or ``DispatchError`` for a rank gone.
         """
         expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
         dead = self._rank_dead or (lambda rank: None)
@@ -128,10 +124,7 @@ class LaneDriver:
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
-        """Build the worker on each of ``ranks`` from ``boot`` (worker class, init args, init kwargs).
-
-        Raises a failing ``__init__``'s ``WorkerError``, ``WorkerDiedError`` or ``DispatchTimeoutError``.
-        """
+        """Build the worker on each of ``ranks`` from ``boot``; raises what ``__init__`` or the wait raised."""
         n = len(ranks)
         handle = LaneCallHandle(self, Call("__init__", tuple(ranks), [()] * n, [{}] * n))
         cid = next(self._cids)
@@ -141,10 +134,7 @@ class LaneDriver:
         handle.result(timeout)
 
     def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
-        """Send ``call`` to its ranks at once (every argument pickled before the first send).
-
-        ``handle``: one the executor made for ``call`` (a subclass that watches more), else a plain one.
-        """
+        """Send ``call`` to its ranks at once (all pickled first); ``handle``: the executor's own, else a plain one."""
         shares = pack_call(call, self._bulk)
         handle = LaneCallHandle(self, call) if handle is None else handle
         cid = next(self._cids)

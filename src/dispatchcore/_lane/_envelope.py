@@ -1,9 +1,6 @@
-"""One call envelope: what a rank receives for a call, each distinct argument pickled once.
+"""One call envelope: what a rank receives for a call, each distinct argument pickled once, before any send.
 
-Every value is pickled before anything is sent, so a refused call sent
-nothing.  A value travels as a *part*: inline ``(stream, buffers)``, or
-``(None, token)`` by the executor's :class:`BulkPath`.  The contract:
-``docs/executor-contract.md`` ("The lane", the call envelope).
+A value travels inline or by the executor's :class:`BulkPath` (``docs/executor-contract.md``, "The lane").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """``LaneExecutor``: an executor whose ranks are processes on the core's lane; the backend only hosts them.
 
-A subclass writes :meth:`LaneExecutor.launch_ranks` and
-:meth:`LaneExecutor.stop_ranks` (optionally ``rank_dead``, ``rank_gone``
-and a :class:`BulkPath`), and calls :meth:`LaneExecutor.open_ranks` from its
-``__init__`` and ``replace_ranks``; see ``docs/executor-contract.md``.
+See ``docs/executor-contract.md`` ("The lane").
 """
 
 from __future__ import annotations

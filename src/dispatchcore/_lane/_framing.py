@@ -1,8 +1,6 @@
 """Objects on a lane link: one pickle stream plus its large buffers, sent from their own memory.
 
-A frame is a count, each part's length, then the parts: a note, the stream
-and the out-of-band buffers.  The note arrives before anything large, so the
-receiving link can place the buffers (``LaneLink.place_with``).
+Frame: a count, each part's length, then a note (read before anything large), the stream and the buffers.
 """
 
 from __future__ import annotations

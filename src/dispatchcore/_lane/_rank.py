@@ -1,8 +1,6 @@
 """A rank's side of the lane: calls run on the method thread, pings, cancels and stacks answered beside them.
 
-``serve`` runs on the thread that is to run the worker's methods (CUDA's
-current device and thread-locals are per thread, so ``__init__`` runs there
-too) and reads the call link itself; a daemon thread serves the control link.
+``serve`` runs on the thread that is to run the worker's methods (CUDA's device is per thread).
 """
 
 from __future__ import annotations

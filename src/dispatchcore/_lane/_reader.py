@@ -1,7 +1,4 @@
-"""One thread that reads every lane link of a group: answers from N ranks wake one thread, not N.
-
-When a link ends, every link added under its key is dropped and ``on_end(key)`` runs once.
-"""
+"""One thread that reads every lane link of a group: answers from N ranks wake one thread, not N."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """A large DataProto result received straight into the rows of the collect's output, not copied there again.
 
-The rank's frame note (:func:`row_layout`) says which buffers hold which
-batch tensor; the driver's link reads each into that rank's rows of one
-output buffer per key (:class:`RowPlan`), which the concatenation adopts.
-The first rank's answer sets the plan (rows per position); a tensor that
-does not fit it is received into fresh memory and copied as before.
+The first rank's answer sets the plan; a tensor that does not fit it is received and copied as before.
 """
 
 from __future__ import annotations
@@ -32,10 +28,7 @@ def _data(value: Any) -> Any:
 
 
 def row_layout(value: Any, buffers: list[Any], first: int) -> bytes:
-    """The frame note of a rank's answer: which parts (``first`` + index in ``buffers``) hold which batch tensor.
-
-    Empty unless ``value`` is a ``DataProto`` whose contiguous CPU tensors went out as their own buffers.
-    """
+    """The frame note of a rank's answer: which parts (``first`` + index in ``buffers``) hold which batch tensor."""
     value = _data(value)
     if not isinstance(value, DataProto) or value.batch is None or not buffers:
         return b""
@@ -99,10 +92,7 @@ class RowPlan:
         return self._buffers.allocate((shape[0] * self._positions, *shape[1:]), dtype)
 
     def adopt(self, position: int, value: Any) -> None:
-        """Swap the tensors unpickled over ``position``'s rows for the output buffer's own views.
-
-        Same bytes, but only views of the buffer's own storage let the concatenation join them.
-        """
+        """Swap the tensors unpickled over ``position``'s rows for the buffer's own views (so they join uncopied)."""
         with self._lock:
             views = self._views.pop(position, None)
         value = _data(value)

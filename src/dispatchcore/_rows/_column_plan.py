@@ -1,7 +1,6 @@
 """Where each row of a lazy column comes from: row arithmetic without the rows.
 
-A :class:`ColumnPlan` is ``concat(segment rows)[order]``; slicing, gathering,
-padding and concatenation only rewrite it, and a read moves only the rows it names.
+Slicing, gathering, padding and concatenation only rewrite a plan; a read moves only the rows it names.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""What a rank receives in place of a lazy DataProto argument, and how it becomes rows.
-
-The driver (:func:`send_lazy_arguments`) replaces each lazy ``DataProto``
-with a :class:`LazyChunk` (row requests plus driver-side columns); the rank
-(:func:`resolve_lazy_arguments`, from ``WorkerHost.run``) reads the rows
-from its own process or through the executor's ``fetch_rows``.
-"""
+"""What a rank receives in place of a lazy DataProto argument (a :class:`LazyChunk`), and how it becomes rows."""
 
 from __future__ import annotations
 
@@ -154,12 +148,7 @@ def resolve_lazy_arguments(
 def send_lazy_arguments(
     executor: Any, per_rank: Sequence[Sequence[Any]]
 ) -> tuple[Sequence[Sequence[Any]], list[RemoteRows]]:
-    """Driver side: per-rank argument lists with each lazy DataProto made a LazyChunk (or plain rows).
-
-    Returns the lists (the same ones when nothing is lazy) and the remote
-    results they read (keep them alive until the call is over).  Counts the
-    DataProto bytes the driver sends.
-    """
+    """Driver side: per-rank arguments with each lazy DataProto a LazyChunk, and the remote results they read."""
     lazy = any(isinstance(v, LazyDataProto) for values in per_rank for v in values)
     if _driver_traffic.counting:
         count_sent([v for values in per_rank for v in values if not isinstance(v, LazyDataProto)])

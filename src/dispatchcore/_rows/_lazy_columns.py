@@ -27,10 +27,7 @@ class ColumnOwner(Protocol):
 
 
 class LazyTensorColumns:
-    """``data.batch`` of a lazy DataProto: names known, each tensor fetched when read.
-
-    Anything beyond the TensorBatch surface verl uses works on a fetched copy (writes through it are lost).
-    """
+    """``data.batch`` of a lazy DataProto; beyond verl's TensorBatch surface it works on a fetched copy."""
 
     def __init__(self, owner: ColumnOwner) -> None:
         self._owner = owner

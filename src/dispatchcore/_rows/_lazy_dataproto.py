@@ -1,8 +1,6 @@
 """A ``DataProto`` whose rows stay on the ranks that made them (issue 15).
 
-Plan-only operations rewrite column plans (:mod:`._column_plan`) without
-moving rows; the rest reads every column first.  What costs what:
-``docs/lazy-results.md``.
+Plan-only operations move no rows; the rest reads every column first (``docs/lazy-results.md``).
 """
 
 from __future__ import annotations
@@ -93,10 +91,7 @@ class LazyDataProto(DataProto):
         return list(seen.values())
 
     def bring_unreachable_rows(self, executor: Any) -> None:
-        """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
-
-        Called before a lazy argument is chunked, so the rows come over once, not once per chunk.
-        """
+        """Read, once for the whole batch, the columns whose rows ``executor``'s ranks cannot reach."""
         reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
         unreachable = {id(s) for s in self.remote_sources() if not reaches(s.address)}
         if not unreachable:

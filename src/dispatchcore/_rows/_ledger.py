@@ -1,11 +1,7 @@
 """Driver-side bookkeeping of rows kept on ranks: handles, budgets, frees, reads.
 
-A handle's finalizer only queues its key (never a message from a garbage
-collector callback); the key rides the next call (``Instructions.free``) or
-read (:class:`RowAccess`) that reaches its rank, or :meth:`RowLedger.flush`.
-Past a rank's budget a result is refused (:class:`~dispatchcore.MemoryBudgetError`),
-nothing is evicted silently.  Reads come from this process's store when the
-rank lives here, else from a beside call of the core's ``ROWS`` operation.
+A finalizer only queues its key (never a message from a garbage collector callback); the key rides the
+next call or read that reaches its rank.  Past a rank's budget a result is refused, never evicted silently.
 """
 
 from __future__ import annotations

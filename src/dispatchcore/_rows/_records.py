@@ -1,7 +1,4 @@
-"""Kept rows described without the rows: column types, what a rank holds, what a reader asks for.
-
-Plain records that cross processes; nothing here touches a ``DataProto``.
-"""
+"""Kept rows described without the rows: plain records that cross processes."""
 
 from __future__ import annotations
 
@@ -57,10 +54,7 @@ class HeldRows:
 
 @dataclass(frozen=True)
 class RowRequest:
-    """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
-
-    ``address`` is the producer's :meth:`~dispatchcore.Executor.row_address`; ``rank`` names it in errors.
-    """
+    """Rows ``index`` of ``columns`` of the result kept under ``key`` at ``address`` (``row_address``)."""
 
     address: Any
     rank: int
@@ -71,10 +65,7 @@ class RowRequest:
 
 @dataclass(frozen=True)
 class RowAccess:
-    """A driver's visit to the rows one rank keeps: free ``free``, then read ``requests``.
-
-    The one argument of the core's beside calls; see ``docs/executor-contract.md`` ("Beside calls").
-    """
+    """A driver's visit to one rank's kept rows, the beside calls' argument: free ``free``, read ``requests``."""
 
     requests: tuple[RowRequest, ...] = ()
     free: tuple[str, ...] = ()

@@ -1,9 +1,6 @@
 """Rows a rank keeps instead of returning them: the rank side of lazy results.
 
-A rank keeps its ``DataProto`` result in this process's :data:`ROW_STORE`
-under a driver-made key unique to the call and rank (so groups sharing a
-process never see each other's rows) and answers with a :class:`HeldRows`
-description; :class:`RowRequest` reads part of it back until the key is freed.
+Keys are driver-made and unique to a call and rank, so groups sharing a process never see each other's rows.
 """
 
 from __future__ import annotations
@@ -76,18 +73,12 @@ ROW_STORE = RowStore()
 
 
 def take_kept_rows(request: RowRequest) -> DataProto:
-    """Producing rank: the ``DataProto`` of rows ``request`` asks for, from this process's kept results.
-
-    Views (a slice) or a gathered copy (an index array); :class:`~dispatchcore.DispatchError` once freed.
-    """
+    """Producing rank: the rows ``request`` asks for, as views or a gathered copy (``DispatchError`` once freed)."""
     return ROW_STORE.take(request)
 
 
 def free_kept_rows(keys: Sequence[str]) -> None:
-    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
-
-    For executors that serve the core's beside calls (a ``RowAccess``) with a row transport of their own.
-    """
+    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped)."""
     ROW_STORE.free(keys)
 
 

@@ -1,7 +1,6 @@
 """Bytes of batch data that crossed the driver: the figure lazy results shrink.
 
-Counting starts with the first :func:`driver_traffic` call (until then calls
-skip the arithmetic); process-wide and cumulative: subtract two snapshots.
+Counting starts with the first :func:`driver_traffic` call; cumulative: subtract two snapshots.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Per-call timeline: dispatch, execute per rank, collect, as a Chrome/Perfetto trace.
 
-Rank timings travel out of band (``Instructions.timed``: ``WorkerHost.run``
-wraps the value in a :class:`TimedResult`), never in the user's arguments.
-The open tracer is a context variable: a block records only its own context's calls.
+Rank timings travel in ``Instructions.timed`` and come back as a :class:`TimedResult`, never in arguments.
 """
 
 from __future__ import annotations

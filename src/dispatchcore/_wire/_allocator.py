@@ -1,17 +1,9 @@
 """Rank processes keep freed heap memory for reuse instead of mapping fresh pages every step.
 
-:func:`keep_freed_memory` raises glibc malloc's mmap and trim thresholds
-(``mallopt``) so large tensors come from the heap and stay mapped for the
-next step; README.md ("Memory reuse") gives the measured effect, the bound
-(``DISPATCHCORE_KEEP_FREED_MB``) and when it is left alone.
-
-One more trap: PyTorch allocates with ``posix_memalign``, which trims a few
-bytes off each side of a large block into the thread's tcache (7 chunks per
-size, never merged); while that cache has room, those chunks pin every freed
-block, so each step maps a fresh one (measured: a 48 MiB tensor faulted all
-its pages for 8 steps on an empty cache, at most 1 on a full one).
-:func:`fill_thread_cache` fills it; a rank runs it on its method thread once
-the worker is built.
+:func:`keep_freed_memory` raises glibc malloc's mmap and trim thresholds; README.md ("Memory reuse")
+gives the effect and the bound.  One more trap: ``posix_memalign`` trims a few bytes off each large
+block into the thread's tcache, where they pin every freed block while the cache has room (a 48 MiB
+tensor faulted all its pages for 8 steps); :func:`fill_thread_cache` fills it once per method thread.
 """
 
 from __future__ import annotations
@@ -45,10 +37,7 @@ def user_tuned_malloc(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
-    """In this (rank) process: large allocations from the heap, freed memory kept for reuse.
-
-    Returns whether the settings were applied.  Safe to call more than once.
-    """
+    """In this (rank) process: keep freed memory for reuse; whether it was applied (safe to call again)."""
     keep = kept_bytes(environ)
     if keep == 0 or user_tuned_malloc(environ) or platform.libc_ver()[0] != "glibc":
         return False
@@ -76,10 +65,7 @@ _TCACHE_COUNT = 7
 
 
 def fill_thread_cache() -> None:
-    """Fill the calling thread's small-chunk cache, so the bytes aligned allocations trim off merge again.
-
-    Only if :func:`keep_freed_memory` took effect; about 1 ms, once per thread, after its setup.
-    """
+    """Fill this thread's small-chunk cache (if :func:`keep_freed_memory` applied): once per thread, ~1 ms."""
     if not applied:
         return
     libc = ctypes.CDLL(None)

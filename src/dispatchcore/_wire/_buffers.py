@@ -1,10 +1,7 @@
 """Host buffers for rows: a pool that recycles them, receive buffers whose rows a concatenation adopts.
 
-Fresh memory costs page faults on first touch (MEASURED.md), so freed large
-buffers are kept by size class and given out again; a weak-reference
-finalizer on each handed-out view returns the memory only once every tensor,
-array and view made from it is gone, so reuse never aliases live data.  The
-bounds and the receive-buffer handshake are in docs/executor-contract.md.
+A freed buffer returns to the pool only when every view made from it is gone, so reuse never aliases
+live data (MEASURED.md for why, docs/executor-contract.md for the bounds).
 """
 
 from __future__ import annotations
@@ -142,10 +139,7 @@ def receive_buffer(nbytes: int) -> np.ndarray:
 
 
 def numpy_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in numpy-allocated memory, for every large receive or output buffer.
-
-    numpy advises huge pages (far fewer page faults than torch's allocator); large buffers come from the pool.
-    """
+    """An uninitialised tensor in numpy-allocated memory (huge pages, pooled): for every large buffer."""
     numel = int(torch.Size(shape).numel())
     itemsize = torch.empty(0, dtype=dtype).element_size()
     raw = BUFFERS.take(max(1, numel * itemsize))

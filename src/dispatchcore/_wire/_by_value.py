@@ -1,13 +1,7 @@
 """Which modules' code travels by value: those a fresh rank process could not import by name.
 
-A rank is a fresh interpreter in the driver's environment: it imports the
-standard library, site packages, editable installs, ``PYTHONPATH`` and the
-script's directory by name, but not a module that reached the driver through
-a path inserted later (a pytest test module, a notebook's helper).  Such
-modules are registered with cloudpickle by value, judged once each when
-``sys.modules`` grows; when unsure the answer is "by value": slower, and the
-code still arrives.  Everything else goes by reference, so a rank that
-imports an installed module itself sees the same class as what it receives.
+A pytest test module or a notebook's helper reached the driver through a path inserted later; such
+modules are registered with cloudpickle by value (when unsure: by value, slower, and the code arrives).
 """
 
 from __future__ import annotations
@@ -111,10 +105,7 @@ def _under_root(name: str, file: str) -> bool:
 
 
 def importable_by_name(module: ModuleType) -> bool:
-    """Whether a fresh rank process of this environment imports ``module`` by its name.
-
-    A submodule its parent made (``torch._C._autograd``) is importable when the parent is.
-    """
+    """Whether a fresh rank process imports ``module`` by its name (a submodule its parent made: as the parent)."""
     name = module.__name__
     if name == "__main__":
         return False
@@ -136,10 +127,7 @@ def _marker(name: str) -> bytes:
 
 
 def refresh_by_value() -> None:
-    """Judge the modules imported since the last call; register those that must go by value.
-
-    An executor pickling with its own cloudpickle subclass calls it first.
-    """
+    """Register the modules imported since the last call that must go by value (call before own cloudpickling)."""
     global _seen_count, _markers
     if len(sys.modules) == _seen_count:
         return

@@ -1,9 +1,6 @@
-"""Which object inside a value keeps it from pickling, and the path to it.
+"""Which object inside a value keeps it from pickling, and the path to it (``W.score → Registry.lock``).
 
-A pickler names the type it choked on, not where that object sat.
-:func:`find_unpicklable` walks down only the parts that fail to pickle (so
-it costs nothing until something has failed) and returns the path as a user
-would write it (``cfg['callback']``, ``W.score → Registry.lock``).
+Only the parts that fail to pickle are walked, so it costs nothing until something has failed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Pickle with tensors as raw out-of-band buffers.
 
-torch's own pickling ships a tensor's whole storage in-band (a 10-row view
-of a 1M-row batch ships all 1M rows).  Here a tensor becomes a bare
-:class:`pickle.PickleBuffer` over exactly its bytes, handed out of band by
-protocol 5 and rebuilt over the receiver's buffer, no copy on either side.
+torch's own pickling ships a view's whole storage in-band; here a tensor is a bare ``PickleBuffer`` over
+exactly its bytes, out of band under protocol 5, rebuilt over the receiver's buffer without a copy.
 """
 
 from __future__ import annotations
@@ -71,11 +69,7 @@ class _SharingPickler(_Pickler):
 
 
 class _InProcessPickler(_Pickler):
-    """Code of modules this process imported from an inserted path (a pytest test module) goes by name.
-
-    For checks on behalf of ranks in this process (``local``), which import
-    those modules as the driver did; ``__main__`` still travels by value.
-    """
+    """Code of modules imported from an inserted path goes by name: for ranks in this process (``local``)."""
 
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]):
         super().__init__(file, buffers, None)

@@ -1,8 +1,6 @@
-"""A tensor as exactly its bytes for pickle protocol 5, and rebuilt over any buffer without a copy.
+"""A tensor as exactly its bytes for pickle protocol 5, rebuilt over any buffer without a copy.
 
-``TensorBatch`` and ``DataProto`` use :func:`reduce_tensor` in their own
-reducers, so any protocol-5 pickler (Ray's included) gets the same layout.
-Imports nothing of dispatchcore.
+Imports nothing of dispatchcore, so ``TensorBatch`` and ``DataProto`` reduce with it too.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The executor contract: everything a backend plugin needs, and nothing private.
 
-The core owns dispatch, collect, padding, futures, binding and every time
-bound; an executor owns how ranks start, how bytes move and how death is
-seen.  Subclass :class:`Executor` (or :class:`LaneExecutor` when ranks are
-processes), check it with :class:`dispatchcore.testing.ExecutorConformance`;
-the contract, name by name: ``docs/executor-contract.md``.
+Subclass :class:`Executor` (or :class:`LaneExecutor` for process ranks), check it with
+:class:`dispatchcore.testing.ExecutorConformance`; the contract is ``docs/executor-contract.md``.
 """
 
 from __future__ import annotations

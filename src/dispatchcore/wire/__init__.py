@@ -1,17 +1,7 @@
 """The one serialization path for executors that move bytes between processes.
 
-Everything a rank receives or sends back goes through :func:`dumps` /
-:func:`loads`: pickle protocol 5 with tensors as out-of-band buffers of
-exactly their own bytes, and code a fresh rank could not import by name (the
-driver script's, a test module's) by value.  :func:`dumps_portable` takes
-the C pickler when that is safe.  Receive large buffers with
-:func:`numpy_tensor` / :func:`receive_buffer`, and rows the collect will
-concatenate into a :class:`RowBuffers` (handed back as
-``CallHandle.row_buffers``) so the concatenation adopts them.
-:func:`find_unpicklable` names the object at fault when pickling fails.
-
-The contract, name by name: ``docs/executor-contract.md``; why:
-``docs/design.md`` ("Data path").
+:func:`dumps` / :func:`loads`: pickle 5, tensors as out-of-band buffers of exactly their bytes, code a
+fresh rank cannot import by name by value.  Name by name: ``docs/executor-contract.md``.
 """
 
 from __future__ import annotations
