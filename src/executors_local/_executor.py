@@ -97,11 +97,9 @@ class LocalExecutor(Executor):
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
         method, instructions, threads = call.method, call.instructions, self.rank_threads
-        # Nothing to copy (no arguments at all): neither here nor on the ranks.
         bare = not any(call.args) and not any(call.kwargs)
         copy_here = isolate and not bare and _small_arguments(call)
-        # Copied (or, for the ranks to copy, checked) before anything is queued: an argument that
-        # cannot be pickled is refused as on every backend, with no rank having started the call.
+        # Copied (or checked, for the ranks to copy) before anything is queued: no rank starts a refused call.
         if copy_here:
             per_rank = [
                 _copy_arguments(method, args, kwargs) for args, kwargs in zip(call.args, call.kwargs, strict=True)

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; only read by type checkers
 
 __all__ = [
-    "AUTO_PADDING_KEY",  # defined in _padding; still importable here for older importers
     "DataProto",
     "DataProtoConfig",  # defined in _padding; re-exported for verl-style imports
     "DataProtoItem",

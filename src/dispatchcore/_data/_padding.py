@@ -98,10 +98,8 @@ def _existing_padding(data: RowsLike) -> int | None:
 def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tuple[list[D], int]:
     """Split ``data`` into ``n`` equal chunks, padding when allowed; returns ``(chunks, pad_size)``.
 
-    ``allow_padding=None`` means ``data.is_padding_enabled()``; without it a
-    length ``n`` does not divide raises :class:`BatchSizeError`.  Only chunks
-    holding padding rows are copies.  When padding is allowed (or ``data``
-    holds some), every chunk's ``meta_info`` carries :data:`PADDING_ROWS_KEY`.
+    ``allow_padding=None`` means ``data.is_padding_enabled()``; without padding a length ``n`` does not divide
+    raises.  Every chunk's ``meta_info`` carries :data:`PADDING_ROWS_KEY` when padding is allowed or present.
     """
     n = check_positive("chunks", n)
     if allow_padding is None:

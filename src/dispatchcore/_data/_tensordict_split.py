@@ -20,8 +20,7 @@ def is_tensordict(value: Any) -> bool:
     return base is not None and isinstance(value, base)
 
 
-# Jagged tensors are typed ``Any`` here: ``offsets()``, ``lengths()`` and ``_ragged_idx``
-# live on torch's NestedTensor subclass, not on ``torch.Tensor``.
+# Jagged tensors are typed ``Any``: ``offsets()``, ``lengths()``, ``_ragged_idx`` are NestedTensor's, not Tensor's.
 def _is_jagged(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
 

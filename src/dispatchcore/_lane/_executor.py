@@ -20,7 +20,7 @@ from ._envelope import BulkPath
 
 
 class LaneExecutor(Executor):
-    """``submit``, ``cancel_call``, ``rank_stacks`` and ``shutdown`` on the core's lane (see the module doc)."""
+    """``submit``, ``cancel_call``, ``rank_stacks``, ``shutdown`` on the core's lane (docs/executor-contract.md)."""
 
     #: Where the lane listens: an address every rank reaches (loopback when all share this machine).
     lane_host: ClassVar[str] = LOOPBACK

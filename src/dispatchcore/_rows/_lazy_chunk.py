@@ -57,9 +57,7 @@ class LazyChunk:
     def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False, share_local: bool = False) -> DataProto:
         """The chunk's rows as a DataProto the worker may write to.
 
-        ``fetched_private``: ``fetch`` returns fresh memory, so a lone fetched
-        part is used without another copy.  ``share_local`` (``isolate=False``
-        groups): rows kept in this process are handed over without a copy.
+        A lone part ``fetch`` returned is used uncopied when ``fetched_private``; rows kept here when ``share_local``.
         """
         fetched = read_rows(self.requests, fetch)
         local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)}

@@ -143,9 +143,7 @@ def dumps_in_process(obj: Any) -> Serialized:
 def dumps_portable(obj: Any) -> Serialized:
     """``obj`` pickled for another process, by the C pickler when that is safe.
 
-    The C pickler saves ~20-50 us per DataProto chunk but names all code by
-    reference: its stream is kept only when it names no module whose code
-    must travel by value; otherwise cloudpickle pickles ``obj`` again.
+    Safe (and ~20-50 us cheaper per chunk) when its stream names no module whose code must travel by value.
     """
     try:
         serialized = dumps(obj, share_callables=True)
