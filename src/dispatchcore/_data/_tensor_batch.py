@@ -238,11 +238,14 @@ class TensorBatch:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        return self._with({k: v[index] for k, v in self._tensors.items()}, probe[index].shape)
-
-    def _with(self, tensors: dict[str, torch.Tensor], batch_size: torch.Size | None = None) -> TensorBatch:
         out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = self._batch_size if batch_size is None else batch_size
+        out._batch_size = probe[index].shape
+        out._tensors = {k: v[index] for k, v in self._tensors.items()}
+        return out
+
+    def _with(self, tensors: dict[str, torch.Tensor]) -> TensorBatch:
+        out = TensorBatch.__new__(TensorBatch)
+        out._batch_size = self._batch_size
         out._tensors = tensors
         return out
 
