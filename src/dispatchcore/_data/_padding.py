@@ -55,7 +55,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
-    """Pad ``data`` (a copy) to a multiple of ``size_divisor`` by repeating rows 0, 1, ...; ``(padded, pad_size)``."""
+    """Pad ``data`` (never in place) to a multiple of ``size_divisor``, repeating rows 0, 1, ...: ``(padded, pad)``."""
     divisor = check_positive("size_divisor", size_divisor)
     length = len(data)
     pad_size = (-length) % divisor

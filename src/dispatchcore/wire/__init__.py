@@ -1,7 +1,7 @@
 """The one serialization path for executors that move bytes between processes.
 
-:func:`dumps` / :func:`loads`: pickle 5, tensors as out-of-band buffers of exactly their bytes, code a
-fresh rank cannot import by name by value.  Name by name: ``docs/executor-contract.md``.
+:func:`dumps` / :func:`loads`: pickle 5, tensors as out-of-band buffers of exactly their bytes, and by
+value the code a fresh rank cannot import by name.  Name by name: ``docs/executor-contract.md``.
 """
 
 from __future__ import annotations
