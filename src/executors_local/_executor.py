@@ -1,23 +1,7 @@
-"""``LocalExecutor``: ranks as worker objects, each on its own daemon thread.
+"""``LocalExecutor``: ranks as worker objects, each on its own daemon thread, built from the public contract.
 
-Everything here but the thread-per-rank layout comes from the public
-executor contract: :class:`~dispatchcore.executor.RankThread` serves a rank,
-:func:`~dispatchcore.executor.run_isolated` gives it what a pickle round trip
-would (copied on the rank's own thread, so copies run in parallel), and
-:class:`~dispatchcore.executor.RankCallHandle` owns every time bound.
-Small arguments are copied on the driver instead, before any rank wakes:
-every torch call releases the GIL, and a rank thread retaking it behind
-the driver or another rank costs far more than the copy itself.
-What cannot be pickled is refused before anything is queued, as on every
-backend: the worker class and init arguments as a process backend would
-pickle them (:func:`~dispatchcore.executor.check_spec_picklable`), a call's
-arguments as the copy would (:func:`~dispatchcore.executor.check_copyable`);
-with ``isolate=False`` nothing is pickled and nothing refused.
-A rank whose thread exited is reported dead; a worker calling ``os._exit``
-ends this whole process, the driver's (a thread cannot die alone: plant
-deaths with the ``faulty`` backend to test them).  Lazy results stay in this
-process, so a consuming rank reads a producer's rows directly (copying them
-once, as isolation asks).
+Small arguments are copied on the driver, larger ones on each rank's thread; ``os._exit`` in a worker
+ends the driver's process too (plant deaths with the ``faulty`` backend).
 """
 
 from __future__ import annotations
@@ -73,11 +57,7 @@ class _LocalCallHandle(RankCallHandle):
 
 
 class LocalExecutor(Executor):
-    """Backend ``"local"``: zero setup, threads in this process.
-
-    Options: ``start_timeout`` (seconds to wait for every worker's
-    ``__init__``, default 300).
-    """
+    """Backend ``"local"``: zero setup, threads in this process; option ``start_timeout`` (s, default 300)."""
 
     name = "local"
     ranks_share_process = True
@@ -117,11 +97,9 @@ class LocalExecutor(Executor):
         isolate = self.spec.isolate
         copy_result = isolate and not call.results_are_copied
         method, instructions, threads = call.method, call.instructions, self.rank_threads
-        # Nothing to copy (no arguments at all): neither here nor on the ranks.
         bare = not any(call.args) and not any(call.kwargs)
         copy_here = isolate and not bare and _small_arguments(call)
-        # Copied (or, for the ranks to copy, checked) before anything is queued: an argument that
-        # cannot be pickled is refused as on every backend, with no rank having started the call.
+        # Copied (or checked, for the ranks to copy) before anything is queued: no rank starts a refused call.
         if copy_here:
             per_rank = [
                 _copy_arguments(method, args, kwargs) for args, kwargs in zip(call.args, call.kwargs, strict=True)

@@ -1,13 +1,4 @@
-"""Weight transfers between local groups: every rank lives in this process, so a bucket is its views.
-
-A source rank publishes its pieces as views of the offered tensors (no
-copy; the core keeps the source dtype so the one copy also casts); each
-destination rank copies them once into the places the core gives (its own
-buffers), or keeps a whole tensor as it is when its group is
-``isolate=False``.  The
-last reader drops the entry; a transfer that failed half way may leave an
-entry behind, which holds views only (no memory of its own).
-"""
+"""Weight transfers between local groups: every rank lives in this process, so a bucket is its views."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The floor every layer stands on: the exception tree, did-you-mean hints, the one-shot latch, backend option checks,
-old module paths.
-
-Imports nothing of dispatchcore.
+old module paths.  Imports nothing of dispatchcore.
 """
 
 from ._errors import (

@@ -56,9 +56,7 @@ class BackendNotFoundError(DispatchError, LookupError):
 class CallSignatureError(DispatchError, TypeError):
     """A call's arguments, as a rank would receive them, do not fit the worker method's signature.
 
-    Raised on the driver before anything is sent; ``method`` is
-    ``"<class>.<method>"`` and ``parameter`` the parameter named by the
-    mismatch, when there is one.
+    Raised before anything is sent; ``method`` is ``"<class>.<method>"``, ``parameter`` the one at fault.
     """
 
     method: str | None = None
@@ -85,10 +83,7 @@ class DispatchIndexError(DispatchError, IndexError):
 
 
 class DispatchAttributeError(DispatchError, AttributeError):
-    """A group has no such method (the message suggests the nearest), or the method lacks ``@register``.
-
-    Still an ``AttributeError``: ``hasattr(wg, name)`` and ``getattr(wg, name, default)`` keep working.
-    """
+    """A group has no such method (nearest suggested), or it lacks ``@register``; ``hasattr`` still works."""
 
 
 class DispatchRuntimeError(DispatchError, RuntimeError):
@@ -102,10 +97,8 @@ class DispatchImportError(DispatchError, ImportError):
 class UnpicklableError(DispatchTypeError):
     """A worker class, init argument or call argument cannot be pickled for the ranks; nothing was sent.
 
-    ``where`` is the path to the object at fault (``argument 'cfg' →
-    cfg['callback']``, ``worker class W → Registry.lock``); ``in_process``
-    says the pickling was for isolation inside this process (``local``),
-    where callables and classes are shared, not pickled.
+    ``where`` is the path to the object at fault (``argument 'cfg' → cfg['callback']``); ``in_process``:
+    pickled for isolation inside this process (``local``), where code is shared, not pickled.
     """
 
     def __init__(self, message: str, *, where: str = "", method: str | None = None, in_process: bool = False) -> None:
@@ -115,7 +108,10 @@ class UnpicklableError(DispatchTypeError):
         self.in_process = in_process
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_unpicklable_error, (str(self), self.where, self.method, self.in_process))
+        return (
+            _rebuild,
+            (type(self), str(self), {"where": self.where, "method": self.method, "in_process": self.in_process}),
+        )
 
 
 class WorkerError(DispatchError, RuntimeError):
@@ -179,55 +175,37 @@ class MemoryBudgetError(DispatchError, MemoryError):
     """A rank would hold more rows of lazy results than its budget (``lazy_budget_bytes``)."""
 
 
-class DispatchTimeoutError(DispatchError, TimeoutError):
-    """A call did not finish within its timeout.
-
-    ``method`` and ``ranks`` (the ranks still running) are set when known.
-    """
+class _CallEnded(DispatchError):
+    """An error about one call: ``method`` and ``ranks`` (the ranks not finished) when known, kept through pickling."""
 
     def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.method = method
         self.ranks = tuple(ranks)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_timeout_error, (str(self), self.method, self.ranks))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), {"method": self.method, "ranks": self.ranks}))
 
 
-class CallCancelledError(DispatchError, concurrent.futures.CancelledError):
+class DispatchTimeoutError(_CallEnded, TimeoutError):
+    """A call did not finish within its timeout (``method`` and ``ranks``, the ranks still running, when known)."""
+
+
+class CallCancelledError(_CallEnded, concurrent.futures.CancelledError):
     """A call was cancelled (``future.cancel()``, a stream left early, a timeout with ``on_timeout="cancel"``).
 
-    ``method`` and ``ranks`` (the ranks that had not finished when it was
-    cancelled) are set when known.  It is also a
-    ``concurrent.futures.CancelledError``, what ``Future.result()`` raises
-    after a cancel.
+    ``method`` and ``ranks`` (the ranks not finished) are set when known; also
+    a ``concurrent.futures.CancelledError``, what ``Future.result()`` raises after a cancel.
     """
-
-    def __init__(self, message: str = "", *, method: str | None = None, ranks: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.method = method
-        self.ranks = tuple(ranks)
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_cancelled_error, (str(self), self.method, self.ranks))
 
 
 class CallInterrupted(BaseException):  # noqa: N818 - raised into a worker's thread, like KeyboardInterrupt
     """Raised inside a worker method whose call was cancelled (at its next Python instruction).
 
-    A ``BaseException``, as ``KeyboardInterrupt`` and ``asyncio.CancelledError``
-    are, so that a worker's ``except Exception`` does not swallow it.  Catch it
-    only to clean up, then re-raise.
+    A ``BaseException``, so ``except Exception`` does not swallow it; catch it only to clean up, then re-raise.
     """
 
 
-def _unpicklable_error(message: str, where: str, method: str | None, in_process: bool) -> UnpicklableError:
-    return UnpicklableError(message, where=where, method=method, in_process=in_process)
-
-
-def _cancelled_error(message: str, method: str | None, ranks: tuple[int, ...]) -> CallCancelledError:
-    return CallCancelledError(message, method=method, ranks=ranks)
-
-
-def _timeout_error(message: str, method: str | None, ranks: tuple[int, ...]) -> DispatchTimeoutError:
-    return DispatchTimeoutError(message, method=method, ranks=ranks)
+def _rebuild(cls: type[BaseException], message: str, fields: dict[str, Any]) -> BaseException:
+    """Unpickle an error whose fields are keyword-only arguments."""
+    return cls(message, **fields)

@@ -1,11 +1,6 @@
-"""A one-shot signal for one call: set once, waited on by the caller (and rarely a few more).
+"""A one-shot signal for one call: ``threading.Event``'s behaviour on a bare lock.
 
-``threading.Event`` builds a ``Condition`` per event and a fresh waiter lock
-per wait; at one event per call that was a third of the local backend's
-per-call cost.  A bare lock, taken at creation and released when the latch
-is set, gives the same ``set`` / ``is_set`` / ``wait`` behaviour for this
-use: a waiter that gets the lock hands it straight back, so every other
-waiter passes too.
+An ``Event`` builds a ``Condition`` per event and a lock per wait (a third of the local per-call cost).
 """
 
 from __future__ import annotations

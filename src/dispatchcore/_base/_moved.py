@@ -1,11 +1,4 @@
-"""Pickles written before the core's modules moved still load: their old module paths are aliases.
-
-The core's modules moved into concept packages (``_data``, ``_rows``,
-``_dispatch``, ...).  Pickles written before the move name the old paths
-(``DataProto.save_to_disk`` stores ``dispatchcore._dataproto.DataProto``), so
-importing such a path gives the module that now holds its names.  Only the
-paths of picklable data classes are kept.
-"""
+"""Old module paths that pickles written before the core became packages name, as aliases."""
 
 from __future__ import annotations
 
@@ -16,9 +9,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-#: Old module path -> the module that holds its names now: only the paths a pickle written
-#: before the move names (``DataProto`` and ``DataProtoItem`` lived in ``_dataproto``,
-#: ``TensorBatch`` in ``_tensor_batch``).  Other old paths were never public and are gone.
+#: Old module path -> the module that holds its names now.
 MOVED = {
     "dispatchcore._dataproto": "dispatchcore._data._dataproto",
     "dispatchcore._tensor_batch": "dispatchcore._data._tensor_batch",

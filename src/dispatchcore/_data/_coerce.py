@@ -1,10 +1,4 @@
-"""Checking and converting what users hand a DataProto: batches, columns, row indexes.
-
-The class accepts TensorDicts, dicts, lists, numpy arrays and tensors in
-many places; turning them into its own types (and raising one clear error
-for anything else) is one job, kept here so the class module holds the
-row logic.  Leaf module: it imports no other DataProto module.
-"""
+"""Checking and converting what users hand a DataProto: batches, columns, row indexes (a leaf module)."""
 
 from __future__ import annotations
 

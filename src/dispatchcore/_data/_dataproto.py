@@ -1,21 +1,6 @@
 """``DataProto``: verl's batch container, without tensordict or Ray.
 
-A DataProto is three things sharing one row count: ``batch`` (a
-:class:`~dispatchcore._data._tensor_batch.TensorBatch` of tensors), ``non_tensor_batch``
-(name -> numpy array, object dtype allowed) and ``meta_info`` (a dict for
-the whole batch).  Method names, arguments and defaults follow verl 0.9.1's
-``verl.protocol.DataProto`` so verl code ports by changing imports.  Where
-verl has sharp edges this module fixes them: padding never mutates the
-caller, ``concat([])`` raises a ValueError, chunks are views that own their
-``meta_info`` dict, and pickling ships each tensor's own bytes out of band
-(a chunk of a big batch carries only its rows).
-
-This module holds the class and its row logic (indexing, concat, columns,
-pickling).  The rest sits in modules by concept that never import this one
-at run time: padding and chunking (``_padding``), meta-info merging and
-unions (``_meta_info``), row repetition and folding (``_row_reshape``),
-tensordict conversion (``_tensordict_interop``), DataLoader glue
-(``_minibatch``) and input checks (``_coerce``).
+verl 0.9.1's method names, arguments and defaults (verl code ports by changing imports), sharp edges fixed.
 """
 
 from __future__ import annotations
@@ -51,7 +36,6 @@ if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; only read by type checkers
 
 __all__ = [
-    "AUTO_PADDING_KEY",  # defined in _padding; still importable here for older importers
     "DataProto",
     "DataProtoConfig",  # defined in _padding; re-exported for verl-style imports
     "DataProtoItem",
@@ -78,19 +62,12 @@ class DataProto:
 
     @property
     def batch(self) -> TensorBatch:
-        """The tensors (a TensorBatch); assigning a TensorDict or dict converts it.
-
-        ``None`` when the DataProto has no tensor columns; typed as a
-        TensorBatch (as verl types its TensorDict) so ``data.batch["x"]``
-        type-checks in user code.
-        """
+        """The tensors (a TensorBatch, or ``None``); assigning a TensorDict or dict converts it."""
         return self._batch  # type: ignore[return-value]
 
     @batch.setter
     def batch(self, value: Any) -> None:
         self._batch = as_batch(value)
-
-    # -- construction ------------------------------------------------------------
 
     @classmethod
     def from_dict(
@@ -149,8 +126,6 @@ class DataProto:
         """Build from a TensorDict laid out as :meth:`to_tensordict` writes it (needs tensordict)."""
         return from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
 
-    # -- checks and info -----------------------------------------------------------
-
     def check_consistency(self) -> None:
         """Raise if columns disagree on the row count (public, as in verl)."""
         if self.batch is not None and self.batch.batch_dims != 1:
@@ -207,8 +182,6 @@ class DataProto:
         lines.append("meta_info")
         lines += [f"  {k}: {type(v).__name__}" for k, v in self.meta_info.items()]
         return "\n".join(lines)
-
-    # -- indexing ----------------------------------------------------------------
 
     def _new(
         self,
@@ -279,13 +252,8 @@ class DataProto:
         non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor, dict(self.meta_info))
 
-    # -- splitting and joining ------------------------------------------------------
-
     def chunk(self, chunks: int) -> list[Self]:
-        """``chunks`` equal parts (views), padding first when padding is enabled.
-
-        Without padding a length that does not divide raises BatchSizeError.
-        """
+        """``chunks`` equal parts (views), padding first when enabled; else a length that does not divide raises."""
         return chunk_with_padding(self, chunks)[0]
 
     def split(self, split_size: int) -> list[Self]:
@@ -296,11 +264,9 @@ class DataProto:
     def concat(data: Iterable[DataProto], *, row_buffers: RowBuffers | None = None) -> DataProto:
         """Join rows of several DataProtos (one copy per column).
 
-        ``meta_info["metrics"]`` of the items is gathered into lists per key;
-        any other meta key must agree across items (ValueError naming it).
-        ``row_buffers``: the receive buffers the items' rows arrived in (an
-        executor's ``CallHandle.row_buffers``); rows lying in order in one of
-        them are adopted instead of copied.
+        ``meta_info["metrics"]`` is gathered into lists per key; other meta keys
+        must agree.  Rows lying in order in one of ``row_buffers`` (an
+        executor's ``CallHandle.row_buffers``) are adopted instead of copied.
         """
         items = list(data)
         if not items:
@@ -346,12 +312,12 @@ class DataProto:
         if len(self) == 0:
             raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
         row = 0 if padding_candidate == "first" else len(self) - 1
-        index = np.concatenate([np.arange(len(self)), np.full(padding_size, row)])
-        padded = self._take(index)
-        self.batch = padded.batch
-        self.non_tensor_batch = padded.non_tensor_batch
+        self._assume_rows(self._take(np.concatenate([np.arange(len(self)), np.full(padding_size, row)])))
 
-    # -- column selection ------------------------------------------------------------
+    def _assume_rows(self, other: Self) -> None:
+        """Take ``other``'s rows of the same columns, in place (``padding``, ``reorder``)."""
+        self.batch = other.batch
+        self.non_tensor_batch = other.non_tensor_batch
 
     def select(
         self,
@@ -360,10 +326,7 @@ class DataProto:
         meta_info_keys: Iterable[str] | None = None,
         deepcopy: bool = False,
     ) -> Self:
-        """A DataProto with only the named columns/meta keys (tensors shared).
-
-        ``deepcopy=True`` deep-copies non-tensor columns and meta info (as verl).
-        """
+        """A DataProto with only the named columns/meta keys (tensors shared; ``deepcopy`` copies the rest)."""
         batch = self.batch
         if batch_keys is not None:
             if batch is None:
@@ -432,9 +395,7 @@ class DataProto:
     def union(self, other: DataProto) -> Self:
         """Merge ``other``'s columns and meta into self (shared keys must be equal); returns self.
 
-        With a lazy ``other`` (rows kept on ranks), self becomes lazy in place
-        (same object, now a ``LazyDataProto``): its own columns stay on the
-        driver, ``other``'s stay on the ranks, nothing is fetched.
+        With a lazy ``other``, self becomes a ``LazyDataProto`` in place; nothing is fetched.
         """
         if other.is_lazy and not self.is_lazy:
             joined = type(other).of_local(self).union(other)  # type: ignore[attr-defined]
@@ -455,13 +416,9 @@ class DataProto:
         self.check_consistency()
         return self
 
-    # -- reshaping rows --------------------------------------------------------------
-
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """Permute rows in place by ``indices``."""
-        reordered = self.select_idxs(indices)
-        self.batch = reordered.batch
-        self.non_tensor_batch = reordered.non_tensor_batch
+        self._assume_rows(self.select_idxs(indices))
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> Self:
         """Each row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
@@ -474,8 +431,6 @@ class DataProto:
     def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> Self:
         """Split dim 1 of ``split_keys`` into ``n_split`` rows each; other columns repeat."""
         return unfold_column_chunks(self, n_split, split_keys)
-
-    # -- devices, iteration, persistence ----------------------------------------------
 
     def to(self, device: torch.device | str, **kwargs: Any) -> Self:
         """Move the tensors to ``device`` in place; returns self (as verl)."""
@@ -490,11 +445,7 @@ class DataProto:
         seed: int | None = None,
         dataloader_kwargs: dict[str, Any] | None = None,
     ) -> Iterator[Self]:
-        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs.
-
-        ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
-        ``shuffle=True``); ``seed`` seeds its generator.
-        """
+        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs (a DataLoader's, seeded by ``seed``)."""
         return iterate_minibatches(self, mini_batch_size, epochs, seed, dataloader_kwargs)
 
     def to_tensordict(self) -> Any:
@@ -513,20 +464,12 @@ class DataProto:
             loaded: DataProto = pickle.load(f)
             return loaded
 
-    # -- pickling -------------------------------------------------------------------
-
     def __getstate__(self) -> dict[str, Any]:
         """Tensors as their own bytes (numpy arrays, out of band under protocol 5), only this view's rows."""
         return self._pickle_state(protocol5=False)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        """Under protocol 5 (every executor's and Ray's), tensors go as bare out-of-band buffers.
-
-        That stream is about a third shorter than with numpy arrays and
-        cheaper both ways, which small calls pay per rank.  Older protocols
-        and ``copy`` take the default path through :meth:`__getstate__`;
-        subclasses with a reduction of their own keep it.
-        """
+        """Under protocol 5 tensors go as bare out-of-band buffers (a third shorter than numpy arrays)."""
         if int(protocol) < 5 or type(self).__reduce__ is not object.__reduce__:
             return super().__reduce_ex__(protocol)
         return copyreg.__newobj__, (type(self),), self._pickle_state(protocol5=True)  # type: ignore[attr-defined]  # missing from the stubs

@@ -1,10 +1,4 @@
-"""Equality, unions and merging of meta info and column dicts.
-
-Kept apart from :mod:`dispatchcore._data._dataproto` because these rules work on
-plain dicts (``meta_info``, ``non_tensor_batch``, tensor batches) and are
-shared by ``DataProto.concat`` / ``union``, the forwarding plans and the
-testing assertions, none of which should need the DataProto class to use them.
-"""
+"""Equality, unions and merging of meta info and column dicts, as plain-dict rules (no DataProto needed)."""
 
 from __future__ import annotations
 
@@ -22,24 +16,14 @@ from dispatchcore._data._tensor_batch import TensorBatch
 __all__ = [
     "merge_meta_info",
     "union_numpy_dict",
-    "union_python_dict",
     "union_tensor_dict",
     "union_two_dict",
     "values_equal",
 ]
 
 
-# -- equality -------------------------------------------------------------------
-
-
 def values_equal(a: Any, b: Any, _comparing: set[tuple[int, int]] | None = None) -> bool:
-    """Deep equality that copes with tensors, arrays, NaN, nested containers and cycles.
-
-    ``==`` alone raises on arrays ("truth value is ambiguous") and calls
-    NaN unequal to itself; meta_info and object columns hold both.  A pair of
-    containers met again while being compared is taken as equal (an object
-    array holding itself equals another of the same shape), so cycles end.
-    """
+    """Deep equality for tensors, arrays, NaN, nested containers and cycles (where ``==`` raises or says no)."""
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -91,9 +75,6 @@ def _flat_equal(a: Any, b: Any) -> bool:
         return False
 
 
-# -- unions (verl's helpers; update their first argument) -------------------------
-
-
 def union_tensor_dict(tensor_dict1: TensorBatch, tensor_dict2: TensorBatch) -> TensorBatch:
     """Add ``tensor_dict2``'s tensors to ``tensor_dict1``; shared keys must be equal."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
@@ -135,12 +116,6 @@ def union_two_dict(dict1: dict[str, Any], dict2: Mapping[str, Any]) -> dict[str,
     return dict1
 
 
-union_python_dict = union_two_dict
-
-
-# -- meta_info merging for concat ---------------------------------------------------
-
-
 def _dict_of_lists(dicts: Sequence[Any]) -> Any:
     """``[{a: 1}, {a: 2}] -> {a: [1, 2]}``; anything not all-dicts stays a list."""
     if not all(isinstance(d, Mapping) for d in dicts):
@@ -153,10 +128,7 @@ def _dict_of_lists(dicts: Sequence[Any]) -> Any:
 
 
 def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """verl's concat rule: ``metrics`` gathered into lists, other keys must agree.
-
-    The per-chunk :data:`PADDING_ROWS_KEY` is dropped: it differs by design.
-    """
+    """verl's concat rule: ``metrics`` gathered into lists, other keys must agree (:data:`PADDING_ROWS_KEY` dropped)."""
     merged: dict[str, Any] = {}
     metrics: list[Any] = []
     for pos, meta in enumerate(metas):

@@ -1,11 +1,4 @@
-"""Reducing per-rank metrics to the one number a trainer logs: mean, sum, max or min per name.
-
-Data-parallel ranks each report their metrics; ``DP_COMPUTE_METRIC`` gives
-the driver one dict per rank and ``DataProto.concat`` gathers
-``meta_info["metrics"]`` into one list per name (verl's rules).  Trainers
-want one value per name: :func:`reduce_metrics` takes either shape (verl's
-``reduce_metrics`` takes the second and means it).
-"""
+"""Reducing per-rank metrics to the one number a trainer logs (docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -85,11 +78,9 @@ def reduce_metrics(
 ) -> dict[str, Any]:
     """One value per metric name, from per-rank dicts (``[{name: value}, ...]``) or a dict of lists.
 
-    ``how`` is ``"mean"`` (the default, verl's), ``"sum"``, ``"max"``,
-    ``"min"``, a function of the list of values, or a mapping from metric
-    name to one of those (names it leaves out are meant).  Every value a
-    name has is taken (a rank's list of micro-batch values counts each);
-    a name without values is left out.
+    ``how``: ``"mean"`` (verl's default), ``"sum"``, ``"max"``, ``"min"``, a
+    function of the values, or a mapping from name to one of those (others
+    are meant); see docs/metrics.md.
     """
     gathered: dict[str, list[Any]] = {}
     parts = [metrics] if isinstance(metrics, Mapping) else list(metrics)

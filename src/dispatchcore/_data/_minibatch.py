@@ -1,10 +1,4 @@
-"""Mini-batches through torch's DataLoader: iterating a DataProto and collating rows.
-
-``DataProto.make_iterator`` and verl's ``collate_fn`` are the DataLoader
-glue of the container; they live here so the class module holds row logic
-only.  The class is passed in (``collate_rows(items, cls)``), so this module
-never imports :mod:`dispatchcore._data._dataproto` at run time.
-"""
+"""Mini-batches through torch's DataLoader: iterating a DataProto and collating rows (the class is passed in)."""
 
 from __future__ import annotations
 
@@ -30,11 +24,7 @@ def iterate_minibatches(
     seed: int | None = None,
     dataloader_kwargs: dict[str, Any] | None = None,
 ) -> Iterator[D]:
-    """Mini-batches of ``mini_batch_size`` rows of ``data`` for ``epochs`` epochs.
-
-    ``dataloader_kwargs`` go to ``torch.utils.data.DataLoader`` (e.g.
-    ``shuffle=True``); ``seed`` seeds its generator.
-    """
+    """Mini-batches of ``mini_batch_size`` rows of ``data`` for ``epochs`` epochs, through a ``DataLoader``."""
     from torch.utils.data import DataLoader
 
     if mini_batch_size <= 0 or len(data) % mini_batch_size:

@@ -1,11 +1,6 @@
 """Padding: the auto-padding switch, and splitting rows into equal chunks.
 
-A batch whose length does not divide by the world size is padded by
-repeating rows, and every chunk records how many of its trailing rows are
-padding (:data:`PADDING_ROWS_KEY`) so results can be trimmed.  This module
-owns that arithmetic; the DataProto class calls it (``chunk``, ``split``)
-and the functions here only call DataProto methods (``len``, slicing,
-``_take``, ``is_padding_enabled``), so the class is needed for typing only.
+Every chunk records how many trailing rows are padding (:data:`PADDING_ROWS_KEY`) so results can be trimmed.
 """
 
 from __future__ import annotations
@@ -60,11 +55,7 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
 
 
 def pad_dataproto_to_divisor(data: D, size_divisor: int) -> tuple[D, int]:
-    """Pad ``data`` so its length divides by ``size_divisor``; returns ``(padded, pad_size)``.
-
-    Padding rows repeat rows from the start (row 0, 1, ... wrapping), as verl
-    does.  ``data`` is never modified; without padding the result is a view.
-    """
+    """Pad ``data`` (never in place) to a multiple of ``size_divisor``, repeating rows 0, 1, ...: ``(padded, pad)``."""
     divisor = check_positive("size_divisor", size_divisor)
     length = len(data)
     pad_size = (-length) % divisor
@@ -83,12 +74,7 @@ def unpad_dataproto(data: D, pad_size: int) -> D:
 
 
 def real_rows(data: RowsLike) -> int:
-    """How many of ``data``'s rows are real, not padding: its length less ``meta_info[PADDING_ROWS_KEY]``.
-
-    In a worker, the count a padded chunk's loss is normalised by (padding
-    rows are its trailing ones: ``data[:real_rows(data)]`` are the real ones);
-    a chunk without the key has no padding.
-    """
+    """How many of ``data``'s rows are real (what a padded chunk's loss is normalised by): its length less padding."""
     return len(data) - (_existing_padding(data) or 0)
 
 
@@ -112,12 +98,8 @@ def _existing_padding(data: RowsLike) -> int | None:
 def chunk_with_padding(data: D, n: int, allow_padding: bool | None = None) -> tuple[list[D], int]:
     """Split ``data`` into ``n`` equal chunks, padding when allowed; returns ``(chunks, pad_size)``.
 
-    ``allow_padding=None`` means ``data.is_padding_enabled()``.  Without
-    padding, a length that ``n`` does not divide raises :class:`BatchSizeError`.
-    Chunks without padding rows are views of ``data``; only chunks holding
-    padding rows are gathered copies.  When padding is allowed (or ``data``
-    already says it holds padding), every chunk's ``meta_info`` carries
-    :data:`PADDING_ROWS_KEY`: how many of its trailing rows are padding.
+    ``allow_padding=None`` means ``data.is_padding_enabled()``; without padding a length ``n`` does not divide
+    raises.  Every chunk's ``meta_info`` carries :data:`PADDING_ROWS_KEY` when padding is allowed or present.
     """
     n = check_positive("chunks", n)
     if allow_padding is None:
@@ -159,8 +141,7 @@ def _even_views(data: D, n: int, size: int) -> list[D]:
     batch = data.batch
     if len(batch.batch_size) != 1:
         return [data[i * size : (i + 1) * size] for i in range(n)]
-    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); the length divides by n, so
-    # it gives exactly n views of ``size`` rows.
+    # Tensor.chunk is torch's C split (torch.split adds a Python wrapper); n divides the length.
     columns = [(k, t.chunk(n)) for k, t in batch._tensors.items()]
     arrays = data.non_tensor_batch
     meta = data.meta_info

@@ -1,11 +1,4 @@
-"""Row reshaping: repeating rows and folding/unfolding the batch dim.
-
-These build a new DataProto of a different row count from an existing one
-(``repeat``, ``sample_level_repeat``, ``unfold_column_chunks`` and verl's
-``fold_batch_dim`` / ``unfold_batch_dim``).  They construct results with
-``type(data)`` and ``data._take``, so the class is needed for typing only
-and :mod:`dispatchcore._data._dataproto` can import this module one way.
-"""
+"""Row reshaping: repeating rows and folding/unfolding the batch dim (results built with ``type(data)``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""What the row helpers need of a ``DataProto``, as a protocol.
-
-``DataProto``'s methods call the helpers (padding, reshaping, mini-batches,
-tensordict interop), so the helpers cannot import the class, not even for a
-type: they program against :class:`RowsLike`, which ``DataProto`` (and any
-subclass, ``LazyDataProto`` included) satisfies.  The ``meta_info`` keys
-they agree on live here too, so this module imports nothing of the package.
-"""
+"""What the row helpers need of a ``DataProto`` (which calls them, so they cannot import it), and shared keys."""
 
 from __future__ import annotations
 

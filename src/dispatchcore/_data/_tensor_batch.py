@@ -1,14 +1,6 @@
-"""``TensorBatch``: the tensor part of a :class:`~dispatchcore.DataProto`.
+"""``TensorBatch``: the tensor part of a :class:`~dispatchcore.DataProto`, TensorDict's API without tensordict.
 
-verl keeps its tensors in a ``tensordict.TensorDict``.  dispatchcore must not
-require tensordict, yet verl code reads ``data.batch`` with TensorDict's API
-(``keys()``, ``batch["x"]``, ``batch_size``, ``to(device)``, ``select`` ...).
-``TensorBatch`` is a plain dict of tensors sharing their leading dimension
-that offers that subset, with TensorDict's meanings: ``len(batch)`` is the
-number of rows, iteration yields keys, and indexing by a row index (int,
-slice, index tensor/array/list) indexes every tensor.  Row slicing returns
-views, never copies.  A ``TensorDict`` passed in is converted on the spot;
-tensordict itself is never imported here.
+The subset of TensorDict verl code uses, with its meanings (``len`` is rows, row slices are views).
 """
 
 from __future__ import annotations
@@ -41,8 +33,6 @@ from .._wire import RowBuffers, cat_rows
 __all__ = ["TensorBatch", "is_tensordict"]
 
 _MISSING: Any = object()
-
-RowIndex = int | slice | list[Any] | tuple[Any, ...] | np.ndarray | torch.Tensor
 
 
 def is_tensordict(obj: Any) -> bool:
@@ -87,12 +77,7 @@ def _check_row_index(index: Any) -> Any:
 
 
 class TensorBatch:
-    """Name -> tensor mapping whose tensors share leading dims ``batch_size``.
-
-    Build it like a TensorDict: ``TensorBatch({"x": t}, batch_size=[n])``; with
-    ``batch_size=None`` the size is the first tensor's leading dim (or ``[]``
-    when there are no tensors).
-    """
+    """Name -> tensor mapping sharing leading dims ``batch_size``: ``TensorBatch({"x": t}, batch_size=[n])``."""
 
     __slots__ = ("_batch_size", "_tensors")
 
@@ -121,8 +106,6 @@ class TensorBatch:
         for key, tensor in tensors.items():
             self._check_shape(key, tensor)
             self._tensors[key] = tensor
-
-    # -- shape ---------------------------------------------------------------
 
     def _check_shape(self, key: str, tensor: torch.Tensor) -> None:
         dims = len(self._batch_size)
@@ -163,8 +146,6 @@ class TensorBatch:
     def is_empty(self) -> bool:
         """True when there are no tensors (whatever the batch size)."""
         return not self._tensors
-
-    # -- mapping -------------------------------------------------------------
 
     def keys(self) -> KeysView[str]:
         """The tensor names (a live, read-only view)."""
@@ -246,11 +227,8 @@ class TensorBatch:
         """A plain dict of the tensors (the tensors are shared)."""
         return dict(self._tensors)
 
-    # -- rows ----------------------------------------------------------------
-
     def _index_rows(self, index: Any) -> TensorBatch:
-        if type(index) is slice and len(self._batch_size) == 1:
-            # Fast path (every chunk goes through here): a view per tensor.
+        if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
             out = TensorBatch.__new__(TensorBatch)
             out._batch_size = torch.Size([len(range(*index.indices(self._batch_size[0])))])
             out._tensors = {k: v[index] for k, v in self._tensors.items()}
@@ -260,15 +238,14 @@ class TensorBatch:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        new_size = probe[index].shape
         out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = new_size
+        out._batch_size = probe[index].shape
         out._tensors = {k: v[index] for k, v in self._tensors.items()}
         return out
 
-    def _with(self, tensors: dict[str, torch.Tensor], batch_size: torch.Size | None = None) -> TensorBatch:
+    def _with(self, tensors: dict[str, torch.Tensor]) -> TensorBatch:
         out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = self._batch_size if batch_size is None else torch.Size(batch_size)
+        out._batch_size = self._batch_size
         out._tensors = tensors
         return out
 
@@ -304,8 +281,6 @@ class TensorBatch:
         """One row item per row."""
         _dim0(dim)
         return tuple(self[i] for i in range(len(self)))
-
-    # -- whole-batch transforms ------------------------------------------------
 
     def select(self, *keys: str, strict: bool = True) -> TensorBatch:
         """A new batch holding only ``keys`` (tensors shared)."""
@@ -348,8 +323,6 @@ class TensorBatch:
     def contiguous(self) -> TensorBatch:
         """A batch whose tensors are all contiguous (copies only where needed)."""
         return self._with({k: v.contiguous() for k, v in self._tensors.items()})
-
-    # -- joining ---------------------------------------------------------------
 
     @classmethod
     def cat(cls, batches: Iterable[TensorBatch], dim: int = 0, *, row_buffers: RowBuffers | None = None) -> TensorBatch:
@@ -396,8 +369,6 @@ class TensorBatch:
             return cls.stack(*args, **kwargs)
         return NotImplemented
 
-    # -- pickling and display --------------------------------------------------
-
     def __getstate__(self) -> dict[str, Any]:
         return batch_state(self)
 
@@ -413,12 +384,7 @@ class TensorBatch:
 
 
 def batch_state(batch: TensorBatch, *, protocol5: bool = False) -> dict[str, Any]:
-    """Picklable state: each tensor as its own bytes.
-
-    ``protocol5``: as bare pickle buffers (out of band, the leanest stream;
-    only protocol 5 can pickle them); otherwise as numpy arrays, which every
-    protocol, ``copy.deepcopy`` included, can handle.
-    """
+    """Picklable state: each tensor as its own bytes (``protocol5``: bare pickle buffers, else numpy arrays)."""
     return {
         "batch_size": tuple(batch.batch_size),
         "tensors": {k: _tensor_args(v, protocol5) for k, v in batch.items()},
@@ -433,11 +399,7 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
 
 
 def _tensor_args(t: torch.Tensor, protocol5: bool = False) -> tuple[Any, ...]:
-    """``reduce_tensor``'s arguments; empty tensors carry no bytes at all.
-
-    (Byte views of zero-element tensors can have stride 0, which
-    ``Tensor.view(dtype)`` refuses, so they are rebuilt from their shape.)
-    """
+    """``reduce_tensor``'s arguments; empty tensors carry no bytes (their byte views may have stride 0)."""
     if t.numel() == 0:
         device = None if t.device.type == "cpu" else str(t.device)
         return (None, t.dtype, tuple(t.shape), device, False)

@@ -1,11 +1,4 @@
-"""DataProto <-> tensordict.TensorDict conversion.
-
-tensordict is an optional dependency and its non-tensor containers have
-their own rules (``NonTensorStack.from_list`` nests list rows), so the
-conversion and its column-layout record live here, apart from the class.
-``DataProto.to_tensordict`` / ``from_tensordict`` call these functions; the
-class is passed in, so this module never imports :mod:`dispatchcore._data._dataproto`.
-"""
+"""DataProto <-> tensordict.TensorDict conversion (tensordict is optional; the class is passed in)."""
 
 from __future__ import annotations
 
@@ -34,15 +27,7 @@ def from_tensordict(
     meta_info: Mapping[str, Any] | None = None,
     num_batch_dims: int = 1,
 ) -> D:
-    """A ``cls`` built from a TensorDict laid out as :func:`to_tensordict` writes it.
-
-    Tensors go to ``batch``, ``NonTensorStack`` entries to ``non_tensor_batch``
-    and ``NonTensorData`` entries to ``meta_info`` (they win over keys of
-    the ``meta_info`` argument).  Stacks are read with ``tolist()``, not
-    per-element ``.data``: ``NonTensorStack.from_list`` turns list values
-    into nested (ragged, possibly empty) stacks whose ``.data`` raises
-    inside tensordict.
-    """
+    """A ``cls`` built from a TensorDict as :func:`to_tensordict` lays it out (stacks read with ``tolist()``)."""
     td = _import_tensordict()
     if num_batch_dims != 1:
         raise DispatchValueError(f"only num_batch_dims=1 is supported, got {num_batch_dims}")
@@ -72,12 +57,8 @@ def from_tensordict(
 def to_tensordict(data: RowsLike) -> Any:
     """A TensorDict of ``data``'s tensors, non-tensor columns and meta info.
 
-    Each column becomes a 1-D ``NonTensorStack`` holding one row value per
-    element, wrapped one by one so tensordict never unpacks a list or dict
-    row into a nested stack.  ``meta_info`` entries become ``NonTensorData``.
-    Columns that are not 1-D object arrays also record their dtype and row
-    shape under ``_dispatchcore_column_layout`` so :func:`from_tensordict`
-    rebuilds them exactly; 1-D object columns (verl's kind) need no record.
+    Each column is a ``NonTensorStack`` of rows wrapped one by one; columns that are not 1-D object arrays
+    record dtype and row shape so they come back exactly.
     """
     td = _import_tensordict()
     tensor_keys = list(data.batch.keys()) if data.batch is not None else []

@@ -1,16 +1,6 @@
 """TensorDict arguments and results of the DP dispatch modes, split and joined like DataProto.
 
-verl's decorator accepts a ``tensordict.TensorDict`` wherever it accepts a
-DataProto, so ``DP_COMPUTE_PROTO``, ``DP_COMPUTE_PROTO_WITH_FUNC``,
-``DP_COMPUTE_METRIC`` and the nd modes split TensorDicts by rows and join
-TensorDict results in rank order.  TensorDicts carry no auto-padding flag:
-their length must divide by the number of chunks.
-
-Jagged nested tensors (``torch.nested`` with ``layout=torch.jagged``, e.g.
-ragged ``position_ids``) are cut and joined here through their ``values``
-and ``offsets``, keeping the ragged dimension: not every tensordict release
-splits or concatenates them.  tensordict is never imported here: a value can
-only be a TensorDict if the caller already imported tensordict.
+No auto-padding (the length must divide); jagged tensors go through their ``values`` and ``offsets``.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ def is_tensordict(value: Any) -> bool:
     return base is not None and isinstance(value, base)
 
 
-# Jagged tensors are typed ``Any`` here: ``offsets()``, ``lengths()`` and ``_ragged_idx``
-# live on torch's NestedTensor subclass, not on ``torch.Tensor``.
+# Jagged tensors are typed ``Any``: ``offsets()``, ``lengths()``, ``_ragged_idx`` are NestedTensor's, not Tensor's.
 def _is_jagged(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
 

@@ -1,21 +1,6 @@
 """The control lane: direct, authenticated socket links between a driver and its ranks.
 
-An executor whose ranks are separate processes needs a way to send them
-commands and hear back that costs less than its backend's own call
-mechanism (a store round trip, a Ray task).  The lane is that part, once,
-for every executor: the driver opens a door (:func:`open_lane`: a listener
-on one interface and a fresh token), tells its ranks where it is through a
-:class:`LaneDirectory` the executor fills (the c10d store under torchrun,
-Ray itself for Ray actors), each rank connects with :func:`connect_lane`,
-and from then on one :class:`LaneLink` per rank carries whole messages in
-order, sends never block, and a link that ends says the peer is gone.
-
-On top of the links, the lane's two sides live here once for every process
-backend: :class:`LaneDriver` (each rank's pending calls, one reader thread
-per group, one liveness rule) and :class:`LaneRank` (calls on the rank's
-method thread, pings, cancels and stacks beside them), the call envelope
-(``_envelope``, with an optional :class:`BulkPath`), and
-:class:`LaneExecutor`, the base that leaves a backend only its processes.
+Door, links, driver and rank sides, envelope, ``LaneExecutor``: ``docs/executor-contract.md`` ("The lane").
 """
 
 from ._address import LaneAddress, LaneDirectory

@@ -31,11 +31,7 @@ class LaneAddress:
 
 
 class LaneDirectory(Protocol):
-    """How a driver's lane address reaches its ranks; each executor fills it with what its ranks can read.
-
-    Only ranks able to read the directory (a job's own store, a Ray cluster's
-    actor arguments) learn the token, so only they can connect.
-    """
+    """How a lane address reaches the ranks (only ranks that read the directory learn the token)."""
 
     def publish(self, address: LaneAddress) -> None:
         """Make ``address`` readable by the ranks (the driver calls this once per door)."""

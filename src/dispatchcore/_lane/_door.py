@@ -1,10 +1,4 @@
-"""Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours.
-
-A rank's first 20 bytes name it (a 4-byte rank) and prove it read the
-directory (the 16-byte token); anything else is dropped before it can send a
-message.  The listener binds the one address it was asked for (loopback for
-a one-machine job), never every interface, and closes when the door does.
-"""
+"""Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours."""
 
 from __future__ import annotations
 
@@ -47,10 +41,7 @@ def address_toward(host: str, port: int) -> str:
 
 
 class LaneDoor:
-    """A listener ranks connect to while the driver accepts them; closed once they are in.
-
-    ``with open_lane(host) as door: directory.publish(door.address); links = door.accept(ranks, timeout)``.
-    """
+    """A listener ranks connect to while the driver accepts them (``with open_lane(host) as door``)."""
 
     def __init__(self, host: str) -> None:
         self._server = _listener(host)
@@ -66,12 +57,7 @@ class LaneDoor:
         timeout: float,
         gone: Callable[[int], str | None] = lambda rank: None,
     ) -> dict[int, LaneLink]:
-        """One link from each of ``ranks``, within ``timeout`` seconds.
-
-        ``gone(rank)`` says why a rank that has not connected yet never will
-        (its process exited), so waiting fails at once instead of at
-        ``timeout``.  Strangers and second connections of a rank are dropped.
-        """
+        """One link from each of ``ranks`` within ``timeout`` s; ``gone(rank)``: why one never will (fail at once)."""
         waiting = set(ranks)
         links: dict[int, LaneLink] = {}
         deadline = time.monotonic() + timeout

@@ -1,27 +1,11 @@
 """The driver's side of a group's lane: each rank's pending calls, one reader, one liveness rule.
 
-A :class:`LaneDriver` opens the door, has the executor start (or tell) its
-ranks where it is, and accepts each rank's call link and control link
-(named by rank, proved by the door's token).  From then on a call goes out
-as one envelope per rank (``_envelope``) on the call link and its answer
-comes back on the same link, read by the group's one :class:`LinkReader`
-thread and delivered to the call's :class:`LaneCallHandle`.  Pings,
-cancels and stacks go on the control link, which the rank answers while a
-method runs.
-
-Liveness, one rule for every process backend: a rank is gone when one of
-its links ends, or when its pings go unanswered for ``death_timeout``; an
-executor may add a process-death signal, ``rank_dead(rank) -> str | None``
-(a child's exit code, Ray's actor death), which names the cause and ends
-the rank even if its links outlive it (a forked child holding the socket),
-shortly after the signal, so answers the rank sent before it went still
-arrive.  ``on_gone(rank, reason)`` hears of each rank found gone that way
-(not of ranks the driver ends itself: replaced, or at ``close``), e.g. to
-tell other ranks that wait on it beside the lane.
+See ``docs/executor-contract.md`` ("The lane").
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -116,13 +100,10 @@ class LaneDriver:
         self._cids = itertools.count(1)
         self._reader = LinkReader(f"dispatchcore-lane-{name}", self._on_message, self._on_end)
 
-    # -- joining -------------------------------------------------------------------
     def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
         """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
 
-        A rank that joins again (replaced) ends its old links.  Raises
-        ``DispatchTimeoutError`` past ``timeout``, ``DispatchError`` when the
-        death signal says a rank will never connect.
+        A replaced rank's old links end; raises ``DispatchTimeoutError``, or ``DispatchError`` for a rank gone.
         """
         expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
         dead = self._rank_dead or (lambda rank: None)
@@ -139,15 +120,11 @@ class LaneDriver:
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             if old is not None:
                 self._end(old, f"rank {rank} was replaced", found=False)
-            entry.calls.place_with(lambda note, sizes, entry=entry: self._place(entry, note, sizes))
+            entry.calls.place_with(functools.partial(self._place, entry))
             self._reader.add(entry, (entry.calls, entry.control))
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
-        """Build the worker on each of ``ranks`` from ``boot`` (worker class, init args, init kwargs).
-
-        Raises the ``WorkerError`` of a failing ``__init__``, ``WorkerDiedError``,
-        or ``DispatchTimeoutError`` past ``timeout``.
-        """
+        """Build the worker on each of ``ranks`` from ``boot``; raises what ``__init__`` or the wait raised."""
         n = len(ranks)
         handle = LaneCallHandle(self, Call("__init__", tuple(ranks), [()] * n, [{}] * n))
         cid = next(self._cids)
@@ -156,12 +133,8 @@ class LaneDriver:
             self._send(rank, handle, position, cid, (START, cid, part, world_size, self._isolate))
         handle.result(timeout)
 
-    # -- calls -----------------------------------------------------------------------
     def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
-        """Send ``call`` to its ranks at once (every argument pickled before the first send).
-
-        ``handle``: one the executor made for ``call`` (a subclass that watches more), else a plain one.
-        """
+        """Send ``call`` to its ranks at once (all pickled first); ``handle``: the executor's own, else a plain one."""
         shares = pack_call(call, self._bulk)
         handle = LaneCallHandle(self, call) if handle is None else handle
         cid = next(self._cids)
@@ -222,7 +195,6 @@ class LaneDriver:
             return False
         return True
 
-    # -- liveness ----------------------------------------------------------------------
     def ended(self, rank: int) -> str | None:
         """Why ``rank`` is known gone, else ``None``: takes no lock and sends nothing (safe in a signal handler)."""
         entry = self._ranks.get(rank)
@@ -254,7 +226,6 @@ class LaneDriver:
             self._control(rank, (PING, next(entry.pings)))
         return None
 
-    # -- what the reader calls ---------------------------------------------------------
     def _on_message(self, entry: _Rank, raw: bytearray) -> None:
         message = unframe_object(raw)
         kind = message[0]
@@ -316,10 +287,7 @@ class LaneDriver:
         self._end(entry, reason or "its process is gone (its lane link to the driver closed)")
 
     def _end(self, entry: _Rank, reason: str, found: bool = True) -> None:
-        """Close ``entry``'s links once and fail what still waits on it with ``reason``.
-
-        ``found``: the rank was found gone (``on_gone`` hears of it), not ended by the driver.
-        """
+        """Close ``entry``'s links once and fail what waits on it; ``found``: gone by itself (``on_gone`` hears)."""
         with entry.lock:
             if entry.ended is not None:
                 return

@@ -1,21 +1,6 @@
-"""One call envelope: what a rank receives for a call, each distinct argument pickled once.
+"""One call envelope: what a rank receives for a call, each distinct argument pickled once, before any send.
 
-:meth:`Call.unique_values` finds the argument objects shared by several
-ranks (a broadcast batch, the same config); each is pickled once with
-:func:`dispatchcore.wire.dumps` and every rank that uses it gets the same
-bytes, with slots saying where each argument goes.  Pickling happens for
-every value before anything is sent, so a refused call (an argument that
-cannot be pickled, :func:`unpicklable_error`) sent nothing.
-
-A value travels as a *part*: inline, ``(stream, buffers)``, whose tensor
-buffers the lane link sends straight from their memory and the rank
-receives into its own (no copy for isolation); or, when the executor offers
-a :class:`BulkPath` and the value is large enough, ``(None, token)``, which
-the rank turns back into the value through the same path (Ray's object
-store, gloo point to point).  A rank's result comes back the same way: an
-inline part, or by the bulk path when it is large.  A bulk path may also
-claim values that only it can move, as they are (Ray's object references):
-those are never pickled here and come out as a :class:`HandedOver`.
+A value travels inline or by the executor's :class:`BulkPath` (``docs/executor-contract.md``, "The lane").
 """
 
 from __future__ import annotations
@@ -37,23 +22,14 @@ _NONE: RankValues = ([], (), {})
 
 
 class BulkPath(Protocol):
-    """A way for large values to move beside the lane link, which an executor may offer.
+    """A way for large values to move beside the lane link, which an executor may offer (Ray's object store).
 
-    Ray would put a value in its object store once for every rank that reads
-    it; torchrun would post gloo sends to each rank into receive buffers.
-    An argument: the driver calls :meth:`put` with the ranks that read it;
-    each rank, with the token it received in the call's envelope, calls
-    :meth:`get` (in call order, on its method thread).  A result: the rank
-    calls :meth:`put` with no ranks (for the driver), the driver :meth:`get`
-    (on a thread of its own, not the group's reader).  Without one, every
-    value rides the lane inline.
-
-    Two optional members: ``claims(value) -> bool`` names values the path
-    must move itself, as they are (a Ray ``ObjectRef``, whose owner Ray must
-    track): they are never pickled, :meth:`put` gets the value itself
-    whatever its size, and :meth:`get` returns it as a :class:`HandedOver`.
-    ``flush()`` is called on the driver once every value of a call was put,
-    before the call is sent, so a path may move a call's values together.
+    An argument: the driver calls :meth:`put` with the ranks that read it,
+    each rank :meth:`get` with the token from its envelope.  A result: the
+    rank calls :meth:`put` with no ranks, the driver :meth:`get`.  Optional:
+    ``claims(value) -> bool`` names values the path moves as they are, never
+    pickled (:meth:`get` returns a :class:`HandedOver`); ``flush()`` runs on
+    the driver once every value of a call was put, before the call is sent.
     """
 
     #: Values whose pickle (stream and buffers) has at least this many bytes go by this path.

@@ -1,22 +1,6 @@
 """``LaneExecutor``: an executor whose ranks are processes on the core's lane; the backend only hosts them.
 
-Everything between the driver and its ranks is the core's: the lane's
-driver side (:class:`LaneDriver`), the rank side (:class:`LaneRank`), the
-call envelope, liveness, cancel and stacks.  A backend subclasses
-:class:`LaneExecutor` and writes what is its own:
-
-* :meth:`LaneExecutor.launch_ranks`: start (or place, or tell) the rank
-  processes, each of which calls ``LaneRank(rank, ...).serve(address)``;
-* :meth:`LaneExecutor.stop_ranks`: release them (their links are closed
-  first, so a rank that was told to leave on its driver's end does);
-* optionally :meth:`LaneExecutor.rank_dead`, a process-death signal,
-  :meth:`LaneExecutor.rank_gone`, told of each rank the lane finds gone, and
-  a :class:`BulkPath` for large values.
-
-Its ``__init__`` calls ``super().__init__(spec, ...)`` (which pickles the
-worker class and init arguments before anything starts) and then
-:meth:`LaneExecutor.open_ranks`; ``replace_ranks`` stops the old processes
-and calls :meth:`LaneExecutor.open_ranks` again.
+See ``docs/executor-contract.md`` ("The lane").
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ from ._envelope import BulkPath
 
 
 class LaneExecutor(Executor):
-    """``submit``, ``cancel_call``, ``rank_stacks`` and ``shutdown`` on the core's lane (see the module doc)."""
+    """``submit``, ``cancel_call``, ``rank_stacks``, ``shutdown`` on the core's lane (docs/executor-contract.md)."""
 
     #: Where the lane listens: an address every rank reaches (loopback when all share this machine).
     lane_host: ClassVar[str] = LOOPBACK
@@ -58,7 +42,6 @@ class LaneExecutor(Executor):
         )
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
 
-    # -- the backend's part ---------------------------------------------------------
     @abstractmethod
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """Start ``ranks``' processes; each runs ``LaneRank(rank, ...).serve(address)`` (pass ``address.encode()``)."""
@@ -80,7 +63,6 @@ class LaneExecutor(Executor):
         self.lane.join(ranks, lambda address: self.launch_ranks(ranks, address), timeout)
         self.lane.start(ranks, self._boot, self.spec.world_size, timeout)
 
-    # -- the contract ---------------------------------------------------------------
     @property
     def closed(self) -> bool:
         """Whether :meth:`shutdown` ran."""

@@ -1,12 +1,6 @@
 """Objects on a lane link: one pickle stream plus its large buffers, sent from their own memory.
 
-Pickle protocol 5 hands out-of-band buffers (numpy arrays, ``PickleBuffer``)
-to a callback instead of copying them into the stream.  A frame is a count,
-the length of each part, then the parts: a note, the stream and the buffers
-themselves, so a 64 MB array goes from its memory into the socket once and
-lands in the receiver's private, writable memory once.  The note (usually
-empty) arrives before anything large: it tells the receiving link where a
-buffer should land (``LaneLink.place_with``), before the buffer is read.
+Frame: a count, each part's length, then a note (read before anything large), the stream and the buffers.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """One lane link: whole messages in order to one peer, sends that never wait.
 
-Every push to or pop from a c10d store queue (or an actor task) is a round
-trip through a server thread; a socket per peer is not.  Measured here: one
-ping to 2 ranks and back, 120 us through store queues, 16 us on direct
-sockets.  A message is length-prefixed bytes (the executor chooses what is
-inside); a link that ends means the peer process is gone or leaving.
+A socket per peer: a ping to 2 ranks and back took 120 us through store queues, 16 us on sockets.
 """
 
 from __future__ import annotations
@@ -25,11 +21,8 @@ _LENGTH = struct.Struct("<Q")
 class LaneLink:
     """An ordered channel of whole messages to one peer; sends are safe from any thread and never wait.
 
-    A send goes straight into the socket when it has room (the usual case:
-    no thread hop).  What does not fit, because the peer is busy in a long
-    call and not reading, waits in a backlog that a writer thread drains in
-    order, so submitting to a busy rank never blocks the caller (as a store
-    queue never did).
+    A send goes straight into the socket when it has room; what does not fit
+    (the peer is busy in a long call) waits in a backlog a writer thread drains.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -46,11 +39,7 @@ class LaneLink:
         self.send_parts((message,))
 
     def send_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Send the concatenation of ``parts`` as one message, without joining them first.
-
-        Large payloads (a tensor's bytes) go out straight from their own
-        memory; the caller must not change them until the peer has answered.
-        """
+        """Send the concatenation of ``parts`` as one message, straight from their memory (unchanged until answered)."""
         views = [memoryview(p).cast("B") for p in parts]
         header = _LENGTH.pack(sum(v.nbytes for v in views))
         with self._send_lock:
@@ -71,19 +60,14 @@ class LaneLink:
                 threading.Thread(target=self._drain, name="dispatchcore-lane-writer", daemon=True).start()
 
     def send_object(self, obj: Any, note: bytes = b"") -> None:
-        """Send ``obj`` pickled, its large buffers (numpy arrays) straight from their memory.
-
-        ``note``: read by the peer's placer (:meth:`place_with`) before the large buffers arrive.
-        """
+        """Send ``obj`` pickled, large buffers from their memory; the peer's placer reads ``note`` first."""
         self.send_parts(frame_object(obj, note))
 
     def place_with(self, placer: Placer | None) -> None:
         """Let ``placer(note, part sizes)`` name memory for a large message's parts before they are read.
 
-        It returns part index -> writable memory of that part's size (or
-        ``None``), and runs on the thread reading this link; such a message
-        comes out of :meth:`recv` / :meth:`take_ready` as a ``Placed``, which
-        :func:`unframe_object` reads like the rest.
+        It returns part index -> writable memory (or ``None``), on the reading
+        thread; such a message comes out as a ``Placed``, which :func:`unframe_object` reads.
         """
         self._inbox.placer = placer
 
@@ -122,11 +106,7 @@ class LaneLink:
         return self._sock.fileno()
 
     def take_ready(self) -> list[Any] | None:
-        """Without waiting: the whole messages that arrived (maybe none); ``None`` once the peer closed.
-
-        For one thread reading many links: call it when a selector says the
-        link is readable (messages already read stay here until taken).
-        """
+        """Without waiting: the whole messages that arrived (maybe none); ``None`` once the peer closed."""
         inbox = self._inbox
         inbox.take(wait=False)
         if inbox.ready:
@@ -134,10 +114,6 @@ class LaneLink:
             inbox.ready.clear()
             return out
         return None if inbox.closed else []
-
-    def has_ready(self) -> bool:
-        """Whether a whole message is already read and waiting (a selector would not wake for it)."""
-        return bool(self._inbox.ready)
 
     def close(self) -> None:
         """End the link; a thread waiting in :meth:`recv` on it wakes with ``ConnectionError``."""
@@ -227,12 +203,7 @@ class _Inbox:
             del staged[:start]
 
     def _start_body(self, head: memoryview, size: int) -> bool:
-        """Start reading a large message whose first bytes are ``head``; ``False``: stage more bytes first.
-
-        The body comes from the buffer pool (memory already touched, handed
-        back when the message's last view dies); parts the placer names are
-        read into the memory it gives instead.
-        """
+        """Start reading a large message (into pooled or placed memory); ``False``: stage more bytes first."""
         segments, message = self._segments_for(head, size)
         if segments is None:
             return False
@@ -259,7 +230,7 @@ class _Inbox:
                 return None, None  # the note is not here yet: stage more
             table = None
         body = receive_buffer(size)
-        whole = memoryview(body).cast("B")
+        whole = body.data.cast("B")
         if table is None or self.placer is None:
             return [whole], whole  # bytes-like, writable: what a small message is too
         offset, sizes = table

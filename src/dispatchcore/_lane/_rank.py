@@ -1,12 +1,6 @@
 """A rank's side of the lane: calls run on the method thread, pings, cancels and stacks answered beside them.
 
-A rank process makes one :class:`LaneRank` and calls :meth:`LaneRank.serve`
-with the driver's lane address on the thread that is to run the worker's
-methods (CUDA's current device and thread-locals are per thread, so
-``__init__`` runs there too).  That thread reads the call link itself, so a
-call starts with no hand-off; a daemon thread reads the control link and
-answers pings, cancels (:func:`cancel_in_process`) and stacks
-(:func:`thread_stacks` of the method thread) while a method runs.
+``serve`` runs on the thread that is to run the worker's methods (CUDA's device is per thread).
 """
 
 from __future__ import annotations
@@ -107,10 +101,7 @@ class LaneRank:
         return self.host.run(method, args, kwargs, instructions)
 
     def _answer(self, cid: int, ok: bool, value: Any, method: str) -> tuple[tuple[Any, ...], bytes]:
-        """The DONE message for call ``cid`` and its frame note (where a DataProto's tensors are, ``_rows``).
-
-        An unpicklable result fails the call, not the rank.
-        """
+        """The DONE message for call ``cid`` and its frame note (``_rows``); an unpicklable result fails the call."""
         if value is None:
             return (DONE, cid, ok, None), b""
         if ok and claimed(self._bulk, value):  # a value only the executor's bulk path can hand over

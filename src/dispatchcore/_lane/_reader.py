@@ -1,10 +1,4 @@
-"""One thread that reads every lane link of a group: answers from N ranks wake one thread, not N.
-
-A selector watches the links; a wake-up socket lets other threads add links
-and stop the reader.  Each whole message goes to ``on_message(key, raw)``;
-when a link ends, every link added under the same key is dropped and
-``on_end(key)`` runs once (a rank's two links end together).
-"""
+"""One thread that reads every lane link of a group: answers from N ranks wake one thread, not N."""
 
 from __future__ import annotations
 

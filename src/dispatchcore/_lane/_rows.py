@@ -1,20 +1,6 @@
 """A large DataProto result received straight into the rows of the collect's output, not copied there again.
 
-When the collect step concatenates every rank's ``DataProto``
-(``Call.results_are_copied``), receiving each rank's tensors into fresh
-memory and then copying them into the concatenation costs an allocation
-and a copy per byte.  Instead the rank says in its answer's frame note
-(:func:`row_layout`) which of the frame's buffers hold which batch tensor;
-the driver's link reads each such buffer straight into that rank's rows of
-one output buffer per key, allocated from the call handle's
-:class:`~dispatchcore.wire.RowBuffers` (:class:`RowPlan`), and the
-concatenation, handed those buffers, returns a view spanning them.
-
-Row counts are not known before results arrive, so the first rank's answer
-sets the plan: every position is assumed to return as many rows as it did.
-A rank whose tensor does not fit (other rows, dtype or trailing shape, or a
-key the first did not have) is received into fresh memory and the collect
-copies as before; nothing is ever wrong, only slower.
+The first rank's answer sets the plan; a tensor that does not fit it is received and copied as before.
 """
 
 from __future__ import annotations
@@ -42,11 +28,7 @@ def _data(value: Any) -> Any:
 
 
 def row_layout(value: Any, buffers: list[Any], first: int) -> bytes:
-    """The frame note of a rank's answer: which parts (``first`` + index in ``buffers``) hold which batch tensor.
-
-    Empty unless ``value`` is a ``DataProto`` whose contiguous CPU tensors
-    went out as their own buffers.
-    """
+    """The frame note of a rank's answer: which parts (``first`` + index in ``buffers``) hold which batch tensor."""
     value = _data(value)
     if not isinstance(value, DataProto) or value.batch is None or not buffers:
         return b""
@@ -95,7 +77,7 @@ class RowPlan:
             if dtype != want_dtype or tuple(shape[1:]) != trailing or shape[0] != rows:
                 continue
             view = out[position * rows : (position + 1) * rows]
-            target = memoryview(view.reshape(-1).view(torch.uint8).numpy())
+            target = view.reshape(-1).view(torch.uint8).numpy().data
             if target.nbytes != sizes[index]:
                 continue
             targets[index] = target
@@ -110,11 +92,7 @@ class RowPlan:
         return self._buffers.allocate((shape[0] * self._positions, *shape[1:]), dtype)
 
     def adopt(self, position: int, value: Any) -> None:
-        """Swap the tensors unpickled over ``position``'s rows for the output buffer's own views.
-
-        They hold the same bytes, but only views of the buffer itself (one
-        storage) let the concatenation join them without copying.
-        """
+        """Swap the tensors unpickled over ``position``'s rows for the buffer's own views (so they join uncopied)."""
         with self._lock:
             views = self._views.pop(position, None)
         value = _data(value)

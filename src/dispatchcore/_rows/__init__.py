@@ -1,7 +1,5 @@
 """Lazy results' data plane: rows kept on the ranks, their descriptions and requests, the driver's
-ledger, ``LazyDataProto``.
-
-Imports the layers below (``_base`` ... ``_spi``, ``_trace``), never dispatch, workers or groups.
+ledger, ``LazyDataProto``.  Imports the layers below, never dispatch, workers or groups.
 """
 
 from ._lazy_chunk import RowFetcher, resolve_lazy_arguments, send_lazy_arguments

@@ -1,12 +1,6 @@
 """Where each row of a lazy column comes from: row arithmetic without the rows.
 
-A lazy ``DataProto`` column is a :class:`ColumnPlan`: a list of
-:class:`Segment` (rows ``index`` of a source: a result kept on a rank, or an
-array already on the driver), concatenated, then optionally reordered by
-``order``.  Slicing, gathering, padding and concatenation only rewrite the
-plan; bytes move when a column is read or a rank fetches its chunk, and only
-the rows the plan names (a rank reading a quarter of a reordered batch
-fetches that quarter, from each source the rows it needs).
+Slicing, gathering, padding and concatenation only rewrite a plan; a read moves only the rows it names.
 """
 
 from __future__ import annotations
@@ -67,6 +61,14 @@ class Segment:
         return Segment(self.source, compose(self.index, sub))
 
 
+def local_rows(segment: Segment) -> Any:
+    """The rows of a segment whose source is a driver-side tensor or array."""
+    source, index = segment.source, segment.index
+    if isinstance(index, slice) or not isinstance(source, torch.Tensor):
+        return source[index]
+    return source[torch.from_numpy(index)]
+
+
 @dataclass(frozen=True)
 class ColumnPlan:
     """``concat(segment rows)[order]`` (``order`` ``None``: no reordering)."""
@@ -106,11 +108,7 @@ class ColumnPlan:
         return ColumnPlan(tuple(segments), np.concatenate(orders) if reordered else None)
 
     def assemble(self, values: Callable[[Segment], Any], owned: Callable[[Segment], bool] = lambda s: False) -> Any:
-        """The column: each segment's rows (``values(segment)``) joined, then reordered.
-
-        Always private memory: a copy, except a lone segment ``owned`` says
-        is already private (rows a transport just received), used as is.
-        """
+        """The column in private memory: each segment's rows joined, then reordered (a lone ``owned`` one as is)."""
         parts = [values(s) for s in self.segments]
         if len(parts) == 1 and self.order is None and owned(self.segments[0]):
             return parts[0]

@@ -1,11 +1,4 @@
-"""Reading the rows a lazy column plan names: one request per source and row range.
-
-:func:`plan_requests` turns column plans into the fewest
-:class:`~dispatchcore.executor.RowRequest` s (one per remote source and row
-index, serving every column that needs it); :func:`assemble_column` joins
-what came back with the driver-side pieces; :func:`fetch_on_driver` reads
-requests to the driver through each producing group's ledger.
-"""
+"""Reading the rows a lazy column plan names: one request per source and row range."""
 
 from __future__ import annotations
 
@@ -16,16 +9,13 @@ import numpy as np
 import torch
 
 from .._data import DataProto
-from ._column_plan import ColumnPlan, Segment, index_key
+from ._column_plan import ColumnPlan, Segment, index_key, local_rows
 from ._records import ColumnSpec
 from ._remote import RemoteRows
 
 
 def plan_requests(plans: Mapping[str, ColumnPlan]) -> tuple[list[tuple[RemoteRows, Any]], dict[tuple[int, Any], int]]:
-    """One request per (remote source, row index) across ``plans``, with every column it serves.
-
-    Returns ``(source, RowRequest)`` pairs and a map from (source id, index key) to their position.
-    """
+    """``(source, RowRequest)`` pairs, one per (remote source, row index) with every column it serves; their slots."""
     columns: dict[tuple[int, Any], list[str]] = {}
     first: dict[tuple[int, Any], Segment] = {}
     for name, plan in plans.items():
@@ -53,10 +43,7 @@ def assemble_column(
         if isinstance(segment.source, RemoteRows):
             part = fetched[slots[(id(segment.source), index_key(segment.index))]]
             return part.batch[name] if spec.tensor else part.non_tensor_batch[name]
-        source, index = segment.source, segment.index
-        if isinstance(index, slice) or not isinstance(source, torch.Tensor):
-            return source[index]
-        return source[torch.from_numpy(index)]
+        return local_rows(segment)
 
     if not plan.segments:
         if spec.tensor:

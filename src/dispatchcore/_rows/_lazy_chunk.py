@@ -1,14 +1,4 @@
-"""What a rank receives in place of a lazy DataProto argument, and how it becomes rows.
-
-On the driver, :func:`send_lazy_arguments` replaces each lazy ``DataProto``
-in a call's per-rank arguments with a :class:`LazyChunk`: the row requests
-for the producing ranks, plus the driver-side columns of those rows.  On the
-rank, :meth:`WorkerHost.run <dispatchcore.executor.WorkerHost.run>` resolves
-it with :func:`resolve_lazy_arguments` before the method runs: rows kept in
-the same process are read there, the rest come through the executor's
-``fetch_rows`` (rank to rank).  Where the consuming executor cannot reach
-the producing ranks, the driver reads the rows and sends a plain chunk.
-"""
+"""What a rank receives in place of a lazy DataProto argument (a :class:`LazyChunk`), and how it becomes rows."""
 
 from __future__ import annotations
 
@@ -19,7 +9,7 @@ from typing import Any
 from .._base import DispatchError
 from .._data import DataProto, TensorBatch
 from .._trace import _driver_traffic, count_sent, count_sent_bytes
-from ._column_plan import ColumnPlan, Segment, index_key
+from ._column_plan import ColumnPlan, Segment, index_key, local_rows
 from ._fetch import plan_requests
 from ._lazy_dataproto import LazyDataProto
 from ._records import ColumnSpec, RowRequest
@@ -59,7 +49,7 @@ class LazyChunk:
                     slot = RequestSlot(slots[(id(segment.source), index_key(segment.index))])
                     segments.append(Segment(slot, slice(0, len(segment))))
                 else:  # only these rows of a driver-side column travel
-                    rows = _local_rows(segment)
+                    rows = local_rows(segment)
                     segments.append(Segment(rows, slice(0, len(rows))))
             plans[name] = ColumnPlan(tuple(segments), plan.order)
         return cls(len(data), dict(data._specs), plans, [r for _, r in requests], dict(data.meta_info), data._has_batch)
@@ -67,11 +57,7 @@ class LazyChunk:
     def resolve(self, fetch: RowFetcher | None, fetched_private: bool = False, share_local: bool = False) -> DataProto:
         """The chunk's rows as a DataProto the worker may write to.
 
-        ``fetched_private``: what ``fetch`` returns is fresh memory of this
-        process (a receive buffer), so a column made of one fetched part is
-        used without another copy.  ``share_local`` (``isolate=False``
-        groups): rows kept in this process are handed over without a copy,
-        which only a worker that promised not to write may get.
+        A lone part ``fetch`` returned is used uncopied when ``fetched_private``; rows kept here when ``share_local``.
         """
         fetched = read_rows(self.requests, fetch)
         local = {i for i, r in enumerate(self.requests) if ROW_STORE.has(r.key)}
@@ -104,15 +90,6 @@ class LazyChunk:
                     source = segment.source
                     total += source.numel() * source.element_size() if hasattr(source, "numel") else source.nbytes
         return total
-
-
-def _local_rows(segment: Segment) -> Any:
-    import torch
-
-    source, index = segment.source, segment.index
-    if isinstance(index, slice) or not isinstance(source, torch.Tensor):
-        return source[index]
-    return source[torch.from_numpy(index)]
 
 
 def _empty(spec: ColumnSpec, length: int) -> Any:
@@ -169,13 +146,7 @@ def resolve_lazy_arguments(
 def send_lazy_arguments(
     executor: Any, per_rank: Sequence[Sequence[Any]]
 ) -> tuple[Sequence[Sequence[Any]], list[RemoteRows]]:
-    """Driver side: per-rank argument lists with each lazy DataProto made a LazyChunk (or plain rows).
-
-    Returns the lists (the same ones when nothing is lazy) and the remote
-    results they read (keep them alive until the call is over).  The same
-    object on several ranks becomes the same LazyChunk (shipped once).
-    Counts the DataProto bytes the driver sends.
-    """
+    """Driver side: per-rank arguments with each lazy DataProto a LazyChunk, and the remote results they read."""
     lazy = any(isinstance(v, LazyDataProto) for values in per_rank for v in values)
     if _driver_traffic.counting:
         count_sent([v for values in per_rank for v in values if not isinstance(v, LazyDataProto)])

@@ -1,9 +1,4 @@
-"""``data.batch`` and ``data.non_tensor_batch`` of a lazy DataProto.
-
-Column names are known without fetching; reading a column fetches it (and
-the owner keeps it on the driver); writing one adds a driver-side column.
-They offer the part of TensorBatch's and dict's surface that verl code uses.
-"""
+"""``data.batch`` and ``data.non_tensor_batch`` of a lazy DataProto: names known, columns fetched when read."""
 
 from __future__ import annotations
 
@@ -32,11 +27,7 @@ class ColumnOwner(Protocol):
 
 
 class LazyTensorColumns:
-    """``data.batch`` of a lazy DataProto: names known, each tensor fetched when read.
-
-    Offers the TensorBatch surface verl code uses; anything else works on
-    the fetched :class:`TensorBatch` (a copy: writes through it are lost).
-    """
+    """``data.batch`` of a lazy DataProto; beyond verl's TensorBatch surface it works on a fetched copy."""
 
     def __init__(self, owner: ColumnOwner) -> None:
         self._owner = owner

@@ -1,29 +1,13 @@
 """A ``DataProto`` whose rows stay on the ranks that made them (issue 15).
 
-A lazy call returns a :class:`LazyDataProto`.  To code and type checkers it
-is a ``DataProto`` (``isinstance`` holds); its length, column names, dtypes,
-per-row shapes and ``meta_info`` are known at once, from what each rank sent
-back instead of its rows.  The rows move only when needed:
-
-* reading a column on the driver (``data.batch["rewards"]``) fetches that
-  column (only the rows this object covers), then keeps it on the driver;
-* passing it into another call sends each rank a description of its chunk,
-  and the rank fetches those rows from the producing ranks itself (where the
-  backend can; otherwise the driver reads them and sends them on);
-* writing a column (``data.batch["adv"] = t``) adds a driver-side column.
-
-Slicing, ``select``, ``pop``, ``union``, ``rename``, ``reorder``, ``chunk``
-and ``DataProto.concat`` rewrite column plans (:mod:`._column_plan`) without
-moving rows.  Anything else (``repeat``, ``to``, ``save_to_disk``, pickling,
-...) reads every column first and works on the plain ``DataProto``:
-correct, but it brings the rows to the driver.
+Plan-only operations move no rows; the rest reads every column first (``docs/lazy-results.md``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -58,8 +42,6 @@ class LazyDataProto(DataProto):
         self._has_batch = has_batch or any(s.tensor for s in self._specs.values())
         self.meta_info = dict(meta_info or {})
 
-    # -- construction -----------------------------------------------------------------
-
     @classmethod
     def of_remote(cls, rows: RemoteRows) -> LazyDataProto:
         """All of one rank's kept result."""
@@ -85,8 +67,6 @@ class LazyDataProto(DataProto):
         specs = {name: self._specs[name] for name in plans}
         return LazyDataProto(plans, specs, length, meta, self._has_batch)
 
-    # -- what is known without fetching ---------------------------------------------------
-
     def __len__(self) -> int:
         return self._length
 
@@ -111,12 +91,7 @@ class LazyDataProto(DataProto):
         return list(seen.values())
 
     def bring_unreachable_rows(self, executor: Any) -> None:
-        """Read to the driver, once and in one batch, the columns whose rows ``executor``'s ranks cannot reach.
-
-        Called before a lazy argument is chunked, so the rows come over once
-        for the whole batch (and stay on the driver for later calls with the
-        same object) instead of once per chunk.
-        """
+        """Read, once for the whole batch, the columns whose rows ``executor``'s ranks cannot reach."""
         reaches = executor.can_fetch_rows if executor is not None else (lambda address: False)
         unreachable = {id(s) for s in self.remote_sources() if not reaches(s.address)}
         if not unreachable:
@@ -128,19 +103,12 @@ class LazyDataProto(DataProto):
         ]
         self.read(names)
 
-    @property
-    def is_materialized(self) -> bool:
-        """Whether every column is on the driver."""
-        return not self.remote_sources()
-
     def check_consistency(self) -> None:
         """Column plans cover the same rows by construction; driver-side writes are checked when made."""
 
     def __repr__(self) -> str:
         remote = len(self.remote_sources())
         return f"LazyDataProto(rows={self._length}, columns={list(self._plans)}, remote_sources={remote})"
-
-    # -- the columns, as DataProto exposes them ---------------------------------------------
 
     @property  # type: ignore[override]
     def batch(self) -> LazyTensorColumns:
@@ -206,8 +174,6 @@ class LazyDataProto(DataProto):
         batch = TensorBatch(tensors, batch_size=[self._length]) if self._has_batch else None
         return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=copy.copy(self.meta_info))
 
-    # -- rows ---------------------------------------------------------------------------------
-
     def _rows(self, rows: slice | np.ndarray, length: int) -> LazyDataProto:
         return self._sibling({n: p.take(rows) for n, p in self._plans.items()}, length, dict(self.meta_info))
 
@@ -240,11 +206,8 @@ class LazyDataProto(DataProto):
             return self._take(np.array([int(item) % self._length])).materialize()[0]
         return super().__getitem__(item)
 
-    def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> None:
-        reordered = self.select_idxs(indices)
-        self._plans, self._length = reordered._plans, reordered._length
-
-    # -- columns ------------------------------------------------------------------------------
+    def _assume_rows(self, other: Self) -> None:
+        self._plans, self._length = other._plans, other._length
 
     def select(
         self,
@@ -342,25 +305,20 @@ class LazyDataProto(DataProto):
         length = sum(len(p) for p in parts)
         return LazyDataProto(plans, parts[0]._specs, length, meta, parts[0]._has_batch)
 
-    # -- everything else: on the rows, brought to the driver ------------------------------------
-
     def __reduce__(self) -> Any:
         return (_plain, (self.materialize(),))
 
     def __getstate__(self) -> dict[str, Any]:
         return self.materialize().__getstate__()
 
-    def _eager(self) -> DataProto:
-        return self.materialize()
-
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().repeat(repeat_times, interleave))
+        return LazyDataProto.of_local(self.materialize().repeat(repeat_times, interleave))
 
     def sample_level_repeat(self, repeat_times: Any) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().sample_level_repeat(repeat_times))
+        return LazyDataProto.of_local(self.materialize().sample_level_repeat(repeat_times))
 
     def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> LazyDataProto:
-        return LazyDataProto.of_local(self._eager().unfold_column_chunks(n_split, split_keys))
+        return LazyDataProto.of_local(self.materialize().unfold_column_chunks(n_split, split_keys))
 
     def to(self, device: torch.device | str, **kwargs: Any) -> LazyDataProto:
         moved = self.read(self.tensor_keys())
@@ -368,31 +326,20 @@ class LazyDataProto(DataProto):
             self.set_column(name, tensor.to(device, **kwargs))
         return self
 
-    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
-        if padding_size == 0:
-            return
-        if padding_size < 0:
-            raise DispatchValueError(f"padding_size must be >= 0, got {padding_size}")
-        if self._length == 0:
-            raise BatchSizeError("cannot pad an empty DataProto: there is no row to repeat")
-        row = 0 if padding_candidate == "first" else self._length - 1
-        padded = self._take(np.concatenate([np.arange(self._length), np.full(padding_size, row)]))
-        self._plans, self._length = padded._plans, padded._length
-
     def make_iterator(self, *args: Any, **kwargs: Any) -> Any:
-        return self._eager().make_iterator(*args, **kwargs)
+        return self.materialize().make_iterator(*args, **kwargs)
 
     def to_tensordict(self) -> Any:
-        return self._eager().to_tensordict()
+        return self.materialize().to_tensordict()
 
     def save_to_disk(self, filepath: Any) -> None:
-        self._eager().save_to_disk(filepath)
+        self.materialize().save_to_disk(filepath)
 
     def print_size(self, prefix: str = "") -> None:
-        self._eager().print_size(prefix)
+        self.materialize().print_size(prefix)
 
     def get_data_info(self) -> str:
-        return self._eager().get_data_info()
+        return self.materialize().get_data_info()
 
 
 def _plain(data: DataProto) -> DataProto:

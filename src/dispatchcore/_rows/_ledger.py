@@ -1,21 +1,7 @@
 """Driver-side bookkeeping of rows kept on ranks: handles, budgets, frees, reads.
 
-Each rank result of a lazy call becomes one :class:`RemoteRows` handle.
-While any lazy ``DataProto`` (or an in-flight call reading it) refers to the
-handle, the rank keeps the rows; when the last reference goes, the handle's
-finalizer queues the key (never a message from a garbage-collector
-callback).  The key then rides the next call or read that reaches its rank:
-a call carries it in ``Instructions.free``, a read in its
-:class:`RowAccess`; :meth:`RowLedger.flush` sends what is left when no call
-follows (a group shutting down).  Keys kept in this process are freed at once.
-
-:class:`RowLedger` (one per executor) counts the bytes each rank holds and
-refuses a result that would take a rank past its budget
-(:class:`~dispatchcore.MemoryBudgetError`, nothing evicted silently).  It
-also reads rows to the driver: straight from this process's store when the
-rank lives here (local ranks, torchrun's rank 0), else with a beside call
-(``Call.beside``) of the core's :data:`~dispatchcore._spi.Operation.ROWS`
-operation on the producing rank, sent through the group's submit path.
+A finalizer only queues its key (never a message from a garbage collector callback); the key rides the
+next call or read that reaches its rank.  Past a rank's budget a result is refused, never evicted silently.
 """
 
 from __future__ import annotations
@@ -61,11 +47,7 @@ class RowLedger:
         self.send: Send | None = None
 
     def adopt(self, ranks: Sequence[int], results: list[Any]) -> list[Any]:
-        """Per-rank results with each :class:`HeldRows` turned into a :class:`RemoteRows` handle.
-
-        Past the budget on any rank, the call's kept rows are freed at once
-        and :class:`MemoryBudgetError` names the rank, the budget and the fix.
-        """
+        """Per-rank results with each :class:`HeldRows` turned into a handle; past a budget, freed and refused."""
         executor = self._executor()
         assert executor is not None  # noqa: S101 - the group that made the call is alive
         incoming: dict[int, int] = {}
@@ -97,10 +79,6 @@ class RowLedger:
             RemoteRows(self, rank, executor.row_address(rank), value) if isinstance(value, HeldRows) else value
             for rank, value in zip(ranks, results, strict=True)
         ]
-
-    def held_bytes(self, rank: int) -> int:
-        """Bytes of lazy results rank ``rank`` holds for live references."""
-        return self._held.get(rank, 0)
 
     def release(self, rank: int, key: str, nbytes: int) -> None:
         """A handle's finalizer: account at once; the rank frees at the next :meth:`flush`."""

@@ -1,10 +1,4 @@
-"""Kept rows described without the rows: column types, what a rank holds, what a reader asks for.
-
-These plain records cross processes (a rank's answer to a lazy call, a
-consumer's request to a producer) and are what the driver's bookkeeping
-reasons with; nothing here touches a ``DataProto``, so every part of the
-lazy-results plane can name them.
-"""
+"""Kept rows described without the rows: plain records that cross processes."""
 
 from __future__ import annotations
 
@@ -60,12 +54,7 @@ class HeldRows:
 
 @dataclass(frozen=True)
 class RowRequest:
-    """Rows ``index`` (a step-1 slice or an int array) of ``columns`` of the result kept under ``key``.
-
-    ``address`` says where the key lives, in the producing executor's terms
-    (:meth:`~dispatchcore.Executor.row_address`); ``rank`` names the producing
-    rank in errors.
-    """
+    """Rows ``index`` of ``columns`` of the result kept under ``key`` at ``address`` (``row_address``)."""
 
     address: Any
     rank: int
@@ -76,13 +65,7 @@ class RowRequest:
 
 @dataclass(frozen=True)
 class RowAccess:
-    """A driver's visit to the rows one rank keeps: free ``free``, then read ``requests``.
-
-    The one argument of the core's beside calls (``Call.beside``), which an
-    executor with a row transport of its own may serve itself: free the keys
-    (``free_kept_rows`` in the keeping process), then answer each request in
-    order (``take_kept_rows``), one ``DataProto`` per request.
-    """
+    """A driver's visit to one rank's kept rows, the beside calls' argument: free ``free``, read ``requests``."""
 
     requests: tuple[RowRequest, ...] = ()
     free: tuple[str, ...] = ()

@@ -1,9 +1,4 @@
-"""One rank's kept result as the driver knows it: a handle whose last reference frees the rows.
-
-A :class:`RemoteRows` is what a lazy ``DataProto``'s column plans point at.
-When the handle is collected its finalizer tells the ledger (the
-:class:`Releases` it was made by) to queue the key for freeing.
-"""
+"""One rank's kept result as the driver knows it: a handle whose last reference frees the rows."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """Rows a rank keeps instead of returning them: the rank side of lazy results.
 
-A lazy call asks each rank to keep its ``DataProto`` result (``Call.keep_rows``).
-The rank puts it in this process's :data:`ROW_STORE` under a key unique to
-the call and rank, and sends back a :class:`HeldRows` description (length,
-column dtypes and shapes, ``meta_info``, bytes) instead of the rows.  Later a
-:class:`RowRequest` (key, columns, rows) reads part of it back, from the
-driver or from another rank, until the driver frees the key.
-
-The store is per process and keyed by driver-made unique keys, so groups
-sharing a process (colocated roles, torchrun groups, local ranks) never see
-each other's rows by accident.
+Keys are driver-made and unique to a call and rank, so groups sharing a process never see each other's rows.
 """
 
 from __future__ import annotations
@@ -60,16 +51,6 @@ class RowStore:
             for key in keys:
                 self._held.pop(key, None)
 
-    def held_bytes(self) -> int:
-        with self._lock:
-            held = list(self._held.values())
-        total = 0
-        for data in held:
-            if data.batch is not None:
-                total += sum(t.numel() * t.element_size() for _, t in data.batch.items())
-            total += sum(a.nbytes for a in data.non_tensor_batch.values())
-        return total
-
     def __len__(self) -> int:
         return len(self._held)
 
@@ -92,21 +73,12 @@ ROW_STORE = RowStore()
 
 
 def take_kept_rows(request: RowRequest) -> DataProto:
-    """Producing rank: the ``DataProto`` of rows ``request`` asks for, from this process's kept results.
-
-    Views of the kept result (a slice) or a gathered copy (an index array);
-    serialize it to send it.  Raises :class:`~dispatchcore.DispatchError`
-    when the key was freed.
-    """
+    """Producing rank: the rows ``request`` asks for, as views or a gathered copy (``DispatchError`` once freed)."""
     return ROW_STORE.take(request)
 
 
 def free_kept_rows(keys: Sequence[str]) -> None:
-    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped).
-
-    For executors that serve the core's beside calls (a ``RowAccess``) with a
-    row transport of their own, so a rank busy in a long call still frees.
-    """
+    """Producing rank: drop the rows kept under ``keys`` (a key already gone is skipped)."""
     ROW_STORE.free(keys)
 
 

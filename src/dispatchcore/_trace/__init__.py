@@ -1,8 +1,4 @@
-"""Tracing and driver-traffic counting: what a call did and what crossed the driver.
-
-The face re-exports the tracer's names, which were ``dispatchcore._trace``'s
-before the core became packages (old pickles and imports keep working).
-"""
+"""Tracing and driver-traffic counting: what a call did and what crossed the driver."""
 
 from ._driver_traffic import (
     DriverTraffic,

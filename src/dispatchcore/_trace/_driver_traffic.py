@@ -1,11 +1,6 @@
 """Bytes of batch data that crossed the driver: the figure lazy results shrink.
 
-Counting starts with the first :func:`driver_traffic` call (until then
-nothing needs it, and calls skip the arithmetic).  Counted where rows pass
-through the driver process: DataProto arguments it sends to ranks, DataProto
-results it collects, and columns of lazy results it reads.  Process-wide and
-cumulative; take two snapshots and subtract (``after - before``) to measure
-one step.
+Counting starts with the first :func:`driver_traffic` call; cumulative: subtract two snapshots.
 """
 
 from __future__ import annotations
@@ -61,25 +56,15 @@ def payload_bytes(data: Any) -> int:
 
 def count_sent(values: Iterable[Any]) -> None:
     """Add the payload of DataProto ``values`` (each object once) to the bytes sent."""
-    global _sent
-    if not counting:
-        return
-    seen = {id(v): v for v in values if isinstance(v, DataProto)}
-    size = sum(payload_bytes(v) for v in seen.values())
-    if size:
-        with _lock:
-            _sent += size
+    if counting:
+        seen = {id(v): v for v in values if isinstance(v, DataProto)}
+        count_sent_bytes(sum(payload_bytes(v) for v in seen.values()))
 
 
 def count_received(values: Iterable[Any]) -> None:
     """Add the payload of DataProto ``values`` to the bytes received."""
-    global _received
-    if not counting:
-        return
-    size = sum(payload_bytes(v) for v in values if isinstance(v, DataProto))
-    if size:
-        with _lock:
-            _received += size
+    if counting:
+        count_received_bytes(sum(payload_bytes(v) for v in values if isinstance(v, DataProto)))
 
 
 def count_sent_bytes(size: int) -> None:

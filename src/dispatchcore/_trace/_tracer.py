@@ -1,14 +1,6 @@
 """Per-call timeline: dispatch, execute per rank, collect, as a Chrome/Perfetto trace.
 
-While a :func:`trace` block is open, every WorkerGroup call records a slice
-per phase on a driver track and one slice per rank on that rank's track.
-Rank timings travel out of band: a traced call has ``Instructions.timed``
-set, an executor forwards the instructions whole to
-:meth:`~dispatchcore.executor.WorkerHost.run`, which times the method and
-wraps its value in :class:`TimedResult`; the user's arguments are never
-touched.  The open tracer is a context variable, so a
-block records only the calls made in its own context (thread or task).
-Open the JSON file in https://ui.perfetto.dev or chrome://tracing.
+Rank timings travel in ``Instructions.timed`` and come back as a :class:`TimedResult`, never in arguments.
 """
 
 from __future__ import annotations

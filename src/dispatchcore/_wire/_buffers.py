@@ -1,36 +1,7 @@
 """Host buffers for rows: a pool that recycles them, receive buffers whose rows a concatenation adopts.
 
-## The pool
-
-Every large receive, copy or concatenation writes into a fresh buffer.  Fresh
-memory is what costs here: the kernel must map and zero each page on first
-touch and unmap it again on free, so a 16 MB copy into new memory ran at
-about 2 GB/s on the 2-core machine against 8-11 GB/s into memory already
-touched, and an eager 64 MB step spent most of the driver's CPU time in
-the kernel.  The pool keeps buffers that were freed, by size class, and
-gives them out again to the next request of that class.
-
-A buffer returns to the pool only when nothing can see it any more: each
-one is handed out as a numpy view of the pooled memory, and a weak-reference
-finalizer on that view gives the memory back once the view dies, which is
-when the last tensor, array or ``memoryview`` made from it is gone (they all
-hold the view).  So reuse never aliases live data.
-
-Idle memory is bounded: at most :data:`IDLE_LIMIT_BYTES` per process (env
-``DISPATCHCORE_BUFFER_POOL_MB``; 0 turns the pool off), and a buffer idle for
-:data:`IDLE_SECONDS` is let go at the next request or release.
-
-## Receive buffers
-
-An executor that receives every rank's rows of one tensor key straight into
-slices of one buffer has already made the copy a concatenation would make.
-It hands the collect step a :class:`RowBuffers` with the results (as
-``CallHandle.row_buffers``); the collect plan hands them to the
-concatenation (``cat_rows(tensors, buffers)``), which returns a view spanning
-the slices instead of copying them again.  Only buffers of the call being
-collected qualify, each once.  A user-defined collect function has verl's
-fixed signature and cannot be handed anything, so for it alone the core
-opens :func:`adopting` around the call: the one ambient hook, in this layer.
+A freed buffer returns to the pool only when every view made from it is gone, so reuse never aliases
+live data (MEASURED.md for why, docs/executor-contract.md for the bounds).
 """
 
 from __future__ import annotations
@@ -53,8 +24,6 @@ POOL_MIN_BYTES = 1 << 20
 IDLE_SECONDS = 30.0
 
 
-# One rule for every cache of freed memory in a process: this pool and the rank allocator
-# settings (``_allocator``) share its default and its MiB override.
 def reuse_limit_bytes(variable: str, zero_means: str, environ: Mapping[str, str] | None = None) -> int:
     """Bytes from ``variable`` (whole MiB), else min(1 GiB, RAM / 16); ``zero_means`` goes in the error text."""
     env = os.environ if environ is None else environ
@@ -165,22 +134,12 @@ BUFFERS = BufferPool()
 
 
 def receive_buffer(nbytes: int) -> np.ndarray:
-    """A writable ``uint8`` buffer of ``nbytes`` that nothing else can see, to receive one out-of-band buffer into.
-
-    Large ones are recycled from this process's buffer pool (:data:`BUFFERS`).
-    """
+    """A writable ``uint8`` buffer of ``nbytes`` that nothing else can see (large ones recycled from the pool)."""
     return BUFFERS.take(nbytes)
 
 
 def numpy_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor in numpy-allocated memory.
-
-    numpy advises huge pages for large allocations and torch's CPU allocator
-    does not: a fresh 64 MB buffer filled through numpy's memory page-faults
-    far less (MEASURED.md, "into a fresh tensor"), and large buffers come
-    from this process's :data:`~dispatchcore._wire._buffers.BUFFERS`, which
-    recycles freed ones.  Use it for every large receive or output buffer.
-    """
+    """An uninitialised tensor in numpy-allocated memory (huge pages, pooled): for every large buffer."""
     numel = int(torch.Size(shape).numel())
     itemsize = torch.empty(0, dtype=dtype).element_size()
     raw = BUFFERS.take(max(1, numel * itemsize))
@@ -249,9 +208,8 @@ def adopting(buffers: RowBuffers | None) -> Iterator[None]:
 def cat_rows(tensors: list[torch.Tensor], buffers: RowBuffers | None = None) -> torch.Tensor:
     """``torch.cat`` along rows into numpy-allocated memory, or no copy at all.
 
-    Rows an executor received straight into one of ``buffers`` (default: those
-    of an enclosing :func:`adopting` block), in order, come back as one view
-    of that buffer.
+    Consecutive rows received into one of ``buffers`` (default: those of an
+    enclosing :func:`adopting` block) come back as one view of that buffer.
     """
     if buffers is None:
         buffers = _adopting.get()

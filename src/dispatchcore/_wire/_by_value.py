@@ -1,34 +1,7 @@
 """Which modules' code travels by value: those a fresh rank process could not import by name.
 
-A rank is a fresh interpreter in the driver's environment (a Ray worker, a
-torchrun or self-started process).  It can import by name what the
-environment gives every interpreter at start: the standard library, site
-packages, editable installs, ``PYTHONPATH``, the running script's directory.
-It cannot import a module that reached the driver's ``sys.modules`` through a
-path inserted later: a pytest test module or conftest (pytest puts their
-directory on ``sys.path``), a helper a notebook put on the path.  Functions
-and classes of such a module are pickled by value (their code travels, as
-``__main__``'s already does); everything else by reference, so a rank that
-imports an installed module itself sees the same class as what it receives.
-
-A module counts as importable when its file is inside the standard library
-or the site packages (where installed code may also put its own vendored
-directory on the path, as Ray does), or sits where its dotted name would be
-found under one of those start-up roots (``tests/test_x.py`` under the
-repository root is ``tests.test_x``, not ``test_x``), or is a submodule its
-importable parent made (``torch._C._autograd``), or when an installed
-distribution provides its top-level package (editable installs through an
-import hook).  Modules without a file (built-ins, namespace packages) go by
-reference.  When unsure the answer is "by value": slower, and the code still arrives.
-
-The decision is made once per module, for every module in ``sys.modules``
-that has not been judged yet (checked cheaply on each :func:`refresh_by_value`: only
-when ``sys.modules`` grew; about 5 ms for the first 1,700 modules), and is
-registered with cloudpickle
-(``register_pickle_by_value``), which is what makes its pickler send the
-code.  :func:`names_by_value_module` tells whether a stream written by the
-C pickler (functions by name) names such a module, so a caller knows to
-pickle again with cloudpickle.
+A pytest test module or a notebook's helper reached the driver through a path inserted later; such
+modules are registered with cloudpickle by value (when unsure: by value, slower, and the code arrives).
 """
 
 from __future__ import annotations
@@ -132,12 +105,7 @@ def _under_root(name: str, file: str) -> bool:
 
 
 def importable_by_name(module: ModuleType) -> bool:
-    """Whether a fresh rank process of this environment imports ``module`` by its name.
-
-    A submodule whose file does not match its name (``torch._C._autograd``
-    lives in ``torch/_C.so``) is its parent's creation: it is importable
-    when the parent is.
-    """
+    """Whether a fresh rank process imports ``module`` by its name (a submodule its parent made: as the parent)."""
     name = module.__name__
     if name == "__main__":
         return False
@@ -159,11 +127,7 @@ def _marker(name: str) -> bytes:
 
 
 def refresh_by_value() -> None:
-    """Judge the modules imported since the last call; register those that must go by value.
-
-    :func:`dumps` calls it; an executor pickling with its own cloudpickle
-    subclass calls it first.
-    """
+    """Register the modules imported since the last call that must go by value (call before own cloudpickling)."""
     global _seen_count, _markers
     if len(sys.modules) == _seen_count:
         return
@@ -193,11 +157,7 @@ def by_value_modules() -> list[str]:
 
 
 def by_value_by_rule() -> frozenset[str]:
-    """Names of the modules sent by value only because a fresh process could not import them (after a refresh).
-
-    A process that imported them itself (the driver's own threads) reaches
-    them by name; modules their authors registered by value stay by value.
-    """
+    """Names of the modules sent by value only because a fresh process could not import them (after a refresh)."""
     refresh_by_value()
     return frozenset(_by_rule)
 

@@ -1,11 +1,6 @@
-"""Which object inside a value keeps it from pickling, and the path to it.
+"""Which object inside a value keeps it from pickling, and the path to it (``W.score → Registry.lock``).
 
-A pickler names the type it choked on (``cannot pickle '_thread.lock'
-object``), not where that object sat: in ``cfg['callback']``, or in a class
-attribute of a helper class that travels by value because the driver script
-defined it.  :func:`find_unpicklable` walks down only the parts that fail to
-pickle, so it costs nothing until something has failed, and returns the path
-as a user would write it (``cfg['callback']``, ``W.score → Registry.lock``).
+Only the parts that fail to pickle are walked, so it costs nothing until something has failed.
 """
 
 from __future__ import annotations
@@ -39,12 +34,9 @@ Child = tuple[str, Any, bool]  # (path text, object, reached through code that t
 class Culprit:
     """The innermost object that cannot be pickled, and how it was reached.
 
-    ``path`` is the hops after the root: ``()`` when the root itself is the
-    culprit, ``("cfg['callback']",)`` for an item, ``("W.score",
-    "Registry.lock")`` when a class's method uses a global class whose
-    attribute is a lock.  ``by_value`` says the path passes through a class
-    or function that travels by value (cloudpickle: defined in the driver
-    script or not importable), where the fix is in the code, not the data.
+    ``path`` is the hops after the root (``()``: the root itself;
+    ``("W.score", "Registry.lock")``).  ``by_value``: the path passes through
+    code that travels by value, where the fix is in the code, not the data.
     """
 
     path: tuple[str, ...]
@@ -58,11 +50,7 @@ class Culprit:
 
 
 def find_unpicklable(obj: Any, name: str = "value", *, share_callables: bool = False) -> Culprit | None:
-    """``None`` if ``obj`` pickles (as :func:`dumps` with ``share_callables`` would), else its :class:`Culprit`.
-
-    ``name`` is how the path spells ``obj`` itself (an argument's name, a
-    class's name).
-    """
+    """``None`` if ``obj`` pickles (as :func:`dumps` would), else its :class:`Culprit`; ``name`` spells ``obj``."""
     search = _Search(share_callables)
     error = search.fails(obj)
     if error is None:
@@ -203,11 +191,7 @@ def _global_names(code: types.CodeType) -> list[str]:
 
 
 def _object_children(obj: Any, expr: str) -> Iterator[Child]:
-    """An instance: its attributes (``__dict__`` and slots), then its class (which may travel by value).
-
-    The standard library's objects (an ``Event``, a ``Queue``, a socket) are
-    culprits as a whole: the lock inside an ``Event`` is no place to look.
-    """
+    """An instance: its attributes, then its class; the standard library's objects are culprits as a whole."""
     if type(obj).__module__.partition(".")[0] in sys.stdlib_module_names:
         return
     attributes = getattr(obj, "__dict__", None)

@@ -1,17 +1,7 @@
 """Pickle with tensors as raw out-of-band buffers.
 
-torch's own pickling of a tensor goes through ``torch.save`` of its whole
-storage: a 10-row view of a 1M-row batch ships all 1M rows, in-band.  Here a
-tensor is reduced to a :class:`pickle.PickleBuffer` over exactly its bytes,
-which protocol 5 hands out of band (no copy), and rebuilt with
-``torch.frombuffer`` over whatever buffer the receiver supplies (no copy
-either).  A bare ``PickleBuffer`` rather than a numpy array: the stream then
-names no numpy dtype or rebuild helper, which makes a small DataProto's
-pickle about a third shorter and its pickling and unpickling cheaper.  Executors that move bytes
-themselves (threads, torch.distributed, Ray) call :func:`dumps` / :func:`loads`;
-:class:`~dispatchcore.DataProto` uses :func:`reduce_tensor` in its own
-``__reduce_ex__`` so that any protocol-5 pickler (Ray's included) gets the
-same zero-copy layout.
+torch's own pickling ships a view's whole storage in-band; here a tensor is a bare ``PickleBuffer`` over
+exactly its bytes, out of band under protocol 5, rebuilt over the receiver's buffer without a copy.
 """
 
 from __future__ import annotations
@@ -61,18 +51,11 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         if _is_plain_tensor(obj) and obj.device.type != "meta":
             return reduce_tensor(obj)
-        parent = getattr(super(), "reducer_override", None)
-        if parent is not None:
-            return parent(obj)
-        return NotImplemented
+        return super().reducer_override(obj)
 
 
 class _SharingPickler(_Pickler):
-    """Also passes callables, classes and modules by reference (same process only).
-
-    A separate class because pickle calls ``persistent_id`` for every object
-    whenever the method exists, which would slow down every other pickle.
-    """
+    """Also passes code by reference (same process only); apart, as pickle calls ``persistent_id`` per object."""
 
     def persistent_id(self, obj: Any) -> Any:
         if self._shared is None or not isinstance(obj, _BY_REFERENCE):
@@ -86,14 +69,7 @@ class _SharingPickler(_Pickler):
 
 
 class _InProcessPickler(_Pickler):
-    """Code of modules this process imported from an inserted path (a pytest test module) goes by name.
-
-    For checks made on behalf of ranks that live in this process (``local``):
-    they import those modules as the driver did, so a module-level lock or
-    event a worker shares with its test is never pickled.  ``__main__``'s
-    code, and modules registered by value by their authors, still travel by
-    value, as on every backend.
-    """
+    """Code of modules imported from an inserted path goes by name: for ranks in this process (``local``)."""
 
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]):
         super().__init__(file, buffers, None)
@@ -107,12 +83,7 @@ class _InProcessPickler(_Pickler):
 
 
 class _FastPickler(pickle.Pickler):
-    """The C pickler with tensors in its dispatch table: no Python hook per object.
-
-    Functions and classes go by reference (by name), which is right only
-    inside one process; anything it cannot pickle (lambdas, local classes)
-    falls back to :class:`_Pickler`.
-    """
+    """The C pickler with tensors in its dispatch table: no Python hook per object; code goes by name."""
 
     dispatch_table = {**copyreg.dispatch_table, torch.Tensor: reduce_tensor}
 
@@ -128,11 +99,7 @@ class _Unpickler(pickle.Unpickler):
 
 @dataclass
 class Serialized:
-    """A pickled object: the pickle stream plus its out-of-band buffers.
-
-    ``shared`` holds the objects passed by reference (same-process executors
-    only); it is empty for anything that crosses a process boundary.
-    """
+    """A pickled object: the pickle stream plus its out-of-band buffers (``shared``: by reference, same process)."""
 
     data: bytes
     #: Out-of-band buffers: PickleBuffers when dumped, any buffer (numpy, bytes) when received.
@@ -147,10 +114,8 @@ class Serialized:
 def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
     """Pickle ``obj`` with protocol 5; tensor bytes go to ``buffers`` uncopied.
 
-    ``share_callables=True`` passes functions, classes and modules by
-    reference (for executors whose ranks live in this process).  Otherwise
-    functions and classes of ``__main__`` and of modules a rank process
-    cannot import by name travel by value (see ``_by_value``).
+    ``share_callables=True`` passes code by reference (ranks in this process);
+    otherwise code a rank process cannot import by name travels by value.
     """
     refresh_by_value()  # cloudpickle must know every module that goes by value before it pickles
     file = io.BytesIO()
@@ -167,11 +132,7 @@ def dumps(obj: Any, *, share_callables: bool = False) -> Serialized:
 
 
 def dumps_in_process(obj: Any) -> Serialized:
-    """``obj`` pickled as for a rank in this process: by value only what no import here reaches.
-
-    Differs from :func:`dumps` only for modules reached through a path
-    inserted at run time (see :class:`_InProcessPickler`).
-    """
+    """``obj`` pickled as for a rank in this process: by value only what no import here reaches."""
     refresh_by_value()
     file = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
@@ -182,10 +143,7 @@ def dumps_in_process(obj: Any) -> Serialized:
 def dumps_portable(obj: Any) -> Serialized:
     """``obj`` pickled for another process, by the C pickler when that is safe.
 
-    The C pickler costs a fraction of cloudpickle's Python hooks (~20-50 us
-    per DataProto chunk), but names every function and class by reference.
-    Its stream is kept when it shared nothing and names no module whose code
-    must travel by value; otherwise ``obj`` is pickled again with cloudpickle.
+    Safe (and ~20-50 us cheaper per chunk) when its stream names no module whose code must travel by value.
     """
     try:
         serialized = dumps(obj, share_callables=True)

@@ -1,12 +1,6 @@
-"""A tensor as exactly its bytes for pickle protocol 5, and rebuilt over any buffer without a copy.
+"""A tensor as exactly its bytes for pickle protocol 5, rebuilt over any buffer without a copy.
 
-torch's own pickling goes through ``torch.save`` of the whole storage; here a
-tensor reduces to a :class:`pickle.PickleBuffer` over its own bytes (out of
-band under protocol 5) and is rebuilt with ``torch.frombuffer`` over whatever
-buffer the receiver supplies.  ``TensorBatch`` and ``DataProto`` use
-:func:`reduce_tensor` in their own reducers, so any protocol-5 pickler (Ray's
-included) gets the same layout; :mod:`._serialization` builds the one
-dumps/loads path on it.  Imports nothing of dispatchcore.
+Imports nothing of dispatchcore, so ``TensorBatch`` and ``DataProto`` reduce with it too.
 """
 
 from __future__ import annotations
@@ -41,10 +35,8 @@ def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
 def _flat_bytes(raw: Any, readonly: bool) -> torch.Tensor:
     """A uint8 tensor over any buffer (numpy array, bytearray, memoryview, ...), without copying."""
     if readonly:
-        # Read-only shared memory (Ray's object store) or bytes.  torch would
-        # only warn and then let a worker write into buffers other readers
-        # share.  Executors that keep isolation copy before this point; here
-        # the memory is wrapped as is and the flag is the caller's business.
+        # Read-only shared memory (Ray's object store) or bytes: torch only warns.  Executors that keep
+        # isolation copy before this point; here the memory is wrapped as is.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return torch.frombuffer(raw, dtype=torch.uint8)
@@ -62,10 +54,8 @@ def rebuild_tensor(
     view = memoryview(raw)
     if view.nbytes == 0:
         t = torch.empty(shape, dtype=dtype)
-        if device is not None and device != "cpu":
-            t = t.to(_receiving_device(device))
-        return t.requires_grad_(True) if requires_grad else t
-    t = _flat_bytes(raw, view.readonly).view(dtype).reshape(shape)
+    else:
+        t = _flat_bytes(raw, view.readonly).view(dtype).reshape(shape)
     if device is not None and device != "cpu":
         t = t.to(_receiving_device(device))
     if requires_grad:
@@ -81,11 +71,7 @@ def _receiving_device(device: str) -> torch.device:
 
 
 def reduce_tensor(t: torch.Tensor, *, protocol5: bool = True) -> tuple[Any, tuple[Any, ...]]:
-    """``__reduce__`` value of a tensor as its own bytes, never its storage.
-
-    ``protocol5``: the bytes as a bare pickle buffer (only protocol 5 can
-    pickle it); otherwise as a numpy array, which any protocol can.
-    """
+    """``__reduce__`` value of a tensor as its own bytes, never its storage (``protocol5``: a bare pickle buffer)."""
     device = None if t.device.type == "cpu" else str(t.device)
     return rebuild_tensor, (
         _tensor_bytes(t) if protocol5 else tensor_array(t),

@@ -1,21 +1,7 @@
 """The executor contract: everything a backend plugin needs, and nothing private.
 
-For executor authors; the contract is written out once, in
-``docs/executor-contract.md``.  In short: the core owns dispatch, collect,
-padding, futures, binding, every time bound and its own operations on the
-ranks; an executor owns how ranks start, how bytes move and how death is
-seen.  Subclass :class:`Executor`, set ``name`` and implement
-``__init__(spec)`` (start ranks, each a :class:`WorkerHost`), ``submit(call)``
-(send a :class:`Call` at once, return a :class:`RankCallHandle`; on the rank
-``host.run(call.method, args, kwargs, call.instructions)``, forwarding
-:class:`Instructions` whole and never reading them; route ``call.beside``
-calls beside a busy call where you can) and ``shutdown()``; a backend whose
-ranks are processes subclasses :class:`LaneExecutor` instead and writes only
-how they start and stop (the core's lane carries the calls).  Optional hooks
-(rows and futures moved rank to rank, rank stacks, cancels, replacing ranks,
-weight transfers, collectives) decline by default.  The built-in executors
-import only this module, :mod:`dispatchcore.wire` and public ``dispatchcore``
-names; check yours with :class:`dispatchcore.testing.ExecutorConformance`.
+Subclass :class:`Executor` (or :class:`LaneExecutor` for process ranks), check it with
+:class:`dispatchcore.testing.ExecutorConformance`; the contract is ``docs/executor-contract.md``.
 """
 
 from __future__ import annotations
