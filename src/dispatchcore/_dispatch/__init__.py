@@ -1,8 +1,6 @@
-"""How a call is split and gathered: modes, ``@register``, typed descriptors, built-in and nd modes,
-futures, the call context.
+"""How a call is split and gathered: modes, ``@register``, futures, the call context.
 
-The decorator layer names the driver's bound method through a protocol
-(``BoundMethod``), never the group layer's ``MethodProxy``.
+The decorator layer names the driver's bound method through a protocol, never ``MethodProxy``.
 """
 
 from ._builtin_modes import collect_list, concat_outputs, dispatch_all_to_all, trim_padding

@@ -54,11 +54,6 @@ def call_context(ctx: CallContext) -> Iterator[CallContext]:
         _current.reset(token)
 
 
-def current_call_or_none() -> CallContext | None:
-    """The context of the call being dispatched or collected, if any."""
-    return _current.get()
-
-
 def current_call() -> CallContext:
     """The context of the call being dispatched or collected.
 

@@ -1,10 +1,4 @@
-"""Modes whose collect reduces the ranks' metrics: one value per name instead of one per rank.
-
-``reduce_metrics_mode(how, mode)`` wraps any mode: a per-rank list of
-metric dicts (``DP_COMPUTE_METRIC``, ``ONE_TO_ALL``, ...) becomes one dict,
-a per-rank list of numbers one number, and a collected ``DataProto``'s
-``meta_info["metrics"]`` (lists, after concat) one value per name.
-"""
+"""Modes whose collect reduces the ranks' metrics: one value per name instead of one per rank."""
 
 from __future__ import annotations
 
@@ -23,9 +17,7 @@ def reduce_metrics_mode(
 ) -> DispatchSpec:
     """A ``dispatch_mode``: ``mode`` (default ``DP_COMPUTE_METRIC``) whose collected metrics are reduced by ``how``.
 
-    ``how`` is as :func:`~dispatchcore.reduce_metrics` takes it: ``"mean"``,
-    ``"sum"``, ``"max"``, ``"min"``, a function of the values, or a mapping
-    from metric name to one of those.
+    ``how`` is as :func:`~dispatchcore.reduce_metrics` takes it (a name, a function, or a mapping of them).
     """
     for chosen in how.values() if isinstance(how, Mapping) else [how]:
         if not callable(chosen) and chosen not in REDUCTIONS:

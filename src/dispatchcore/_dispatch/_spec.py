@@ -16,10 +16,7 @@ CollectFn = Callable[[Any, list[Any]], Any]
 class DispatchSpec:
     """A mode's driver-side functions and how the core should treat it.
 
-    ``returns_dataproto``: a ``blocking=False`` call returns a
-    :class:`~dispatchcore.DataProtoFuture`.  ``rank_zero_only``: only rank 0
-    runs the call.  ``direct``: the method is meant to be called on workers
-    directly, never through the group.
+    ``returns_dataproto``: futures are ``DataProtoFuture``; ``direct``: never called through a group.
     """
 
     dispatch_fn: DispatchFn

@@ -1,11 +1,6 @@
-"""Malformed calls turned into typed errors that name the problem and the fix.
+"""Malformed calls (a user dispatch's bad return, a backend's pickler error) turned into typed errors.
 
-The core runs user-supplied dispatch and collect functions and hands
-arguments to executors it does not know.  What goes wrong there would
-otherwise surface as a bare ``TypeError`` from deep inside the core or a
-backend's pickler; these helpers catch it at the boundary and say which
-call, which argument or rank, and what to do instead (docs/design.md, "Public names": every
-error is a :class:`~dispatchcore.DispatchError`).
+They name the call, the argument or rank, and the fix (docs/design.md, "Public names").
 """
 
 from __future__ import annotations
@@ -46,10 +41,7 @@ def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple
 def submit_call(executor: Executor, call: Call, backend: str) -> CallHandle:
     """``executor.submit(call)``; a backend's own exception (usually its pickler's) becomes a DispatchError.
 
-    Nothing was sent when ``submit`` raises (executors serialize every
-    argument before the first send), so the group stays usable.  An argument
-    that cannot be pickled is named, with the path to the object at fault,
-    in one :class:`~dispatchcore.UnpicklableError` wording on every backend.
+    Nothing was sent when ``submit`` raises, so the group stays usable.
     """
     try:
         return executor.submit(call)

@@ -1,13 +1,7 @@
-"""Ranks still running a call that has already ended: what becomes of them.
+"""Ranks still running a call that has already ended, recorded so no later call queues silently behind them.
 
-A call ends before all its ranks do when one raises (fail fast), one dies,
-it is cancelled, or the driver is interrupted (Ctrl-C).  The ranks still in
-it are asked to stop (``Executor.cancel_call``) and recorded here, so that
-no later call queues silently behind them: the next call on those ranks,
-and any replacement, first waits for them to leave, at most until the
-group's ``cancel_grace`` has passed since they were asked.  Those still in
-it then are *stuck* (blocked in C code, or ignoring the interrupt), and
-``_stuck`` decides: restart them, or refuse the call naming them.
+The next call on those ranks waits for them up to ``cancel_grace``; those
+still in it are *stuck*, and ``_stuck`` decides (see ``docs/calls-that-cannot-hang.md``).
 """
 
 from __future__ import annotations

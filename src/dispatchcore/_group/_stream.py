@@ -1,14 +1,7 @@
 """Results as ranks finish: ``for part in wg.generate.stream(batch): ...``.
 
-A stream runs the call like any other (plan, submit) but collects rank by
-rank instead of all at once: each :class:`StreamPart` is one collected
-rank's result, with the rows of the input it covers for DataProto modes
-(padding trimmed, as the whole call's collect trims it).  ``ordered=True``
-gives rank order; otherwise parts come as ranks finish.  A rank that
-raises or dies ends the stream with the error the call would raise (the
-others are asked to stop); leaving the loop early (``break``, an
-exception, :meth:`CallStream.close`) cancels the call on the ranks still
-running it.
+A stream plans and submits like any call but collects rank by rank (see
+"Streaming results as ranks finish" in ``docs/calls-that-cannot-hang.md``).
 """
 
 from __future__ import annotations
@@ -28,11 +21,9 @@ from .._trace import TimedResult
 class StreamPart:
     """One rank's part of a streamed call.
 
-    ``ranks``: the rank(s) it came from (numbers of the whole group, as
-    ``rank_ids``); ``rows``: for DataProto modes, the rows of the input it
-    covers (``range``), else ``None``; ``value``: what the rank returned
-    (a ``DataProto`` with padding rows dropped, a ``LazyDataProto`` for lazy
-    calls).
+    ``ranks``: where it came from (``rank_ids`` numbers); ``rows``: for
+    DataProto modes, the input rows it covers, else ``None``; ``value``: what
+    the rank returned (padding dropped).
     """
 
     ranks: tuple[int, ...]
@@ -53,10 +44,6 @@ class CallStream(Iterator[StreamPart]):
         on_error: Callable[[BaseException], None],
         on_close: Callable[[], bool],
     ) -> None:
-        # ``planned`` is the call's ``PlannedCall``, ``submitted`` what the submit path returned (its
-        # ``RankCallHandle``, its trace), ``ledger`` the group's ``RowLedger`` (lazy parts are adopted
-        # there); ``on_error`` notes and stops the ranks still running after an error, ``on_close``
-        # cancels the call (see ``_method_proxy.start_stream``).
         self._ledger = ledger
         self._on_close = on_close
         self._planned = planned

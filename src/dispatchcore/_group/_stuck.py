@@ -1,17 +1,8 @@
 """The stuck-ranks hooks of the call pipeline: where unfinished ranks are, and what becomes of them.
 
-* :func:`note_stacks`: a call that timed out or failed fast says where its
-  unfinished ranks are (their stacks).  Asking costs a round trip to each
-  rank beside its running call, so it is bounded (:data:`STACKS_TIMEOUT_S`)
-  and best effort: a rank that does not answer, or a backend that cannot
-  ask, leaves the error as it was.
-* :func:`left_running`: a call ended while ranks were still in it; they are
-  asked to stop and recorded (``_stragglers``).
-* :func:`clear_stragglers`: before the next call on those ranks, wait for
-  them within the group's ``cancel_grace``; ranks still stuck are restarted
-  (``on_rank_death="replace"``), or the call is refused naming them, with
-  their stacks and the way back (``wg.replace_rank``); a backend that cannot
-  restart ranks (``local``, the torchrun launcher) declares the group broken.
+Stacks are noted best effort, within :data:`STACKS_TIMEOUT_S`; ranks still
+stuck past ``cancel_grace`` are restarted or named in a refusal (see
+``docs/calls-that-cannot-hang.md``).
 """
 
 from __future__ import annotations
@@ -26,10 +17,8 @@ from ._stragglers import unfinished_ranks
 
 
 class CallSite(Protocol):
-    """What these hooks read of a call site (``_site.CallSite``): named, not imported, so the submit
-    path that calls them stays a floor lower."""
+    """What these hooks read of ``_site.CallSite`` (not imported: the submit path stays a floor lower)."""
 
-    #: The group's ``SharedRanks`` (its membership, ledger, backend, restart policy).
     shared: Any
     ranks: tuple[int, ...]
 
@@ -135,10 +124,7 @@ def ended_early(
 ) -> BaseException | None:
     """``call`` ended in ``exc``: say where its unfinished ranks are, mark them on ``trace``, ask them to stop.
 
-    A timeout stops them only when ``cancel_after`` (the call's bound, with
-    ``on_timeout="cancel"``, or a stream's) is given; then the error to raise
-    instead is returned, naming that bound.  Ctrl-C always stops them.  A
-    cancelled call was stopped already.
+    A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
     if isinstance(exc, CallCancelledError):
         return None

@@ -155,12 +155,7 @@ class WorkerGroup(Generic[W]):
         self.on_bound(parent)
 
     def on_bound(self, parent: WorkerGroup[Any] | None) -> None:
-        """Runs once a group or a view is set up, its method proxies bound; the default does nothing.
-
-        For subclasses such as executors' adapters (verl's ``RayWorkerGroup``):
-        ``parent`` is the group a view was taken from (``None`` for a group),
-        and a proxy may be wrapped or replaced here (``getattr(self, name)``).
-        """
+        """Runs once a group or a view (``parent``: its group, else ``None``) has its proxies bound; for adapters."""
 
     @classmethod
     def _view_of(cls, parent: WorkerGroup[Any], site: CallSite, worker_cls: type) -> WorkerGroup[Any]:
@@ -173,11 +168,7 @@ class WorkerGroup(Generic[W]):
     # -- construction helpers -------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], worker_cls: type[W], **kwargs: Any) -> WorkerGroup[W]:
-        """Build from any mapping with ``backend``, ``world_size`` and a per-backend section.
-
-        Keys ``call_timeout``, ``death_timeout`` and ``isolate`` are read too;
-        keyword arguments win over the config.
-        """
+        """Build from any mapping with ``backend``, ``world_size`` and a per-backend section; keyword arguments win."""
         if not isinstance(config, Mapping) and not hasattr(config, "get"):
             raise DispatchTypeError(f"config must be a mapping (dict, OmegaConf), got {type(config).__name__}")
         backend = resolve_backend(kwargs.pop("backend", None), config)
@@ -210,9 +201,7 @@ class WorkerGroup(Generic[W]):
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
         """Role ``name``'s group, typed ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor).call.update(batch)``.
 
-        ``spawn([name])[name]`` for type checkers; ``role_cls`` must be the
-        class the colocated class hosts for ``name`` (or a base of it), else
-        :class:`DispatchError` (see ``_roles``).
+        ``role_cls`` must be (a base of) the class hosted for ``name``, else :class:`DispatchError`.
         """
         return cast("WorkerGroup[R]", role_view(self, name, role_cls))
 
@@ -220,9 +209,7 @@ class WorkerGroup(Generic[W]):
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
         """A view calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[::2]``, ``wg[3]``.
 
-        Dispatch is computed for the view's size (a DP split over ``wg[0:2]``
-        makes two chunks); the view shares these ranks (their state, their
-        processes), and its rank numbers are positions in this group.
+        Dispatch is computed for the view's size; the view shares these ranks.
         """
         return self._view_of(self, self._site.over(select_by_index(self._site.ranks, index)), self._worker_cls)
 
@@ -240,11 +227,8 @@ class WorkerGroup(Generic[W]):
     def call(self) -> type[W]:
         """The registered methods, typed for checkers: ``wg.call.update_actor(batch)``.
 
-        At run time this is a namespace of the same proxies as
-        ``wg.update_actor``.  It is *typed* as the worker class so that a type
-        checker reads each method's driver signature off its ``@register``
-        declaration (parameters kept, result per the mode, see
-        ``dispatchcore._dispatch._typed_method``) and reports misspelled names.
+        The same proxies as ``wg.update_actor``, typed as the worker class so a
+        checker reads each driver signature off its ``@register`` declaration.
         """
         return cast("type[W]", MethodNamespace(self))
 
@@ -272,12 +256,8 @@ class WorkerGroup(Generic[W]):
     def replace_rank(self, *ranks: int) -> MembershipChange:
         """Start new processes for ``ranks`` (dead ones, or hung ones: killed first) and rebuild the group.
 
-        Each new rank runs the worker's ``__init__``, replays the setup calls
-        it took part in, in order; then every rank runs
-        ``Worker.on_membership_change`` (see ``dispatchcore._group._membership``).
-        Returns what changed.  Backends that cannot start ranks (local
-        threads, ranks started by the torchrun launcher) raise
-        :class:`DispatchError`.
+        Setup calls are replayed and ``Worker.on_membership_change`` runs on
+        every rank (``docs/replacing-ranks.md``); backends that cannot raise.
         """
         site = self._site
         if site.shared.closed:
@@ -293,12 +273,8 @@ class WorkerGroup(Generic[W]):
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
         """Where each rank is now: the Python stack of the thread running its methods, by rank.
 
-        Answers while a call runs, busy in Python or blocked in C code (a
-        collective, a sleep): the stack then ends in the call that entered C.
-        ``all_threads=True`` gives every thread of the rank's process.  A rank
-        that does not answer within ``timeout`` seconds is left out; a
-        backend that cannot look returns ``{}``.  Ranks are this group's
-        (``rank_ids``); a timed-out call adds the same stacks to its error.
+        Answers while a call runs, even blocked in C.  ``all_threads=True``
+        gives every thread; a rank silent for ``timeout`` seconds is left out.
         """
         site = self._site
         if site.shared.closed:
@@ -335,15 +311,10 @@ class WorkerGroup(Generic[W]):
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 
     def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
-        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked of the ranks once and cached.
+        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name`` (what nd modes split by), asked once and cached.
 
-        What the nd dispatch mode splits by; a view over some dp ranks numbers
-        them ``0..k-1``.
+        A view over some dp ranks numbers them ``0..k-1``.
         """
-        return self._mesh_info(mesh_name)
-
-    def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
-        """Every rank's (dp_rank, is_collect) on ``mesh_name``, asked once."""
         with self._lock:
             cached = self._mesh_cache.get(mesh_name)
         if cached is None:

@@ -1,7 +1,6 @@
-"""The executor contract's core side: ``Call`` and its ``Instructions``, the ``Executor`` base, forward
-plans, rank environment, plugins.
+"""The executor contract's core side (public face: :mod:`dispatchcore.executor`).
 
-The public face is :mod:`dispatchcore.executor`.  Imports ``_base``, ``_wire``, ``_data``.
+Imports ``_base``, ``_wire``, ``_data``.
 """
 
 from ._call import PLAIN, Call, Instructions, Operation, UniqueValues, call_instructions

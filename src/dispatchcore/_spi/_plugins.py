@@ -1,9 +1,7 @@
 """Finding executors: entry points of group ``dispatchcore`` through pluggy.
 
-Loading is lazy (on the first backend lookup) and fault-tolerant: a plugin
-whose module fails to import, or whose hook raises, is skipped and
-remembered, so it never breaks another backend, and both
-``dispatchcore backends`` and :class:`BackendNotFoundError` say why.
+Loading is lazy and fault-tolerant: a plugin that fails to load is skipped
+and remembered, so ``dispatchcore backends`` and :class:`BackendNotFoundError` say why.
 """
 
 from __future__ import annotations
@@ -180,11 +178,7 @@ def _normalize(name: str) -> str:
 
 
 def _extra_providing(dist: str | None, module: str, prefer: str | None = None) -> str | None:
-    """The extra of ``dist`` whose requirements include ``module``'s distribution, if any.
-
-    Several extras may bring the same package; the one named like the
-    plugin (``prefer``) wins.
-    """
+    """The extra of ``dist`` whose requirements include ``module``'s distribution (``prefer`` wins a tie)."""
     if dist is None:
         return None
     try:
@@ -232,12 +226,10 @@ def get_executor_class(name: str) -> type[Executor]:
 
 
 def register_executor(executor_cls: type[Executor]) -> None:
-    """Make ``executor_cls`` a backend in this process, without an entry point.
+    """Make ``executor_cls`` a backend in this process, without an entry point (notebooks, tests).
 
-    For notebooks, tests and benchmarks; a package ships its executor through
-    the ``dispatchcore`` entry-point group instead (see
-    :mod:`dispatchcore.executor`).  Registering the same class again is a
-    no-op; another class under a taken name raises ``RegistrationError``.
+    Registering the same class again is a no-op; another class under a taken
+    name raises ``RegistrationError``.
     """
     registry.load()
     with registry._lock:
