@@ -1,9 +1,6 @@
-"""Per-call state shared by a mode's dispatch and collect functions.
+"""Per-call state shared by a mode's dispatch and collect functions (verl's fixed signatures cannot carry it).
 
-``dispatch_fn(wg, *args, **kwargs)`` and ``collect_fn(wg, outputs)`` have
-verl's fixed signatures, yet collect must know how many padding rows
-dispatch added.  The core opens a :class:`CallContext` around both; built-in
-and user modes read and write it through :func:`current_call`.
+Built-in and user modes read and write it through :func:`current_call`.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ class CallContext:
     padded_len: int = 0
     #: Positions (into the outputs list) to collect, in order; None = all.
     collect_positions: list[int] | None = None
-    #: The executor's receive buffers for this call's results (collect may
-    #: adopt their rows instead of copying; see ``dispatchcore.wire.RowBuffers``).
+    #: The executor's receive buffers for this call's results (collect may adopt their rows).
     row_buffers: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -57,10 +53,8 @@ def call_context(ctx: CallContext) -> Iterator[CallContext]:
 def current_call() -> CallContext:
     """The context of the call being dispatched or collected.
 
-    Outside a call (a dispatch function invoked directly) a fresh throwaway
-    context is returned each time and never stored, so one direct call cannot
-    leak into the next; to dispatch and then collect under one context, use
-    :func:`dispatchcore.direct_call`.
+    Outside a call, a fresh throwaway context each time (use
+    :func:`dispatchcore.direct_call` to dispatch and collect under one).
     """
     ctx = _current.get()
     return ctx if ctx is not None else CallContext(method="<direct>", world_size=0)
