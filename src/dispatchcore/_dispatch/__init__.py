@@ -4,7 +4,7 @@ The decorator layer names the driver's bound method through a protocol, never ``
 """
 
 from ._builtin_modes import collect_list, concat_outputs, dispatch_all_to_all, trim_padding
-from ._call_context import CallContext, call_context, current_call, enter_call, leave_call
+from ._call_context import CallContext, current_call, enter_call, leave_call
 from ._direct_call import DirectCall, direct_call
 from ._enum import Execute
 from ._futures import CallFuture, as_completed
@@ -26,7 +26,6 @@ __all__ = [
     "Execute",
     "Registration",
     "as_completed",
-    "call_context",
     "collect_list",
     "concat_outputs",
     "current_call",

@@ -5,9 +5,7 @@ Built-in and user modes read and write it through :func:`current_call`.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,22 +30,12 @@ _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("d
 
 
 def enter_call(ctx: CallContext) -> contextvars.Token[CallContext | None]:
-    """Make ``ctx`` current (the fast form of :func:`call_context`)."""
+    """Make ``ctx`` current until :func:`leave_call` with the token returned."""
     return _current.set(ctx)
 
 
 def leave_call(token: contextvars.Token[CallContext | None]) -> None:
     _current.reset(token)
-
-
-@contextlib.contextmanager
-def call_context(ctx: CallContext) -> Iterator[CallContext]:
-    """Make ``ctx`` the current call's context for the duration of the block."""
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)
 
 
 def current_call() -> CallContext:

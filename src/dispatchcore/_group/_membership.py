@@ -72,11 +72,6 @@ class SetupLog:
             steps = list(self._steps)
         return [(s.method, *s.by_rank[rank]) for s in steps if rank in s.by_rank]
 
-    @property
-    def methods(self) -> list[str]:
-        with self._lock:
-            return [s.method for s in self._steps]
-
 
 def run_replacement(
     group: Any, ranks: tuple[int, ...], generation: int, stragglers: Stragglers | None = None

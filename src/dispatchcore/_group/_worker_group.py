@@ -24,7 +24,7 @@ from .._base import (
     RegistrationError,
     did_you_mean,
 )
-from .._dispatch import CallContext, Registration, call_context, collect_list, dispatch_all_to_all, registered_methods
+from .._dispatch import Registration, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Call, Executor, GroupSpec, get_executor_class
 from .._worker import MembershipChange, method_names
@@ -290,8 +290,7 @@ class WorkerGroup(Generic[W]):
     def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
         site = self._site
         site.check_open(self)
-        with call_context(CallContext(method=name, world_size=site.world_size)):
-            per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)
+        per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)  # reads no call context
         bind_call(site, self, name, per_rank_args, per_rank_kwargs, "ALL_TO_ALL")
         call = build_call(
             site, name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero=rank_zero, timeout=site.call_timeout

@@ -163,9 +163,13 @@ class RankCallHandle(CallHandle):
 
     def wait_for_any(self, seconds: float) -> None:
         """Block up to ``seconds`` for one more rank to answer (call :meth:`arm` before checking first)."""
+        assert self._progress is not None  # noqa: S101 - armed first
+        self._wait_then_look(self._progress, seconds)
+
+    def _wait_then_look(self, event: threading.Event | Latch, seconds: float) -> None:
+        """Wait up to ``seconds`` on ``event`` (a pull backend: on its own wait), then look for dead ranks."""
         if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
-            assert self._progress is not None  # noqa: S101 - armed first
-            self._progress.wait(seconds)
+            event.wait(seconds)
         else:
             self.wait_for_progress(seconds)
         waiting = self.waiting_positions()
@@ -200,13 +204,7 @@ class RankCallHandle(CallHandle):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
-                settled.wait(min(left, self.poll))
-            else:
-                self.wait_for_progress(min(left, self.poll))
-            waiting = self.waiting_positions()
-            if waiting:
-                self.check_alive(waiting)
+            self._wait_then_look(settled, min(left, self.poll))
         return True
 
     def result(self, timeout: float | None = None) -> list[Any]:
