@@ -1,7 +1,4 @@
-"""How a call is split and gathered: modes, ``@register``, futures, the call context.
-
-The decorator layer names the driver's bound method through a protocol, never ``MethodProxy``.
-"""
+"""How a call is split and gathered: modes, ``@register``, futures, the call context."""
 
 from ._builtin_modes import collect_list, concat_outputs, dispatch_all_to_all, trim_padding
 from ._call_context import CallContext, current_call, enter_call, leave_call

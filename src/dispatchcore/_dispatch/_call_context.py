@@ -1,7 +1,4 @@
-"""Per-call state shared by a mode's dispatch and collect functions (verl's fixed signatures cannot carry it).
-
-Built-in and user modes read and write it through :func:`current_call`.
-"""
+"""Per-call state a mode's dispatch tells its collect (verl's signatures cannot carry it): :func:`current_call`."""
 
 from __future__ import annotations
 
@@ -39,10 +36,6 @@ def leave_call(token: contextvars.Token[CallContext | None]) -> None:
 
 
 def current_call() -> CallContext:
-    """The context of the call being dispatched or collected.
-
-    Outside a call, a fresh throwaway context each time (use
-    :func:`dispatchcore.direct_call` to dispatch and collect under one).
-    """
+    """The context of the call being dispatched or collected (outside a call, a fresh throwaway one)."""
     ctx = _current.get()
     return ctx if ctx is not None else CallContext(method="<direct>", world_size=0)

@@ -33,11 +33,7 @@ class _StandInGroup:
 
 
 class DirectCall:
-    """One dispatched call, waiting for per-rank outputs to collect.
-
-    ``args[j][r]`` / ``kwargs[name][r]`` is what rank ``r`` receives, exactly as
-    a group would send it.
-    """
+    """One dispatched call (``args[j][r]``: what rank ``r`` receives), waiting for per-rank outputs to collect."""
 
     def __init__(self, method: str, mode: Any, group: Any, context: CallContext) -> None:
         self.method = method

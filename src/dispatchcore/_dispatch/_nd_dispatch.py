@@ -1,7 +1,4 @@
-"""Dispatch over a data-parallel axis of an n-d device mesh (verl's nd mode).
-
-The ranks of one dp rank see the same chunk; one of them (``is_collect``) returns the result.
-"""
+"""Dispatch over a data-parallel axis of an n-d device mesh (verl's nd mode): one ``is_collect`` rank per dp rank."""
 
 from __future__ import annotations
 

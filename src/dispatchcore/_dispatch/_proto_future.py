@@ -1,7 +1,4 @@
-"""``DataProtoFuture``: a ``DataProto`` a call is still producing (verl's name).
-
-Passed into another call, an executor may forward its rows rank to rank.
-"""
+"""``DataProtoFuture``: a ``DataProto`` a call is still producing (verl's name), forwardable rank to rank."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Stage 1b of a call: bind each rank's arguments against the worker method's signature, on the driver.
+"""Stage 1b of a call: bind each rank's arguments (after dispatch) against the worker method's signature.
 
-A call that cannot fit raises :class:`~dispatchcore.CallSignatureError`
-before anything is sent, judged after dispatch (as each rank receives it).
-A shape that bound once is remembered, so a plain call costs a set look-up.
+A call that cannot fit raises ``CallSignatureError`` before anything is sent; shapes that bound are remembered.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Malformed calls (a user dispatch's bad return, a backend's pickler error) turned into typed errors.
-
-They name the call, the argument or rank, and the fix (docs/design.md, "Public names").
-"""
+"""Malformed calls (a user dispatch's bad return, a backend's pickler error) turned into typed errors with the fix."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Stage 4 of a call: collect the per-rank results into what the caller gets.
-
-Lazy results become ``LazyDataProto`` handles; the mode's ``collect_fn`` runs
-under the call's collect plan, with the receive buffers to adopt rows in place.
-"""
+"""Stage 4 of a call: the mode's ``collect_fn`` under the call's collect plan (lazy results become handles)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Replacing a dead rank, driver side: the setup log, the replacement, one at a time.
-
-One *rejoin* call replays setup on the new ranks while every rank runs
-``on_membership_change`` (see ``docs/replacing-ranks.md``).
-"""
+"""Replacing a dead rank, driver side: the setup log, the replacement, one at a time (``docs/replacing-ranks.md``)."""
 
 from __future__ import annotations
 
@@ -145,10 +141,7 @@ class Membership:
         return tuple(sorted({*ranks, *stuck}))
 
     def recover(self, group: Any, dead: int, seen: int) -> None:
-        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
-
-        Nothing to do if another caller replaced ranks since generation ``seen``.
-        """
+        """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
         with self._lock:
             if self.generation != seen:
                 return

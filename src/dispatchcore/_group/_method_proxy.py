@@ -1,8 +1,6 @@
 """Per-method proxies bound on a WorkerGroup, and the call each one runs: plan → submit → resolve → collect.
 
-Each proxy class is named after its method (``__call__`` renamed too), so
-tracebacks read ``update_actor``.  Each stage of :func:`run_call` lives in a
-module of its own; a new capability adds a stage or a hook, not a branch.
+Each proxy class is named after its method, so tracebacks read ``update_actor``; each stage is a module.
 """
 
 from __future__ import annotations
@@ -92,13 +90,9 @@ class MethodProxy(Generic[P, D_co]):
     ) -> MethodProxy[P, Any]:
         """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``.
 
-        ``lazy=True`` keeps this call's DataProto result on the ranks (a ``LazyDataProto``).
-        ``on_timeout="cancel"`` stops the call on its ranks when it outlives
-        ``timeout`` (the group takes calls again); the default ``"raise"``
-        leaves them running and the group broken, because interrupting a
-        method at an arbitrary instruction can leave its state half-written.
-        ``blocking=False`` returns a future at once, as ``@register(blocking=False)``
-        does (a ``DataProtoFuture`` for the DataProto modes); ``blocking=True`` waits.
+        ``lazy=True`` keeps the DataProto result on the ranks; ``blocking=False`` returns a future.
+        ``on_timeout="cancel"`` stops the call on its ranks past ``timeout``; the default ``"raise"``
+        leaves them running and the group broken (a method stopped anywhere may leave half-written state).
         """
         check_call_options(unknown, timeout, lazy, on_timeout, blocking)
         registration = self._registration

@@ -1,8 +1,6 @@
-"""Stage 1 of a call: plan it.  Dispatch splits the arguments per rank; the plan says how to collect.
+"""Stage 1 of a call: dispatch splits the arguments per rank; the ``CallContext`` it fills is the collect plan.
 
-The mode's ``dispatch_fn`` runs under the call's :class:`~dispatchcore.CallContext`
-(the collect plan); what the core tells every rank goes into the call's
-``Instructions``, never into the user's keyword arguments.
+What the core tells every rank goes into the call's ``Instructions``, never into the user's keyword arguments.
 """
 
 from __future__ import annotations

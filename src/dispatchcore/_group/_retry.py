@@ -1,7 +1,4 @@
-"""The replacement hook of the call pipeline: a call that found one of its ranks dead.
-
-See ``docs/replacing-ranks.md``: only a ``retry=True`` call runs again.
-"""
+"""The replacement hook of the call pipeline: a call that found one of its ranks dead (``docs/replacing-ranks.md``)."""
 
 from __future__ import annotations
 

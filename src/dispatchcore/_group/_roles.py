@@ -1,7 +1,4 @@
-"""Typed role groups: ``wg.role("actor", Actor)`` is ``spawn``'s view, typed ``WorkerGroup[Actor]``.
-
-The class is checked at run time against the one hosted for the role, so the annotation cannot lie.
-"""
+"""Typed role groups: ``wg.role("actor", Actor)`` is ``spawn``'s view, typed (and checked) ``WorkerGroup[Actor]``."""
 
 from __future__ import annotations
 

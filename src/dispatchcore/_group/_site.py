@@ -1,7 +1,6 @@
-"""What one call needs to know about the group it goes through: its ranks and what they share.
+"""What one call needs to know about the group it goes through (the pipeline never reads a ``WorkerGroup``).
 
-A group and its views share one :class:`SharedRanks`; each adds a
-:class:`CallSite`.  The call pipeline reads only these, never a ``WorkerGroup``.
+A group and its views share one :class:`SharedRanks`; each adds a :class:`CallSite`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Ranks still running a call that has already ended, recorded so no later call queues silently behind them.
 
-The next call on those ranks waits for them up to ``cancel_grace``; those
-still in it are *stuck*, and ``_stuck`` decides (see ``docs/calls-that-cannot-hang.md``).
+Those still in it after ``cancel_grace`` are *stuck*; ``_stuck`` decides (``docs/calls-that-cannot-hang.md``).
 """
 
 from __future__ import annotations
@@ -32,12 +31,6 @@ def unfinished_ranks(handle: CallHandle, call: Call) -> list[int]:
         ranks: list[int] = waiting()
         return ranks
     return [] if handle.done() else list(call.ranks)
-
-
-def _settle(handle: CallHandle, seconds: float) -> None:
-    wait = getattr(handle, "wait_settled", None)
-    if wait is not None:
-        wait(max(0.0, seconds))
 
 
 class Stragglers:
@@ -71,7 +64,9 @@ class Stragglers:
             mine = {r: s for r, s in self._by_rank.items() if r in ranks}
         stuck: dict[int, Straggler] = {}
         for rank, straggler in mine.items():
-            _settle(straggler.handle, straggler.since + grace - time.monotonic())
+            wait = getattr(straggler.handle, "wait_settled", None)
+            if wait is not None:
+                wait(max(0.0, straggler.since + grace - time.monotonic()))
             call = getattr(straggler.handle, "call", None)
             still = unfinished_ranks(straggler.handle, call) if isinstance(call, Call) else []
             if rank in still:

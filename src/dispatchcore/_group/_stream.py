@@ -1,8 +1,4 @@
-"""Results as ranks finish: ``for part in wg.generate.stream(batch): ...``.
-
-A stream plans and submits like any call but collects rank by rank (see
-"Streaming results as ranks finish" in ``docs/calls-that-cannot-hang.md``).
-"""
+"""Results as ranks finish: ``for part in wg.generate.stream(batch): ...`` (``docs/calls-that-cannot-hang.md``)."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ from .._trace import TimedResult
 
 @dataclass(frozen=True)
 class StreamPart:
-    """One rank's part of a streamed call.
-
-    ``ranks``: where it came from (``rank_ids`` numbers); ``rows``: for
-    DataProto modes, the input rows it covers, else ``None``; ``value``: what
-    the rank returned (padding dropped).
-    """
+    """One rank's part of a streamed call: its ``ranks``, its ``value`` (padding dropped), and for
+    DataProto modes the input ``rows`` it covers."""
 
     ranks: tuple[int, ...]
     value: Any

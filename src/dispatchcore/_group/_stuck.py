@@ -1,8 +1,6 @@
 """The stuck-ranks hooks of the call pipeline: where unfinished ranks are, and what becomes of them.
 
-Stacks are noted best effort, within :data:`STACKS_TIMEOUT_S`; ranks still
-stuck past ``cancel_grace`` are restarted or named in a refusal (see
-``docs/calls-that-cannot-hang.md``).
+See ``docs/calls-that-cannot-hang.md``.
 """
 
 from __future__ import annotations
@@ -33,19 +31,14 @@ STACKS_TIMEOUT_S = 2.0
 def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = None) -> None:
     """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note."""
     ranks = list(getattr(error, "ranks", ()) or ()) if ranks is None else ranks
-    text = _stacks_text(site, ranks)
-    if text:
-        error.add_note(text)
-
-
-def _stacks_text(site: CallSite, ranks: list[int]) -> str:
     if not ranks:
-        return ""
+        return
     try:
         stacks = site.executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
-        return ""
-    return stacks_note(stacks) if stacks else ""
+        return
+    if stacks:
+        error.add_note(stacks_note(stacks))
 
 
 def left_running(site: CallSite, handle: CallHandle, call: Call, why: str, error: BaseException | None) -> list[int]:

@@ -1,8 +1,6 @@
-"""The one way the core sends a call: every call it makes goes through :func:`submit`.
+"""The one way the core sends a call, so each settles stragglers, carries frees, is traced and fails alike.
 
-So for each: stragglers are settled, freed rows ride along, a trace block
-traces it, and a backend's exception reads the same.  Beside calls
-(``Call.beside``) neither wait for stragglers nor become ones.
+Beside calls (``Call.beside``) neither wait for stragglers nor become ones.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The tracing hook of the call pipeline: slices for dispatch, execute per rank and collect.
-
-A call gets a :class:`CallTrace` only inside a :func:`dispatchcore.trace` block.
-"""
+"""The tracing hook of the call pipeline: slices for dispatch, execute per rank and collect (in a trace block)."""
 
 from __future__ import annotations
 

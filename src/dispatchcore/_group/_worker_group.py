@@ -1,9 +1,4 @@
-"""``WorkerGroup``: the driver's handle on N ranks hosting one worker class.
-
-The group turns ``wg.method(*args)`` into dispatch (split per the method's
-mode), one :class:`~dispatchcore.Call` to the executor, and collect.  It is
-identical for every backend; only the executor behind it changes.
-"""
+"""``WorkerGroup``: the driver's handle on N ranks hosting one worker class, the same on every backend."""
 
 from __future__ import annotations
 
@@ -199,18 +194,12 @@ class WorkerGroup(Generic[W]):
         return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
-        """Role ``name``'s group, typed ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor).call.update(batch)``.
-
-        ``role_cls`` must be (a base of) the class hosted for ``name``, else :class:`DispatchError`.
-        """
+        """Role ``name``'s group, typed (and checked) ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor)``."""
         return cast("WorkerGroup[R]", role_view(self, name, role_cls))
 
     # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
-        """A view calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[::2]``, ``wg[3]``.
-
-        Dispatch is computed for the view's size; the view shares these ranks.
-        """
+        """A view (dispatching for its own size) calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[3]``."""
         return self._view_of(self, self._site.over(select_by_index(self._site.ranks, index)), self._worker_cls)
 
     def ranks(self, ranks: Iterable[int]) -> WorkerGroup[W]:
@@ -310,10 +299,7 @@ class WorkerGroup(Generic[W]):
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 
     def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
-        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name`` (what nd modes split by), asked once and cached.
-
-        A view over some dp ranks numbers them ``0..k-1``.
-        """
+        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked once (a view's dp ranks numbered from 0)."""
         with self._lock:
             cached = self._mesh_cache.get(mesh_name)
         if cached is None:

@@ -1,9 +1,6 @@
-"""The one call handle every executor builds on: all time bounds live here.
+"""The one call handle every executor builds on: all time bounds live here (``docs/executor-contract.md``).
 
-A backend only says how results arrive (push: :meth:`RankCallHandle.deliver`;
-pull: override :meth:`RankCallHandle.wait_for_progress`) and how a rank is
-seen gone (:meth:`RankCallHandle.check_alive`); the bounds and errors it then
-gives are listed under ``RankCallHandle`` in ``docs/executor-contract.md``.
+A backend only says how results arrive and how a rank is seen gone.
 """
 
 from __future__ import annotations
@@ -32,11 +29,7 @@ def liveness_poll(death_timeout: float) -> float:
 
 
 class RankCallHandle(CallHandle):
-    """One call's per-rank outcomes, filled by the backend; owns every bound.
-
-    ``on_broken(reason)`` is called when the group can take no more calls
-    (usually :meth:`Executor.mark_broken`).
-    """
+    """One call's per-rank outcomes, filled by the backend; owns every bound (``on_broken``: the group is broken)."""
 
     def __init__(
         self,

@@ -1,7 +1,6 @@
-"""Private copies equal to a pickle round trip, made without pickling (docs/design.md, "Invariants").
+"""Private copies equal to a pickle round trip (docs/design.md, "Invariants"), made without pickling.
 
-Inside one process a copy stands in for the transport; the common types are
-copied directly (several times cheaper than pickling), the rest round-trips.
+Inside one process a copy stands in for the transport; the common types are copied directly (far cheaper).
 """
 
 from __future__ import annotations

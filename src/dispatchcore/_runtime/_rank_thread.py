@@ -1,7 +1,4 @@
-"""Running a rank in this process: one long-lived thread (per-thread state stays put), isolated arguments.
-
-Each rank copies its inputs on its own thread, so the driver pays none of the copies.
-"""
+"""Running a rank in this process: one long-lived thread, which copies its own inputs (the driver pays none)."""
 
 from __future__ import annotations
 

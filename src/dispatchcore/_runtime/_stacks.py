@@ -1,8 +1,6 @@
 """Where a rank is: the Python stack of the thread running its method, and of every thread on request.
 
-``sys._current_frames`` answers even while the method is blocked in C.  A
-stack starts where the user's code does: the method thread's machinery and
-each run of import-system frames are counted in one line each.
+A stack starts where the user's code does; machinery and import-system runs are counted in a line each.
 """
 
 from __future__ import annotations

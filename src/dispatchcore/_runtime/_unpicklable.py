@@ -1,9 +1,4 @@
-"""The one wording, on every backend, for what the ranks need but cannot be pickled.
-
-Every backend refuses it before anything is sent, with an
-:class:`~dispatchcore.UnpicklableError` naming the path to the object at
-fault (``argument 'cfg' → cfg['callback']``) and the fix.
-"""
+"""The one wording, on every backend, for what the ranks need but cannot be pickled (path to the culprit, fix)."""
 
 from __future__ import annotations
 
@@ -89,8 +84,7 @@ def unpicklable_spec_error(spec: GroupSpec, exc: BaseException) -> UnpicklableEr
 def check_spec_picklable(spec: GroupSpec) -> None:
     """Pickle the worker class and init arguments as a process backend would; raise the one error if they do not.
 
-    For executors that pickle nothing at start-up, so what another backend
-    would refuse is refused here too (module code checked by name).
+    For executors that pickle nothing at start-up, so they refuse what another backend would.
     """
     try:
         dumps_in_process((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))

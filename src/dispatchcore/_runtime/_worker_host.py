@@ -1,7 +1,6 @@
-"""Rank-side runtime shared by every executor: :class:`WorkerHost` runs methods, never raises.
+"""Rank-side runtime shared by every executor: :class:`WorkerHost` runs methods and never raises.
 
-Failures come back as picklable :class:`RemoteFailure` records, so an
-executor can always send a status back and keep the group in step.
+Failures come back as picklable :class:`RemoteFailure` records, so the group stays in step.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class RemoteFailure:
     exc_type: str
     message: str
     traceback: str
-    #: Set when the worker saw another rank dead (reading rows that rank kept): the driver raises
-    #: ``WorkerDiedError`` naming that rank instead of a ``WorkerError``.
+    #: Another rank the worker saw dead (reading rows it kept): the driver raises ``WorkerDiedError`` for it.
     died_rank: int | None = None
 
     @classmethod

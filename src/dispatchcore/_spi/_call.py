@@ -1,8 +1,4 @@
-"""What the core hands an executor: one call on some ranks (the contract: ``docs/executor-contract.md``).
-
-:class:`Instructions` is the core's own part of the call; an executor
-forwards it whole to ``WorkerHost.run`` and never reads it.
-"""
+"""What the core hands an executor: one call on some ranks (the contract: ``docs/executor-contract.md``)."""
 
 from __future__ import annotations
 
@@ -30,13 +26,11 @@ class Instructions:
 
     #: A traced call: the rank's value comes back as a ``TimedResult`` (timing out of band).
     timed: bool = False
-    #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``)
-    #: and send back its description instead of its rows.
+    #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``), send its description.
     keep_rows: str | None = None
     #: This call's id among the driver's calls (0: none), which a cancel names (``WorkerHost.cancel``).
     call_id: int = 0
-    #: Keys of kept rows the driver holds no reference to any more: freed on the rank before the call
-    #: runs (frees ride the next call; keys a process does not hold are skipped).
+    #: Keys of kept rows the driver let go of: freed on the rank before the call runs (unknown keys skipped).
     free: tuple[str, ...] = ()
     #: The core's own operation, run instead of a worker method (``None``: ``Call.method`` on the worker).
     operation: Operation | None = None

@@ -1,7 +1,4 @@
-"""The executor contract's base classes: :class:`Executor`, :class:`GroupSpec`, :class:`CallHandle`.
-
-The contract is written out once, in ``docs/executor-contract.md``.
-"""
+"""The executor contract's base classes (the contract is written out once, in ``docs/executor-contract.md``)."""
 
 from __future__ import annotations
 
@@ -34,16 +31,14 @@ class GroupSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     #: A readable name, unique per process, for actors/threads/stores.
     name: str = "group"
-    #: Every method name a call may ask for: the ``@register`` methods, role
-    #: methods of a colocated class (``"actor_update"``), and the core's own.
+    #: Every method name a call may ask for (``@register`` ones, colocated roles', the core's own).
     methods: tuple[str, ...] = ()
 
 
 class CallHandle(ABC):
     """An in-flight call; one per :meth:`Executor.submit` (most subclass ``RankCallHandle``)."""
 
-    #: Receive buffers the results' tensors were placed in, which the collect
-    #: step may adopt instead of copying (see :class:`~dispatchcore.wire.RowBuffers`).
+    #: Receive buffers the results' tensors were placed in (collect may adopt them instead of copying).
     row_buffers: RowBuffers | None = None
 
     @abstractmethod
@@ -64,8 +59,7 @@ class Executor(ABC):
     extra: ClassVar[str | None] = None
     #: Top-level modules that must be importable (checked without importing).
     requires: ClassVar[tuple[str, ...]] = ()
-    #: Whether every rank of a group is a thread of one process (``dispatchcore.collective``
-    #: reduces in memory between such ranks; see ``docs/executor-contract.md``).
+    #: Whether every rank of a group is a thread of one process (``dispatchcore.collective`` reduces in memory).
     ranks_share_process: ClassVar[bool] = False
 
     def __init__(self, spec: GroupSpec) -> None:
@@ -92,11 +86,7 @@ class Executor(ABC):
 
     # -- optional: rows moved rank to rank instead of through the driver ----
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
-        """Row count and ``meta_info`` of each rank's result of ``handle``'s call, or ``None``.
-
-        ``None`` (the default) resolves a forwarded ``DataProtoFuture`` on the
-        driver; otherwise the core asks :meth:`forward_chunk` per chunk.
-        """
+        """Row count and ``meta_info`` of each rank's result, to forward it; ``None``: resolve on the driver."""
         return None
 
     def forward_chunk(self, handle: CallHandle, plan: ChunkPlan) -> Any:
@@ -105,11 +95,7 @@ class Executor(ABC):
 
     # -- optional: lazy results read rank to rank --------------------------------
     def row_address(self, rank: int) -> Any:
-        """Where rank ``rank``'s kept rows live, for :meth:`can_fetch_rows` of a consuming group.
-
-        ``None`` (the default) sends consumers their rows through the driver
-        (see "Lazy results" in ``docs/executor-contract.md``).
-        """
+        """Where rank ``rank``'s kept rows live, for :meth:`can_fetch_rows`; ``None``: through the driver."""
         return None
 
     def can_fetch_rows(self, address: Any) -> bool:
@@ -118,11 +104,7 @@ class Executor(ABC):
 
     # -- optional: weight transfers rank to rank (WeightSync) ---------------------------
     def tensor_address(self) -> Any:
-        """Where this group's ranks publish a transfer's buckets, for :meth:`can_receive_tensors` of another group.
-
-        ``None`` (the default) moves them through the driver (see "Weight
-        transfers" in ``docs/executor-contract.md``).
-        """
+        """Where this group's ranks publish transfers, for :meth:`can_receive_tensors`; ``None``: through the driver."""
         return None
 
     def can_receive_tensors(self, address: Any) -> bool:
@@ -131,27 +113,20 @@ class Executor(ABC):
 
     # -- optional: replacing dead ranks (WorkerGroup.replace_rank) ----------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """Start new ranks ``ranks`` in place of dead (or hung: kill them first) ones.
+        """Start new ranks in place of dead (or hung: kill them first) ones; the rendezvous variables every rank adopts.
 
-        Return the rendezvous variables (``MASTER_ADDR``, ``MASTER_PORT``)
-        every rank adopts; the default raises (see ``docs/replacing-ranks.md``).
+        The default raises (see ``docs/replacing-ranks.md``).
         """
         raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
 
     # -- optional: where each rank is (WorkerGroup.rank_stacks, notes on timeouts) ----
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
-        """The current Python stack of each of ``ranks``, by rank, read while a method runs.
-
-        A rank that does not answer within ``timeout`` is left out; the default knows none.
-        """
+        """The current Python stack of each of ``ranks`` answering within ``timeout``, read while a method runs."""
         return {}
 
     # -- optional: stopping a running call (future.cancel(), fail fast, a stream left early) ----
     def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
-        """Ask ``ranks`` to stop running ``call``, without waiting; whether the request was sent.
-
-        The default cannot ask (``False``); see ``docs/calls-that-cannot-hang.md``.
-        """
+        """Ask ``ranks`` to stop running ``call``, without waiting; whether the request was sent (default: cannot)."""
         return False
 
     def can_replace_ranks(self) -> bool:

@@ -1,7 +1,6 @@
 """Which rows of which rank's result each consuming rank gets when a ``DataProtoFuture`` is forwarded.
 
-The core owns padding and chunking (docs/design.md, "The executor
-contract"); the executor only moves the rows each :class:`ChunkPlan` names.
+The core owns padding and chunking; the executor only moves the rows each :class:`ChunkPlan` names.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Hook specifications a dispatchcore plugin may implement.
-
-A plugin module implements ``dispatchcore_register_executors`` with
-``@hookimpl`` and is named by an entry point of group ``dispatchcore``;
-built-in executors load the same way (see the README, "Your own executor").
-"""
+"""Hook specifications a dispatchcore plugin may implement (see the README, "Your own executor")."""
 
 from __future__ import annotations
 
