@@ -195,10 +195,7 @@ def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
 
 
 def concat_outputs(outputs: list[Any], ranks: list[int] | None = None, row_buffers: RowBuffers | None = None) -> Any:
-    """One DataProto (or tensor) from per-rank outputs, in order (``ranks``: their names in errors).
-
-    ``row_buffers``: the executor's receive buffers, whose rows are adopted instead of copied.
-    """
+    """One DataProto (or tensor) from per-rank outputs, in order, adopting rows from ``row_buffers``."""
     try:
         if outputs and all(isinstance(o, DataProto) for o in outputs):
             return DataProto.concat(outputs, row_buffers=row_buffers)

@@ -88,10 +88,8 @@ for _name in ("ALL", "RANK_ZERO"):
     Execute._add(_name)
 
 
-if TYPE_CHECKING:  # what ``register`` returns per execute mode (checkers only)
+if TYPE_CHECKING:  # ``Execute.ALL`` and ``Execute.RANK_ZERO``, told apart for ``register``'s overloads
 
-    class ExecuteAll(Execute):
-        """``Execute.ALL`` (checkers only)."""
+    class ExecuteAll(Execute): ...
 
-    class ExecuteRankZero(Execute):
-        """``Execute.RANK_ZERO`` (checkers only)."""
+    class ExecuteRankZero(Execute): ...

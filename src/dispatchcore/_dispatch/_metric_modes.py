@@ -15,10 +15,7 @@ from ._spec import DispatchSpec
 def reduce_metrics_mode(
     how: Reduction | Mapping[str, Reduction] = "mean", mode: Any = Dispatch.DP_COMPUTE_METRIC
 ) -> DispatchSpec:
-    """A ``dispatch_mode``: ``mode`` (default ``DP_COMPUTE_METRIC``) whose collected metrics are reduced by ``how``.
-
-    ``how`` is as :func:`~dispatchcore.reduce_metrics` takes it (a name, a function, or a mapping of them).
-    """
+    """A ``dispatch_mode``: ``mode`` whose collected metrics are reduced by ``how`` (as ``reduce_metrics`` takes it)."""
     for chosen in how.values() if isinstance(how, Mapping) else [how]:
         if not callable(chosen) and chosen not in REDUCTIONS:
             raise RegistrationError(

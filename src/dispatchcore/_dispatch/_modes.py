@@ -152,10 +152,8 @@ def resolve_mode(mode: Any) -> DispatchSpec:
         raise RegistrationError(f"dispatch mode {mode!r} is no longer registered") from None
 
 
-if TYPE_CHECKING:  # the types each mode carries for checkers (see ``_typed_method``); nothing at run time
+if TYPE_CHECKING:  # a ``Dispatch`` member and a ``DispatchSpec`` with their decorator types (``_typed_method``)
 
-    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]):
-        """A ``Dispatch`` member, with its decorator types (checkers only)."""
+    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]): ...
 
-    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]):
-        """A ``DispatchSpec`` (e.g. an nd mesh mode), with its decorator types (checkers only)."""
+    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]): ...

@@ -14,10 +14,7 @@ CollectFn = Callable[[Any, list[Any]], Any]
 
 @dataclass(frozen=True)
 class DispatchSpec:
-    """A mode's driver-side functions and how the core should treat it.
-
-    ``returns_dataproto``: futures are ``DataProtoFuture``; ``direct``: never called through a group.
-    """
+    """A mode's driver-side functions and how the core should treat it."""
 
     dispatch_fn: DispatchFn
     collect_fn: CollectFn

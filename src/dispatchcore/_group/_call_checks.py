@@ -15,10 +15,7 @@ def _kind(value: Any) -> str:
 
 
 def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` from a dispatch function's return value, or a :class:`DispatchError` saying what it returned.
-
-    Per-entry lengths are checked where the call is built; this checks the outer shape.
-    """
+    """``(args, kwargs)`` from a dispatch function's return value (its outer shape checked), else a DispatchError."""
     if (
         not isinstance(dispatched, (tuple, list))
         or len(dispatched) != 2
@@ -36,10 +33,7 @@ def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple
 
 
 def submit_call(executor: Executor, call: Call, backend: str) -> CallHandle:
-    """``executor.submit(call)``; a backend's own exception (usually its pickler's) becomes a DispatchError.
-
-    Nothing was sent when ``submit`` raises, so the group stays usable.
-    """
+    """``executor.submit(call)``; a backend's own exception (nothing was sent) becomes a DispatchError."""
     try:
         return executor.submit(call)
     except UnpicklableError as exc:

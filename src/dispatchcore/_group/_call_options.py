@@ -16,6 +16,16 @@ ON_TIMEOUT = ("raise", "cancel")
 CALL_OPTIONS = ("blocking", "lazy", "on_timeout", "timeout")
 
 
+def check_timeout(label: str, value: Any, allow_none: bool = True) -> float | None:
+    """``value`` as seconds, or ``None``; anything else is refused naming ``label``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        allowed = " or None" if allow_none else ""
+        raise DispatchValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
+    return float(value)
+
+
 def check_call_options(unknown: Mapping[str, Any], timeout: Any, lazy: Any, on_timeout: Any, blocking: Any) -> None:
     """Refuse a misspelt keyword (with the nearest) or a bad value, naming what is allowed."""
     if unknown:
@@ -27,9 +37,8 @@ def check_call_options(unknown: Mapping[str, Any], timeout: Any, lazy: Any, on_t
     if on_timeout is not None and on_timeout not in ON_TIMEOUT:
         hint = did_you_mean(on_timeout, ON_TIMEOUT) if isinstance(on_timeout, str) else ""
         raise DispatchValueError(f"on_timeout must be one of {list(ON_TIMEOUT)}, got {on_timeout!r}{hint}")
-    if timeout is not DEFAULT and timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise DispatchValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    if timeout is not DEFAULT:
+        check_timeout("timeout", timeout)
     if lazy is not None and not isinstance(lazy, bool):
         raise DispatchValueError(f"lazy must be True, False or None, got {lazy!r}")
     if blocking is not None and not isinstance(blocking, bool):

@@ -72,10 +72,7 @@ class SetupLog:
 def run_replacement(
     group: Any, ranks: tuple[int, ...], generation: int, stragglers: Stragglers | None = None
 ) -> MembershipChange:
-    """Replace ``ranks`` of ``group`` (a root WorkerGroup): new ranks, setup replay, hook on every rank.
-
-    Raises ``WorkerDiedError`` when another rank dies on the way (the caller may replace it too).
-    """
+    """Replace ``ranks`` of root ``group``: new ranks, setup replay, hook; ``WorkerDiedError`` if another dies."""
     executor = group.executor
     n = group.world_size
     env = dict(executor.replace_ranks(ranks))

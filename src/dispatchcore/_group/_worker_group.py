@@ -24,6 +24,7 @@ from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Call, Executor, GroupSpec, get_executor_class
 from .._worker import MembershipChange, method_names
 from ._bind import bind_call
+from ._call_options import check_timeout
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
@@ -67,15 +68,6 @@ def _check_flags(isolate: Any, init_args: Any, lazy: Any, lazy_budget_bytes: Any
         raise DispatchValueError(f"lazy_budget_bytes must be a number of bytes >= 0 or None, got {lazy_budget_bytes!r}")
 
 
-def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        allowed = " or None" if allow_none else ""
-        raise DispatchValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
-    return float(value)
-
-
 class WorkerGroup(Generic[W]):
     """N ranks hosting ``worker_cls``; one proxy attribute per ``@register`` method."""
 
@@ -106,7 +98,7 @@ class WorkerGroup(Generic[W]):
         world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
         _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
         check_on_rank_death(on_rank_death, name, executor_cls)
-        timeout = _check_timeout("call_timeout", call_timeout)
+        timeout = check_timeout("call_timeout", call_timeout)
         methods = registered_methods(worker_cls)
         _refuse_collisions(worker_cls, methods)
         self._closed = True  # until the executor is up
@@ -118,7 +110,7 @@ class WorkerGroup(Generic[W]):
             init_kwargs=dict(init_kwargs or {}),
             isolate=isolate,
             call_timeout=timeout,
-            death_timeout=_check_timeout("death_timeout", death_timeout, allow_none=False),  # type: ignore[arg-type]
+            death_timeout=check_timeout("death_timeout", death_timeout, allow_none=False),  # type: ignore[arg-type]
             options=dict(backend_options),
             name=str(group_name),
             methods=method_names(worker_cls),
@@ -129,7 +121,7 @@ class WorkerGroup(Generic[W]):
             RowLedger(executor, lazy_budget_bytes),
         )  # fmt: skip
         shared.root = weakref.ref(self)
-        shared.membership.cancel_grace = _check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
+        shared.membership.cancel_grace = check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
         shared.ledger.send = ledger_sender(shared, tuple(range(world_size)))
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)
@@ -268,7 +260,7 @@ class WorkerGroup(Generic[W]):
         site = self._site
         if site.shared.closed:
             raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
-        timeout = _check_timeout("timeout", timeout, allow_none=False)  # type: ignore[assignment]
+        timeout = check_timeout("timeout", timeout, allow_none=False)  # type: ignore[assignment]
         return site.executor.rank_stacks(list(site.ranks), all_threads, timeout)
 
     def ensure_usable(self) -> None:

@@ -44,10 +44,7 @@ def wording(where: str, culprit: Culprit | None, exc: BaseException, fix: str | 
 
 
 def unpicklable_error(method: str, value: Any, exc: BaseException, *, in_process: bool = False) -> UnpicklableError:
-    """Driver side, before sending: ``value``, an argument of call ``method``, cannot be pickled.
-
-    ``in_process``: the pickling was the in-process isolation copy (callables shared).
-    """
+    """Driver side, before sending: ``value``, an argument of call ``method``, cannot be pickled."""
     culprit = find_unpicklable(value, "value", share_callables=in_process)
     where = culprit.where("an argument") if culprit is not None else "an argument"
     message = f"call {method!r} was not sent: {wording(where, culprit, exc)}"

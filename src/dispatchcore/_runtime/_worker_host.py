@@ -134,11 +134,7 @@ class WorkerHost:
         kwargs: dict[str, Any],
         instructions: Instructions = PLAIN,
     ) -> tuple[bool, Any]:
-        """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
-
-        ``instructions`` (``call.instructions``, forwarded whole) may time the
-        call, keep its rows, free old rows, or run a core operation instead.
-        """
+        """``(True, value)`` or ``(False, RemoteFailure)``, as ``instructions`` (``call.instructions``) order."""
         if instructions.free:
             ROW_STORE.free(instructions.free)
         running = GATE.enter(instructions.call_id)

@@ -29,11 +29,7 @@ def plan_forward(
     pad_size: int = 0,
     padded_len: int = 0,
 ) -> ForwardPlan | None:
-    """Chunk the producing call's collected result ``chunks`` ways, as row ranges.
-
-    ``None`` means the rows cannot be forwarded: resolve on the driver, which
-    raises the error that says why.
-    """
+    """Chunk the producing call's collected result ``chunks`` ways, as row ranges; ``None``: resolve on the driver."""
     picked = list(range(len(shapes))) if collect_positions is None else list(collect_positions)
     described = [shapes[p] for p in picked]
     if chunks < 1 or not described or any(s is None for s in described):
@@ -83,10 +79,7 @@ def _pieces(lo: int, hi: int, total: int, starts: list[int], picked: list[int]) 
 
 
 def assemble_chunk(plan: ChunkPlan, results: Mapping[int, DataProto]) -> DataProto:
-    """Rank side: the chunk ``plan`` describes, from the results (by call position) it reads.
-
-    The join copies the rows once, so the chunk is writable whatever the transport gave.
-    """
+    """Rank side: the chunk ``plan`` describes, from the results it reads (copied once: writable)."""
     pieces = []
     for piece in plan.pieces:
         part = results[piece.source][piece.start : piece.stop]
