@@ -157,8 +157,7 @@ class MethodNamespace:
         )
 
     def __dir__(self) -> list[str]:
-        names: list[str] = self._group.method_names
-        return names
+        return list(self._group.method_names)
 
     def __repr__(self) -> str:
         return f"<methods of {self._group!r}>"
