@@ -1,10 +1,6 @@
 """What type checkers see of a ``@register`` method: its driver call's signature (the README's "Typed calls").
 
-To a checker ``@register`` returns a :class:`RegisteredMethod`: the plain
-method on a worker instance, a :class:`BoundMethod` (``MethodProxy`` at run
-time) read off the class, as ``wg.call`` is typed.  Each mode carries, as
-type arguments, the decorator types ``register`` returns for it; nothing
-here exists at run time beyond the names.
+Each mode carries, as type arguments, the decorator types ``register`` returns for it; nothing here runs.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from .._base import DispatchTypeError, DispatchValueError, did_you_mean
 
 #: Sentinel: "use the group's call_timeout" (typed Any so it can default any parameter).
 DEFAULT: Any = object()
-#: What a call past its timeout does: raise and leave the ranks running (the group is then
-#: broken), or cancel it on the ranks (the group takes calls again once they left it).
+#: What a call past its timeout does: raise, leaving the ranks running (group broken), or cancel it on them.
 ON_TIMEOUT = ("raise", "cancel")
 #: The keywords ``.options()`` takes.
 CALL_OPTIONS = ("blocking", "lazy", "on_timeout", "timeout")

@@ -10,6 +10,7 @@ from typing import Any
 from .._base import DispatchTimeoutError
 from .._data import PADDING_ROWS_KEY, DataProto
 from .._rows import LazyDataProto, RemoteRows
+from .._spi import remaining
 from .._trace import TimedResult
 
 
@@ -91,10 +92,10 @@ class CallStream(Iterator[StreamPart]):
                 found = handle.position_outcome(position)
                 if found is not None:
                     if not found[0]:
-                        handle.result(self._remaining())  # raises the call's error (the failure, the death)
+                        handle.result(remaining(self._deadline))  # raises the call's error (the failure, the death)
                     return position
             if handle.ended():
-                handle.result(self._remaining())  # ended early: cancelled, or a rank raised or died elsewhere
+                handle.result(remaining(self._deadline))  # ended early: cancelled, or a rank raised or died elsewhere
             now = time.monotonic()
             if self._deadline is not None and now >= self._deadline:
                 raise DispatchTimeoutError(
@@ -104,9 +105,6 @@ class CallStream(Iterator[StreamPart]):
                 )
             wait = handle.poll if self._deadline is None else min(handle.poll, self._deadline - now)
             handle.wait_for_any(max(0.001, wait))
-
-    def _remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def _part(self, position: int, index: int, value: Any) -> StreamPart:
         planned = self._planned
