@@ -1,12 +1,7 @@
-"""How a call is split and gathered: modes, ``@register``, typed descriptors, built-in and nd modes,
-futures, the call context.
-
-The decorator layer names the driver's bound method through a protocol
-(``BoundMethod``), never the group layer's ``MethodProxy``.
-"""
+"""How a call is split and gathered: modes, ``@register``, futures, the call context."""
 
 from ._builtin_modes import collect_list, concat_outputs, dispatch_all_to_all, trim_padding
-from ._call_context import CallContext, call_context, current_call, enter_call, leave_call
+from ._call_context import CallContext, current_call, enter_call, leave_call
 from ._direct_call import DirectCall, direct_call
 from ._enum import Execute
 from ._futures import CallFuture, as_completed
@@ -28,7 +23,6 @@ __all__ = [
     "Execute",
     "Registration",
     "as_completed",
-    "call_context",
     "collect_list",
     "concat_outputs",
     "current_call",

@@ -106,12 +106,7 @@ def _chunk_dataproto(value: DataProto, n: int, ctx: Any) -> list[Any]:
 
 
 def _forward(executor: Any, future: DataProtoFuture, n: int, ctx: Any) -> list[Any] | None:
-    """Per-rank placeholders that let the ranks fetch ``future``'s rows themselves.
-
-    Only when the future's call ran on the same backend and this executor can
-    describe its results (it declines handles it cannot read); the core plans
-    the row ranges, the executor moves them.
-    """
+    """Per-rank placeholders that let the ranks fetch ``future``'s rows themselves (same backend only), or ``None``."""
     handle = future.handle
     if executor is None or handle is None or future.executor is None or future.executor.name != executor.name:
         return None
@@ -160,8 +155,7 @@ def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A DataProto mode given arguments but no DataProto would send every rank the
-    whole of each and concatenate n copies of the answer: refuse it, as the type problem it is."""
+    """A DataProto mode given no DataProto would concatenate n copies of the answer: a type error."""
     got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
     raise DispatchTypeError(
         f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
@@ -201,12 +195,7 @@ def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
 
 
 def concat_outputs(outputs: list[Any], ranks: list[int] | None = None, row_buffers: RowBuffers | None = None) -> Any:
-    """One DataProto (or tensor) from per-rank outputs, in the given order.
-
-    ``ranks`` names the rank of each output in error messages (default: its
-    position); ``row_buffers`` are the executor's receive buffers, whose rows
-    the concatenation adopts instead of copying.
-    """
+    """One DataProto (or tensor) from per-rank outputs, in order, adopting rows from ``row_buffers``."""
     try:
         if outputs and all(isinstance(o, DataProto) for o in outputs):
             return DataProto.concat(outputs, row_buffers=row_buffers)

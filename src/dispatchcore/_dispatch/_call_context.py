@@ -1,16 +1,8 @@
-"""Per-call state shared by a mode's dispatch and collect functions.
-
-``dispatch_fn(wg, *args, **kwargs)`` and ``collect_fn(wg, outputs)`` have
-verl's fixed signatures, yet collect must know how many padding rows
-dispatch added.  The core opens a :class:`CallContext` around both; built-in
-and user modes read and write it through :func:`current_call`.
-"""
+"""Per-call state a mode's dispatch tells its collect (verl's signatures cannot carry it): :func:`current_call`."""
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +18,7 @@ class CallContext:
     padded_len: int = 0
     #: Positions (into the outputs list) to collect, in order; None = all.
     collect_positions: list[int] | None = None
-    #: The executor's receive buffers for this call's results (collect may
-    #: adopt their rows instead of copying; see ``dispatchcore.wire.RowBuffers``).
+    #: The executor's receive buffers for this call's results (collect may adopt their rows).
     row_buffers: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -36,7 +27,7 @@ _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("d
 
 
 def enter_call(ctx: CallContext) -> contextvars.Token[CallContext | None]:
-    """Make ``ctx`` current (the fast form of :func:`call_context`)."""
+    """Make ``ctx`` current until :func:`leave_call` with the token returned."""
     return _current.set(ctx)
 
 
@@ -44,28 +35,7 @@ def leave_call(token: contextvars.Token[CallContext | None]) -> None:
     _current.reset(token)
 
 
-@contextlib.contextmanager
-def call_context(ctx: CallContext) -> Iterator[CallContext]:
-    """Make ``ctx`` the current call's context for the duration of the block."""
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)
-
-
-def current_call_or_none() -> CallContext | None:
-    """The context of the call being dispatched or collected, if any."""
-    return _current.get()
-
-
 def current_call() -> CallContext:
-    """The context of the call being dispatched or collected.
-
-    Outside a call (a dispatch function invoked directly) a fresh throwaway
-    context is returned each time and never stored, so one direct call cannot
-    leak into the next; to dispatch and then collect under one context, use
-    :func:`dispatchcore.direct_call`.
-    """
+    """The context of the call being dispatched or collected (outside a call, a fresh throwaway one)."""
     ctx = _current.get()
     return ctx if ctx is not None else CallContext(method="<direct>", world_size=0)

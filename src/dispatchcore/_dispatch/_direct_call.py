@@ -1,12 +1,4 @@
-"""Run a mode's dispatch and collect without a group, under one call context.
-
-Users property-test their own modes (and we test ours) by calling a mode's
-functions directly.  Collect needs what dispatch learned (padding rows, the
-ranks to collect from), so both must run under the same
-:class:`~dispatchcore.CallContext`; :func:`direct_call` opens it, dispatches
-once, and keeps it for :meth:`DirectCall.collect`.  Each direct call gets a
-fresh context: nothing carries over to the next one.
-"""
+"""Run a mode's dispatch and collect without a group, under one (fresh) call context, to test a mode."""
 
 from __future__ import annotations
 
@@ -30,7 +22,7 @@ class _StandInGroup:
                     f"mesh {name!r} gives (dp_rank, is_collect) for {len(info)} ranks; the world has {world_size}"
                 )
 
-    def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
+    def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
         try:
             return self._meshes[mesh_name]
         except KeyError:
@@ -41,11 +33,7 @@ class _StandInGroup:
 
 
 class DirectCall:
-    """One dispatched call, waiting for per-rank outputs to collect.
-
-    ``args[j][r]`` / ``kwargs[name][r]`` is what rank ``r`` receives, exactly as
-    a group would send it.
-    """
+    """One dispatched call (``args[j][r]``: what rank ``r`` receives), waiting for per-rank outputs to collect."""
 
     def __init__(self, method: str, mode: Any, group: Any, context: CallContext) -> None:
         self.method = method
@@ -91,9 +79,8 @@ def direct_call(
 ) -> DirectCall:
     """Dispatch ``args``/``kwargs`` with ``mode`` over ``world_size`` ranks, no group needed.
 
-    ``mesh`` gives, for nd modes, each rank's ``(dp_rank, is_collect)`` per mesh
-    name.  Collect the per-rank outputs with :meth:`DirectCall.collect` (or
-    compute and collect at once with :meth:`DirectCall.run`).
+    ``mesh``: for nd modes, each rank's ``(dp_rank, is_collect)`` per mesh name.
+    Collect with :meth:`DirectCall.collect` (or :meth:`DirectCall.run`).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise DispatchValueError(f"world_size must be an int >= 1, got {world_size!r}")

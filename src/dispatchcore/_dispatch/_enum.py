@@ -1,9 +1,4 @@
-"""An enum that grows at run time, and ``Execute``, the modes saying which ranks run a call.
-
-``Dispatch`` (in ``_modes``) is the other such enum; both pickle by member
-name, so a mode registered only in the driver script crosses to a rank as
-an unregistered stand-in (dispatch and collect only ever run on the driver).
-"""
+"""An enum that grows at run time (pickled by member name), and ``Execute``: which ranks run a call."""
 
 from __future__ import annotations
 
@@ -77,9 +72,7 @@ class _DynamicEnum(metaclass=_DynamicEnumMeta):
 
 
 def _member_or_placeholder(cls: Any, name: str, value: int) -> Any:
-    """Unpickle a member by name; a mode the receiving process never registered
-    (one added in a driver script) becomes an unregistered stand-in, because
-    dispatch and collect only ever run on the driver."""
+    """Unpickle a member by name; one this process never registered becomes a stand-in (modes run on the driver)."""
     return cls._members.get(name) or cls(name, value)
 
 
@@ -95,10 +88,8 @@ for _name in ("ALL", "RANK_ZERO"):
     Execute._add(_name)
 
 
-if TYPE_CHECKING:  # what ``register`` returns per execute mode (checkers only)
+if TYPE_CHECKING:  # ``Execute.ALL`` and ``Execute.RANK_ZERO``, told apart for ``register``'s overloads
 
-    class ExecuteAll(Execute):
-        """``Execute.ALL`` (checkers only)."""
+    class ExecuteAll(Execute): ...
 
-    class ExecuteRankZero(Execute):
-        """``Execute.RANK_ZERO`` (checkers only)."""
+    class ExecuteRankZero(Execute): ...

@@ -1,9 +1,4 @@
-"""Results of ``blocking=False`` calls.
-
-A :class:`CallFuture` resolves to whatever the mode's collect returns.  The
-DataProto-returning modes give its subclass ``DataProtoFuture``
-(:mod:`dispatchcore._dispatch._proto_future`).
-"""
+"""Results of ``blocking=False`` calls: a :class:`CallFuture` resolves to what the mode's collect returns."""
 
 from __future__ import annotations
 
@@ -54,9 +49,7 @@ class CallFuture(Generic[T]):
     def cancel(self) -> bool:
         """Stop the call on every rank of it; ``False`` (nothing changes) if it had already finished.
 
-        As ``concurrent.futures.Future.cancel``, but the call was running:
-        each rank is asked to stop (see ``docs/design.md``, "Cancel"), and
-        :meth:`get` then raises :class:`~dispatchcore.CallCancelledError`.
+        :meth:`get` then raises :class:`~dispatchcore.CallCancelledError` (``docs/design.md``, "Cancel").
         """
         if self._cancelled:
             return True
@@ -70,14 +63,7 @@ class CallFuture(Generic[T]):
         return self._cancelled
 
     def __await__(self) -> Generator[Any, None, T]:
-        """``await future`` in an asyncio driver: waits without blocking the event loop.
-
-        A resolved future answers at once; otherwise :meth:`get` runs on a
-        daemon thread (the call's own bounds apply; a hung rank never keeps
-        the interpreter from exiting) and hands its value or exception to
-        the loop.  Independent futures resolve concurrently under
-        ``asyncio.gather``.
-        """
+        """``await future`` in an asyncio driver: :meth:`get` runs on a daemon thread, never blocking the loop."""
         if self._value is not _UNRESOLVED:
             return self._value  # type: ignore[no-any-return]
         return (yield from self._resolve_in_thread().__await__())
@@ -114,10 +100,8 @@ _MAX_PAUSE_S = 0.02
 def as_completed(futures: Iterable[CallFuture[T]], timeout: float | None = None) -> Iterator[CallFuture[T]]:
     """Yield each future as its call finishes, as ``concurrent.futures.as_completed`` (any groups, any backends).
 
-    The futures' ``done()`` is asked in turn, with pauses that grow from
-    0.5 ms to 20 ms while none finishes, so a finished call is seen within
-    20 ms.  Past ``timeout`` seconds, :class:`~dispatchcore.DispatchTimeoutError`
-    says how many did not finish (their calls go on: cancel them or get them).
+    A finished call is seen within 20 ms; past ``timeout`` seconds,
+    :class:`~dispatchcore.DispatchTimeoutError` (the calls go on).
     """
     pending = list(dict.fromkeys(futures))
     total = len(pending)

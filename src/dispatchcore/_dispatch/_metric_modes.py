@@ -1,10 +1,4 @@
-"""Modes whose collect reduces the ranks' metrics: one value per name instead of one per rank.
-
-``reduce_metrics_mode(how, mode)`` wraps any mode: a per-rank list of
-metric dicts (``DP_COMPUTE_METRIC``, ``ONE_TO_ALL``, ...) becomes one dict,
-a per-rank list of numbers one number, and a collected ``DataProto``'s
-``meta_info["metrics"]`` (lists, after concat) one value per name.
-"""
+"""Modes whose collect reduces the ranks' metrics: one value per name instead of one per rank."""
 
 from __future__ import annotations
 
@@ -21,12 +15,7 @@ from ._spec import DispatchSpec
 def reduce_metrics_mode(
     how: Reduction | Mapping[str, Reduction] = "mean", mode: Any = Dispatch.DP_COMPUTE_METRIC
 ) -> DispatchSpec:
-    """A ``dispatch_mode``: ``mode`` (default ``DP_COMPUTE_METRIC``) whose collected metrics are reduced by ``how``.
-
-    ``how`` is as :func:`~dispatchcore.reduce_metrics` takes it: ``"mean"``,
-    ``"sum"``, ``"max"``, ``"min"``, a function of the values, or a mapping
-    from metric name to one of those.
-    """
+    """A ``dispatch_mode``: ``mode`` whose collected metrics are reduced by ``how`` (as ``reduce_metrics`` takes it)."""
     for chosen in how.values() if isinstance(how, Mapping) else [how]:
         if not callable(chosen) and chosen not in REDUCTIONS:
             raise RegistrationError(

@@ -1,10 +1,4 @@
-"""Dispatch and execute modes, and the table that maps a mode to its functions.
-
-``Dispatch`` is an enum that can grow at run time (``register_dispatch_mode``)
-because RL frameworks add their own split/collect rules.  The table is looked
-up at call time, so ``update_dispatch_mode`` takes effect on groups already
-bound.  Dispatch and collect run on the driver only.
-"""
+"""Dispatch modes (an enum that grows at run time) and the table, read at call time, of their functions."""
 
 from __future__ import annotations
 
@@ -84,11 +78,9 @@ def register_dispatch_mode(
 ) -> TypedDispatch[CollectsAs[T], CollectsAs[CallFuture[T]]]:
     """Add ``Dispatch.<name>`` with its functions; a duplicate name is refused.
 
-    ``dispatch_fn(wg, *args, **kwargs)`` returns ``(args, kwargs)`` whose every
-    value is a list with one entry per rank; ``collect_fn(wg, outputs)`` turns
-    the per-rank outputs into the caller's result.  Keep the returned member
-    (``MY_MODE = register_dispatch_mode(...)``): type checkers read the call's
-    result type off it, from ``collect_fn``'s annotated return type.
+    ``dispatch_fn(wg, *args, **kwargs)`` returns ``(args, kwargs)`` of per-rank
+    lists; ``collect_fn(wg, outputs)`` makes the caller's result.  Keep the
+    returned member: type checkers read the result type off it.
     """
     _check_fns(f"register_dispatch_mode({name!r})", dispatch_fn, collect_fn)
     with _lock:
@@ -160,10 +152,8 @@ def resolve_mode(mode: Any) -> DispatchSpec:
         raise RegistrationError(f"dispatch mode {mode!r} is no longer registered") from None
 
 
-if TYPE_CHECKING:  # the types each mode carries for checkers (see ``_typed_method``); nothing at run time
+if TYPE_CHECKING:  # a ``Dispatch`` member and a ``DispatchSpec`` with their decorator types (``_typed_method``)
 
-    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]):
-        """A ``Dispatch`` member, with its decorator types (checkers only)."""
+    class TypedDispatch(Dispatch, ModeTypes[B_co, L_co]): ...
 
-    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]):
-        """A ``DispatchSpec`` (e.g. an nd mesh mode), with its decorator types (checkers only)."""
+    class TypedSpec(DispatchSpec, ModeTypes[B_co, L_co]): ...

@@ -1,10 +1,4 @@
-"""Dispatch over a data-parallel axis of an n-d device mesh (verl's nd mode).
-
-With tensor/pipeline parallelism several ranks form one data-parallel rank:
-they must all see the same chunk, and only one of them (``is_collect``)
-returns the result.  Workers declare ``(dp_rank, is_collect)`` per mesh; the
-driver asks once and caches the answer on the group.
-"""
+"""Dispatch over a data-parallel axis of an n-d device mesh (verl's nd mode): one ``is_collect`` rank per dp rank."""
 
 from __future__ import annotations
 
@@ -55,7 +49,7 @@ def make_nd_compute_dataproto_dispatch_fn(
         raise DispatchValueError(f"mesh_name must be a non-empty string, got {mesh_name!r}")
 
     def dispatch(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
-        info = wg._mesh_info(mesh_name)
+        info = wg.mesh_ranks(mesh_name)
         dp_size, collect_positions = mesh_layout(mesh_name, info)
         per_dp_args, per_dp_kwargs = split_dataprotos(wg, dp_size, args, kwargs)
         current_call().collect_positions = collect_positions

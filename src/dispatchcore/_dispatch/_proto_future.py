@@ -1,10 +1,4 @@
-"""``DataProtoFuture``: a ``DataProto`` a call is still producing (verl's name).
-
-It resolves to one trimmed ``DataProto`` and can be passed straight into
-another group's call: an executor that can move rows rank to rank forwards
-it (``Executor.describe_results`` / ``forward_chunk``) so the driver never
-pulls the batch; otherwise the core resolves it on the driver.
-"""
+"""``DataProtoFuture``: a ``DataProto`` a call is still producing (verl's name), forwardable rank to rank."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""The ``@register`` decorator: how a worker method is dispatched and run.
-
-Like pluggy's markers it stores its options on the function under one
-attribute and validates them when applied, so a bad mode fails when the
-worker module is imported, not at the first call.
-"""
+"""The ``@register`` decorator: options stored on the function, validated when applied (at import, not first call)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from .._base import RegistrationError
 from ._enum import Execute
@@ -38,8 +33,16 @@ B = TypeVar("B")
 L = TypeVar("L")
 
 
-# The overloads only tell type checkers what a driver call returns per mode
-# (``_typed_method``); at run time ``register`` returns the function itself.
+class _Flags(TypedDict, total=False):
+    """The keyword flags every typed overload of ``register`` takes alike."""
+
+    materialize_futures: bool
+    setup: bool
+    retry: bool
+    lazy: bool | None
+
+
+# The overloads only tell type checkers what a driver call returns per mode (``_typed_method``).
 # Bare ``@register``: ALL_TO_ALL, one result per rank.
 @overload
 def register(
@@ -57,10 +60,7 @@ def register(
     dispatch_mode: ModeTypes[B, L],
     execute_mode: ExecuteAll | None = ...,
     blocking: Literal[True] = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> B: ...
 @overload
 def register(
@@ -68,10 +68,7 @@ def register(
     execute_mode: ExecuteAll | None = ...,
     *,
     blocking: Literal[False],
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> L: ...
 
 
@@ -81,10 +78,7 @@ def register(
     dispatch_mode: None = ...,
     execute_mode: ExecuteAll | None = ...,
     blocking: Literal[True] = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsList: ...
 @overload
 def register(
@@ -92,10 +86,7 @@ def register(
     execute_mode: ExecuteAll | None = ...,
     *,
     blocking: Literal[False],
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsListLater: ...
 
 
@@ -105,10 +96,7 @@ def register(
     dispatch_mode: Any,
     execute_mode: ExecuteRankZero,
     blocking: Literal[True] = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsRankZero: ...
 @overload
 def register(
@@ -116,10 +104,7 @@ def register(
     *,
     execute_mode: ExecuteRankZero,
     blocking: Literal[True] = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsRankZero: ...
 @overload
 def register(
@@ -127,10 +112,7 @@ def register(
     execute_mode: ExecuteRankZero,
     *,
     blocking: Literal[False],
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsRankZeroLater: ...
 @overload
 def register(
@@ -138,10 +120,7 @@ def register(
     *,
     execute_mode: ExecuteRankZero,
     blocking: Literal[False],
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsRankZeroLater: ...
 
 
@@ -167,17 +146,13 @@ def register(
     retry: bool = False,
     lazy: bool | None = None,
 ) -> Any:
-    """Mark a worker method as callable through a ``WorkerGroup``.
+    """Mark a worker method as callable through a ``WorkerGroup`` (bare ``@register`` or with options).
 
-    ``dispatch_mode`` (default ``Dispatch.ALL_TO_ALL``) says how arguments are
-    split over ranks and results gathered; ``execute_mode`` (default
-    ``Execute.ALL``) which ranks run it; ``blocking=False`` makes the call
-    return a future at once.  ``setup=True`` marks a call that builds a
-    rank's state (replayed on a replacement rank); ``retry=True`` one that is
-    safe to run twice (retried once after a rank is replaced).  ``lazy=True``
-    keeps a DataProto result on the ranks and returns a ``LazyDataProto``
-    (``None``: the group's ``lazy`` setting decides).  Usable bare
-    (``@register``) or with options.
+    ``dispatch_mode`` (default ``ALL_TO_ALL``) splits arguments and gathers
+    results; ``execute_mode`` says which ranks run it; ``blocking=False``
+    returns a future; ``setup=True`` replays it on a replacement rank;
+    ``retry=True`` retries it once after one; ``lazy=True`` keeps a DataProto
+    result on the ranks (``None``: the group decides).
     """
     if inspect.isfunction(dispatch_mode) and execute_mode is None:
         return register()(dispatch_mode)

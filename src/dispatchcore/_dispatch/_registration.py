@@ -1,9 +1,4 @@
-"""What ``@register`` records on a worker method, and reading it back off a class.
-
-Kept apart from the decorator so that the layers that only *read*
-registrations (the worker's colocation, the group's binding, the call
-pipeline) need nothing of the decorator's typing machinery.
-"""
+"""What ``@register`` records on a worker method, and reading it back (apart from the decorator's typing)."""
 
 from __future__ import annotations
 
@@ -26,11 +21,9 @@ class Registration:
     blocking: bool
     materialize_futures: bool
     is_async: bool = False
-    #: A setup call: recorded when it succeeds and replayed, in order, on a
-    #: rank that replaces a dead one (see ``WorkerGroup.replace_rank``).
+    #: A setup call: replayed, in order, on a rank that replaces a dead one.
     setup: bool = False
-    #: Safe to run again: with ``on_rank_death="replace"`` a call interrupted
-    #: by a rank's death is retried once on the rebuilt group.
+    #: Safe to run again: retried once after a rank is replaced.
     retry: bool = False
     #: Keep a DataProto result on the ranks (a ``LazyDataProto``); ``None``: the group decides.
     lazy: bool | None = None

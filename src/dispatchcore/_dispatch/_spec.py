@@ -14,13 +14,7 @@ CollectFn = Callable[[Any, list[Any]], Any]
 
 @dataclass(frozen=True)
 class DispatchSpec:
-    """A mode's driver-side functions and how the core should treat it.
-
-    ``returns_dataproto``: a ``blocking=False`` call returns a
-    :class:`~dispatchcore.DataProtoFuture`.  ``rank_zero_only``: only rank 0
-    runs the call.  ``direct``: the method is meant to be called on workers
-    directly, never through the group.
-    """
+    """A mode's driver-side functions and how the core should treat it."""
 
     dispatch_fn: DispatchFn
     collect_fn: CollectFn

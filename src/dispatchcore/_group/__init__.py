@@ -1,8 +1,4 @@
-"""The driver's handle: ``WorkerGroup``, method proxies, views, membership, and the call pipeline (plan
-→ submit → resolve → collect).
-
-The top of the core: it imports every layer below and none imports it.
-"""
+"""The driver's handle: ``WorkerGroup`` and the call pipeline (the top of the core: none imports it)."""
 
 from ._method_proxy import MethodProxy
 from ._stream import CallStream, StreamPart

@@ -1,19 +1,6 @@
-"""Stage 1b of a call: bind each rank's arguments against the worker method's signature, on the driver.
+"""Stage 1b of a call: bind each rank's arguments (after dispatch) against the worker method's signature.
 
-A call with a wrong argument count or a misspelled keyword would otherwise
-be sent, run on every rank, and come back as a ``WorkerError`` wrapping the
-rank's ``TypeError``.  The plan stage binds the arguments *after* dispatch,
-as each rank will receive them, so a user mode that adds or drops arguments
-is judged by what it sends, and raises :class:`~dispatchcore.CallSignatureError`
-(a ``DispatchError`` and a ``TypeError``) before anything is sent.
-
-After dispatch every rank receives the same shape (as many positional
-arguments as the per-rank tuple has lists, the same keyword names), so one
-bind per call suffices, and a shape that bound once is remembered: a plain
-call costs a dictionary look-up and a set membership test.  The signature is
-read once per method of a group (``SharedRanks.binders``); methods taking
-``*args, **kwargs``, methods whose signature cannot be read and the core's
-own ``_dispatchcore_*`` methods are not checked.
+A call that cannot fit raises ``CallSignatureError`` before anything is sent; shapes that bound are remembered.
 """
 
 from __future__ import annotations

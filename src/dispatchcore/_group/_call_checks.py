@@ -1,12 +1,4 @@
-"""Malformed calls turned into typed errors that name the problem and the fix.
-
-The core runs user-supplied dispatch and collect functions and hands
-arguments to executors it does not know.  What goes wrong there would
-otherwise surface as a bare ``TypeError`` from deep inside the core or a
-backend's pickler; these helpers catch it at the boundary and say which
-call, which argument or rank, and what to do instead (docs/design.md, "Public names": every
-error is a :class:`~dispatchcore.DispatchError`).
-"""
+"""Malformed calls (a user dispatch's bad return, a backend's pickler error) turned into typed errors with the fix."""
 
 from __future__ import annotations
 
@@ -23,10 +15,7 @@ def _kind(value: Any) -> str:
 
 
 def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` from a dispatch function's return value, or a :class:`DispatchError` saying what it returned.
-
-    Per-entry lengths are checked where the call is built; this checks the outer shape.
-    """
+    """``(args, kwargs)`` from a dispatch function's return value (its outer shape checked), else a DispatchError."""
     if (
         not isinstance(dispatched, (tuple, list))
         or len(dispatched) != 2
@@ -44,13 +33,7 @@ def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple
 
 
 def submit_call(executor: Executor, call: Call, backend: str) -> CallHandle:
-    """``executor.submit(call)``; a backend's own exception (usually its pickler's) becomes a DispatchError.
-
-    Nothing was sent when ``submit`` raises (executors serialize every
-    argument before the first send), so the group stays usable.  An argument
-    that cannot be pickled is named, with the path to the object at fault,
-    in one :class:`~dispatchcore.UnpicklableError` wording on every backend.
-    """
+    """``executor.submit(call)``; a backend's own exception (nothing was sent) becomes a DispatchError."""
     try:
         return executor.submit(call)
     except UnpicklableError as exc:

@@ -1,12 +1,4 @@
-"""Stage 4 of a call: collect the per-rank results into what the caller gets.
-
-Lazy results are adopted first (each rank's kept rows become a
-``LazyDataProto`` handle; nothing else crossed the driver); eager ones are
-counted as driver traffic.  ``Execute.RANK_ZERO`` hands back rank 0's value;
-every other call runs the mode's ``collect_fn(wg, outputs)`` under the
-call's collect plan, with the executor's receive buffers in it so that the
-built-in concatenation adopts rows it received in place.
-"""
+"""Stage 4 of a call: the mode's ``collect_fn`` under the call's collect plan (lazy results become handles)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Which backend a group runs on, and configs read as plain values.
-
-Backend choice, first that is set wins: the ``backend=`` argument, the
-config's ``backend`` key, the ``DISPATCHCORE_BACKEND`` environment variable,
-``"local"``.  Configs may be any mapping (a dict, an OmegaConf ``DictConfig``);
-:func:`plain_config` turns them into dicts and lists by their shape, without
-knowing any config library.
-"""
+"""Which backend a group runs on, and configs (any mapping, OmegaConf's included) read as plain values."""
 
 from __future__ import annotations
 

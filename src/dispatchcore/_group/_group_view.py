@@ -1,12 +1,4 @@
-"""Which ranks a sub-group view calls: ``wg[0:2]``, ``wg[3]``, ``wg.ranks([0, 3])``.
-
-A view is a ``WorkerGroup`` over some of its parent's ranks; dispatch and
-collect see only the view (its ``world_size`` is the number of ranks it
-calls), and :class:`~dispatchcore.Call` carries the real rank numbers to the
-executor, which already runs a call on any tuple of ranks.  Views share the
-ranks, never copies.  This module only turns a selection into rank numbers,
-refusing the ones that cannot be meant.
-"""
+"""Which ranks a sub-group view calls: ``wg[0:2]``, ``wg[3]``, ``wg.ranks([0, 3])``, refusing what cannot be meant."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Replacing a dead rank, driver side: the setup log, the replacement, one at a time.
-
-A rank that replaces a dead one starts empty: the executor runs the worker's
-``__init__`` there, then the core sends one *rejoin* call to every rank.  On
-the new rank it replays the group's setup calls (methods registered with
-``setup=True``, in the order they succeeded, with the arguments that rank
-got); on every rank it then runs :meth:`Worker.on_membership_change`.  Both
-run concurrently across ranks, so a setup call that joins a
-``torch.distributed`` world on the new rank meets the survivors rebuilding
-theirs in the hook.  State that setup cannot rebuild (trained weights,
-optimizer moments) is the hook's job: copy it from ``change.source_rank``
-or reload a checkpoint.
-"""
+"""Replacing a dead rank, driver side: the setup log, the replacement, one at a time (``docs/replacing-ranks.md``)."""
 
 from __future__ import annotations
 
@@ -33,8 +21,7 @@ ON_RANK_DEATH = ("raise", "replace")
 
 
 def check_on_rank_death(value: Any, backend: str, executor_cls: type[Executor]) -> None:
-    """Refuse an ``on_rank_death`` the group cannot honour: a misspelling, or ``"replace"`` on a backend that
-    cannot start a rank in place of a dead one (naming the backends that can), before any rank starts."""
+    """Refuse a misspelt ``on_rank_death``, or ``"replace"`` on a backend that cannot, before any rank starts."""
     if value in ON_RANK_DEATH and (value != "replace" or replaces_ranks(executor_cls)):
         return
     able = ", ".join(backends_replacing_ranks()) or "none installed"
@@ -81,22 +68,11 @@ class SetupLog:
             steps = list(self._steps)
         return [(s.method, *s.by_rank[rank]) for s in steps if rank in s.by_rank]
 
-    @property
-    def methods(self) -> list[str]:
-        with self._lock:
-            return [s.method for s in self._steps]
-
 
 def run_replacement(
     group: Any, ranks: tuple[int, ...], generation: int, stragglers: Stragglers | None = None
 ) -> MembershipChange:
-    """Replace ``ranks`` of ``group`` (a root WorkerGroup): new ranks, setup replay, hook on every rank.
-
-    Raises :class:`~dispatchcore.WorkerDiedError` when another rank dies on
-    the way (the caller may replace that one too), or
-    :class:`~dispatchcore.DispatchError` when the backend cannot replace or
-    the rejoin failed (the group stays broken then).
-    """
+    """Replace ``ranks`` of root ``group``: new ranks, setup replay, hook; ``WorkerDiedError`` if another dies."""
     executor = group.executor
     n = group.world_size
     env = dict(executor.replace_ranks(ranks))
@@ -149,12 +125,7 @@ class Membership:
         self._lock = threading.Lock()
 
     def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
-        """Replace ``ranks`` of ``group`` now (``WorkerGroup.replace_rank``), and any rank stuck in an ended call.
-
-        The survivors of a call interrupted by a death were asked to leave it;
-        those still in it after ``cancel_grace`` are restarted with the dead,
-        so that the rejoin never queues behind them.
-        """
+        """Replace ``ranks`` of ``group`` now, and any rank stuck in an ended call (the rejoin never waits on it)."""
         with self._lock:
             self.generation += 1
             return run_replacement(group, self._with_stuck(group, ranks), self.generation, self.stragglers)
@@ -167,11 +138,7 @@ class Membership:
         return tuple(sorted({*ranks, *stuck}))
 
     def recover(self, group: Any, dead: int, seen: int) -> None:
-        """``on_rank_death="replace"``: replace ``dead`` (and any rank found dead on the way) once.
-
-        ``seen`` is the generation when the failed call began: if another
-        caller replaced ranks since, there is nothing left to do.
-        """
+        """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
         with self._lock:
             if self.generation != seen:
                 return

@@ -1,22 +1,6 @@
 """Per-method proxies bound on a WorkerGroup, and the call each one runs: plan → submit → resolve → collect.
 
-Each ``@register`` method gets its own proxy class *named after the
-method*, whose ``__call__`` code object is renamed too, so a traceback
-through ``wg.update_actor(batch)`` reads ``update_actor`` rather than an
-anonymous wrapper.  Calling it runs :func:`run_call` on the group's
-:class:`~dispatchcore._group._site.CallSite`, as a Monarch endpoint owns its
-call: the proxy needs nothing private of the group.
-
-:func:`run_call` reads top to bottom.  Each stage lives in a module of its
-own (plan: ``_plan``, resolve's replacement and retry: ``_retry``, collect:
-``_collect``); what used to be a branch inside the call is a hook between
-stages (tracing: ``_tracing``, setup recording: the group's setup log, lazy
-adoption and driver-traffic counting: ``_collect``).  A new capability adds
-a stage or a hook here, not a branch in every stage.
-
-``MethodProxy[P, D]`` is generic in the worker method's parameters and the
-call's result; to type checkers it is the decorator layer's
-:class:`~dispatchcore._dispatch._typed_method.BoundMethod` (see ``_typed_method``).
+Each proxy class is named after its method, so tracebacks read ``update_actor``; each stage is a module.
 """
 
 from __future__ import annotations
@@ -45,11 +29,7 @@ D_co = TypeVar("D_co", covariant=True)
 
 
 class MethodProxy(Generic[P, D_co]):
-    """Calls one registered worker method through its group's dispatch mode.
-
-    ``P`` are the worker method's parameters after ``self``; ``D_co`` is what
-    the call returns (the mode's collected result, or a future of it).
-    """
+    """Calls one registered worker method through its group's dispatch mode (``P``: its parameters)."""
 
     __slots__ = ("_group", "_lazy", "_name", "_on_timeout", "_registration", "_site", "_timeout")
 
@@ -110,13 +90,9 @@ class MethodProxy(Generic[P, D_co]):
     ) -> MethodProxy[P, Any]:
         """This method with per-call settings, e.g. ``wg.step.options(timeout=5)(x)``.
 
-        ``lazy=True`` keeps this call's DataProto result on the ranks (a ``LazyDataProto``).
-        ``on_timeout="cancel"`` stops the call on its ranks when it outlives
-        ``timeout`` (the group takes calls again); the default ``"raise"``
-        leaves them running and the group broken, because interrupting a
-        method at an arbitrary instruction can leave its state half-written.
-        ``blocking=False`` returns a future at once, as ``@register(blocking=False)``
-        does (a ``DataProtoFuture`` for the DataProto modes); ``blocking=True`` waits.
+        ``lazy=True`` keeps the DataProto result on the ranks; ``blocking=False`` returns a future.
+        ``on_timeout="cancel"`` stops the call on its ranks past ``timeout``; the default ``"raise"``
+        leaves them running and the group broken (a method stopped anywhere may leave half-written state).
         """
         check_call_options(unknown, timeout, lazy, on_timeout, blocking)
         registration = self._registration
@@ -130,11 +106,8 @@ class MethodProxy(Generic[P, D_co]):
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> CallStream:
         """Run the call and take its results as ranks finish: ``for part in wg.generate.stream(batch)``.
 
-        Each :class:`~dispatchcore.StreamPart` says which rank it came from
-        and, for DataProto modes, which rows of the input it covers (padding
-        dropped).  The keyword ``ordered=True`` (the stream's own, not passed
-        to the method) gives rank order.  Leaving the loop early cancels the
-        call on the ranks still running it; a rank's error ends the stream.
+        ``ordered=True`` (the stream's own keyword) gives rank order; leaving
+        the loop early cancels the call on the ranks still running it.
         """
         ordered = bool(kwargs.pop("ordered", False))
         site = self._site
@@ -184,8 +157,7 @@ class MethodNamespace:
         )
 
     def __dir__(self) -> list[str]:
-        names: list[str] = self._group.method_names
-        return names
+        return list(self._group.method_names)
 
     def __repr__(self) -> str:
         return f"<methods of {self._group!r}>"
@@ -252,11 +224,7 @@ def run_call(
 
 
 def _begin(group: Any, site: CallSite, name: str, registration: Registration) -> DispatchSpec:
-    """What every call checks first: the mode can be called, the group is open, no rank is stuck in an old call.
-
-    Stragglers are settled here, before planning (a restart changes what the plan reads), so the
-    call's ``submit`` is told they were.
-    """
+    """What every call checks first: the mode can be called, the group is open, stragglers settled (before planning)."""
     spec = resolve_mode(registration.dispatch_mode)
     if spec.direct:
         raise DispatchError(

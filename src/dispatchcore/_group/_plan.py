@@ -1,17 +1,6 @@
-"""Stage 1 of a call: plan it.  Dispatch splits the arguments per rank; the plan says how to collect.
+"""Stage 1 of a call: dispatch splits the arguments per rank; the ``CallContext`` it fills is the collect plan.
 
-Each rank's arguments are then bound against the worker method's signature
-(``_bind``), so a call that cannot fit raises before anything is sent.
-
-The mode's ``dispatch_fn(wg, *args, **kwargs)`` runs under the call's
-:class:`~dispatchcore.CallContext`, which is the *collect plan*: which
-outputs to collect (``collect_positions``), how many padding rows to trim
-(``pad_size``/``padded_len``); the collect stage adds the executor's receive
-buffers.  Lazy ``DataProto`` arguments become row requests (the rows move
-rank to rank, or through the driver where the ranks cannot reach them), and
-what the core tells every rank (keep the rows, time the call) goes into the
-call's :class:`~dispatchcore.executor.Instructions`, never into the user's
-keyword arguments.
+What the core tells every rank goes into the call's ``Instructions``, never into the user's keyword arguments.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""A planned call: the ``Call`` to submit and what its collect needs to know.
-
-Made by the plan stage, read by the resolve and collect stages; a record of
-its own so that the stages need not import each other.
-"""
+"""A planned call: the ``Call`` to submit and what its collect needs to know (so stages need not import each other)."""
 
 from __future__ import annotations
 

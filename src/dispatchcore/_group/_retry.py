@@ -1,11 +1,4 @@
-"""The replacement hook of the call pipeline: a call that found one of its ranks dead.
-
-With ``on_rank_death="replace"`` the group starts a new rank in place of the
-dead one (setup replayed, ``on_membership_change`` run on every rank) and a
-call registered with ``retry=True`` runs once more on the rebuilt group; any
-other call raises its ``WorkerDiedError``, with a note saying the group takes
-calls again.
-"""
+"""The replacement hook of the call pipeline: a call that found one of its ranks dead (``docs/replacing-ranks.md``)."""
 
 from __future__ import annotations
 
@@ -27,10 +20,7 @@ def should_retry(
 ) -> bool:
     """After ``exc`` ended a call: replace the dead rank if the group says so; whether to run the call again.
 
-    Returns False when the error is to be raised as it is (a producing rank of
-    another group died, the group raises on death, or the call was already a
-    retry).  Raises ``exc`` (noted) when the rank was replaced but the call is
-    not safe to run twice.
+    Raises ``exc`` (noted) when the rank was replaced but the call is not safe to run twice.
     """
     if exc.seen_by is not None:  # a producing rank (maybe of another group) died, not ours
         return False

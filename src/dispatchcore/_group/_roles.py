@@ -1,14 +1,4 @@
-"""Typed role groups: one role of a colocated group as a ``WorkerGroup[Role]`` that type checkers follow.
-
-``spawn()`` returns ``{role: WorkerGroup}`` views typed ``WorkerGroup[Any]``
-(the role classes are values in a dict, out of a checker's reach), so wrong
-calls on roles went unreported.  ``wg.role("actor", Actor)`` names the class
-it expects: a checker reads ``WorkerGroup[Actor]`` off the argument, and at
-run time the class is checked against the one the colocated class hosts for
-that role, so the annotation cannot lie.  The view is ``spawn``'s (same
-ranks, ``"<role>_<method>"`` names on the ranks), adapters' ``spawn``
-included.
-"""
+"""Typed role groups: ``wg.role("actor", Actor)`` is ``spawn``'s view, typed (and checked) ``WorkerGroup[Actor]``."""
 
 from __future__ import annotations
 

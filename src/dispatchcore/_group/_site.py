@@ -1,11 +1,6 @@
-"""What one call needs to know about the group it goes through: its ranks and what they share.
+"""What one call needs to know about the group it goes through (the pipeline never reads a ``WorkerGroup``).
 
-A group and its views (``wg[0:2]``, ``wg.ranks([...])``, the roles ``spawn``
-returns) share one :class:`SharedRanks`: the executor, the setup log, the
-ledger of rows kept on the ranks, the closed flag.  Each adds a
-:class:`CallSite`: which of those ranks it calls, under which method-name
-prefix, with which default bound.  The call pipeline reads only these two
-objects, so it never reaches into a ``WorkerGroup``.
+A group and its views share one :class:`SharedRanks`; each adds a :class:`CallSite`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Ranks still running a call that has already ended: what becomes of them.
+"""Ranks still running a call that has already ended, recorded so no later call queues silently behind them.
 
-A call ends before all its ranks do when one raises (fail fast), one dies,
-it is cancelled, or the driver is interrupted (Ctrl-C).  The ranks still in
-it are asked to stop (``Executor.cancel_call``) and recorded here, so that
-no later call queues silently behind them: the next call on those ranks,
-and any replacement, first waits for them to leave, at most until the
-group's ``cancel_grace`` has passed since they were asked.  Those still in
-it then are *stuck* (blocked in C code, or ignoring the interrupt), and
-``_stuck`` decides: restart them, or refuse the call naming them.
+Those still in it after ``cancel_grace`` are *stuck*; ``_stuck`` decides (``docs/calls-that-cannot-hang.md``).
 """
 
 from __future__ import annotations
@@ -38,12 +31,6 @@ def unfinished_ranks(handle: CallHandle, call: Call) -> list[int]:
         ranks: list[int] = waiting()
         return ranks
     return [] if handle.done() else list(call.ranks)
-
-
-def _settle(handle: CallHandle, seconds: float) -> None:
-    wait = getattr(handle, "wait_settled", None)
-    if wait is not None:
-        wait(max(0.0, seconds))
 
 
 class Stragglers:
@@ -77,7 +64,9 @@ class Stragglers:
             mine = {r: s for r, s in self._by_rank.items() if r in ranks}
         stuck: dict[int, Straggler] = {}
         for rank, straggler in mine.items():
-            _settle(straggler.handle, straggler.since + grace - time.monotonic())
+            wait = getattr(straggler.handle, "wait_settled", None)
+            if wait is not None:
+                wait(max(0.0, straggler.since + grace - time.monotonic()))
             call = getattr(straggler.handle, "call", None)
             still = unfinished_ranks(straggler.handle, call) if isinstance(call, Call) else []
             if rank in still:

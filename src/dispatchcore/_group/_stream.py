@@ -1,15 +1,4 @@
-"""Results as ranks finish: ``for part in wg.generate.stream(batch): ...``.
-
-A stream runs the call like any other (plan, submit) but collects rank by
-rank instead of all at once: each :class:`StreamPart` is one collected
-rank's result, with the rows of the input it covers for DataProto modes
-(padding trimmed, as the whole call's collect trims it).  ``ordered=True``
-gives rank order; otherwise parts come as ranks finish.  A rank that
-raises or dies ends the stream with the error the call would raise (the
-others are asked to stop); leaving the loop early (``break``, an
-exception, :meth:`CallStream.close`) cancels the call on the ranks still
-running it.
-"""
+"""Results as ranks finish: ``for part in wg.generate.stream(batch): ...`` (``docs/calls-that-cannot-hang.md``)."""
 
 from __future__ import annotations
 
@@ -21,19 +10,14 @@ from typing import Any
 from .._base import DispatchTimeoutError
 from .._data import PADDING_ROWS_KEY, DataProto
 from .._rows import LazyDataProto, RemoteRows
+from .._spi import remaining
 from .._trace import TimedResult
 
 
 @dataclass(frozen=True)
 class StreamPart:
-    """One rank's part of a streamed call.
-
-    ``ranks``: the rank(s) it came from (numbers of the whole group, as
-    ``rank_ids``); ``rows``: for DataProto modes, the rows of the input it
-    covers (``range``), else ``None``; ``value``: what the rank returned
-    (a ``DataProto`` with padding rows dropped, a ``LazyDataProto`` for lazy
-    calls).
-    """
+    """One rank's part of a streamed call: its ``ranks``, its ``value`` (padding dropped), and for
+    DataProto modes the input ``rows`` it covers."""
 
     ranks: tuple[int, ...]
     value: Any
@@ -53,10 +37,6 @@ class CallStream(Iterator[StreamPart]):
         on_error: Callable[[BaseException], None],
         on_close: Callable[[], bool],
     ) -> None:
-        # ``planned`` is the call's ``PlannedCall``, ``submitted`` what the submit path returned (its
-        # ``RankCallHandle``, its trace), ``ledger`` the group's ``RowLedger`` (lazy parts are adopted
-        # there); ``on_error`` notes and stops the ranks still running after an error, ``on_close``
-        # cancels the call (see ``_method_proxy.start_stream``).
         self._ledger = ledger
         self._on_close = on_close
         self._planned = planned
@@ -112,10 +92,10 @@ class CallStream(Iterator[StreamPart]):
                 found = handle.position_outcome(position)
                 if found is not None:
                     if not found[0]:
-                        handle.result(self._remaining())  # raises the call's error (the failure, the death)
+                        handle.result(remaining(self._deadline))  # raises the call's error (the failure, the death)
                     return position
             if handle.ended():
-                handle.result(self._remaining())  # ended early: cancelled, or a rank raised or died elsewhere
+                handle.result(remaining(self._deadline))  # ended early: cancelled, or a rank raised or died elsewhere
             now = time.monotonic()
             if self._deadline is not None and now >= self._deadline:
                 raise DispatchTimeoutError(
@@ -125,9 +105,6 @@ class CallStream(Iterator[StreamPart]):
                 )
             wait = handle.poll if self._deadline is None else min(handle.poll, self._deadline - now)
             handle.wait_for_any(max(0.001, wait))
-
-    def _remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def _part(self, position: int, index: int, value: Any) -> StreamPart:
         planned = self._planned

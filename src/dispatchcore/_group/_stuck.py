@@ -1,17 +1,6 @@
 """The stuck-ranks hooks of the call pipeline: where unfinished ranks are, and what becomes of them.
 
-* :func:`note_stacks`: a call that timed out or failed fast says where its
-  unfinished ranks are (their stacks).  Asking costs a round trip to each
-  rank beside its running call, so it is bounded (:data:`STACKS_TIMEOUT_S`)
-  and best effort: a rank that does not answer, or a backend that cannot
-  ask, leaves the error as it was.
-* :func:`left_running`: a call ended while ranks were still in it; they are
-  asked to stop and recorded (``_stragglers``).
-* :func:`clear_stragglers`: before the next call on those ranks, wait for
-  them within the group's ``cancel_grace``; ranks still stuck are restarted
-  (``on_rank_death="replace"``), or the call is refused naming them, with
-  their stacks and the way back (``wg.replace_rank``); a backend that cannot
-  restart ranks (``local``, the torchrun launcher) declares the group broken.
+See ``docs/calls-that-cannot-hang.md``.
 """
 
 from __future__ import annotations
@@ -26,10 +15,8 @@ from ._stragglers import unfinished_ranks
 
 
 class CallSite(Protocol):
-    """What these hooks read of a call site (``_site.CallSite``): named, not imported, so the submit
-    path that calls them stays a floor lower."""
+    """What these hooks read of ``_site.CallSite`` (not imported: the submit path stays a floor lower)."""
 
-    #: The group's ``SharedRanks`` (its membership, ledger, backend, restart policy).
     shared: Any
     ranks: tuple[int, ...]
 
@@ -44,19 +31,14 @@ STACKS_TIMEOUT_S = 2.0
 def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = None) -> None:
     """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note."""
     ranks = list(getattr(error, "ranks", ()) or ()) if ranks is None else ranks
-    text = _stacks_text(site, ranks)
-    if text:
-        error.add_note(text)
-
-
-def _stacks_text(site: CallSite, ranks: list[int]) -> str:
     if not ranks:
-        return ""
+        return
     try:
         stacks = site.executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
-        return ""
-    return stacks_note(stacks) if stacks else ""
+        return
+    if stacks:
+        error.add_note(stacks_note(stacks))
 
 
 def left_running(site: CallSite, handle: CallHandle, call: Call, why: str, error: BaseException | None) -> list[int]:
@@ -135,10 +117,7 @@ def ended_early(
 ) -> BaseException | None:
     """``call`` ended in ``exc``: say where its unfinished ranks are, mark them on ``trace``, ask them to stop.
 
-    A timeout stops them only when ``cancel_after`` (the call's bound, with
-    ``on_timeout="cancel"``, or a stream's) is given; then the error to raise
-    instead is returned, naming that bound.  Ctrl-C always stops them.  A
-    cancelled call was stopped already.
+    A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
     if isinstance(exc, CallCancelledError):
         return None

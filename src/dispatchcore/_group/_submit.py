@@ -1,17 +1,6 @@
-"""The one way the core sends a call: every call it makes goes through :func:`submit`.
+"""The one way the core sends a call, so each settles stragglers, carries frees, is traced and fails alike.
 
-Registered methods (``run_call``), streams, calls by name (``execute_all``),
-the rejoin after a replacement, the row ledger's reads and frees, and the
-steps of a weight transfer all go through here, so the same things hold for
-each: no rank of the call is still in an earlier call that ended (stragglers
-settled, ``_stuck``); rows the driver let go of ride along
-(``Instructions.free``); inside a ``dispatchcore.trace`` block the call is
-traced; a backend's exception reads the same (``_call_checks.submit_call``);
-and :meth:`Submitted.result` waits within the call's bound, marks unfinished
-ranks on the trace and asks them to stop when the call ends early.  Beside
-calls (``Call.beside``) never queue behind a rank's running call, so they
-neither wait for stragglers nor become ones, and carry their frees in their
-own argument.
+Beside calls (``Call.beside``) neither wait for stragglers nor become ones.
 """
 
 from __future__ import annotations
@@ -69,11 +58,7 @@ def submit(
 ) -> Submitted:
     """Send ``call`` to ``site``'s executor (``group`` names the group in errors and is what a restart rebuilds).
 
-    ``trace``: the call's trace (or ``None``) when the caller began it
-    earlier; by default one is begun here inside a trace block.
-    ``settled``: the caller settled stragglers already (a registered call
-    or stream, before planning; the rejoin of a replacement, which settles
-    them itself and must not again).
+    ``trace``: one the caller began (or ``None``); ``settled``: the caller settled stragglers already.
     """
     if trace is BEGIN:
         trace = CallTrace.begin(site.shared.label, "", call.method)
@@ -102,11 +87,7 @@ def send(group: Any, site: CallSite, call: Call, trace: CallTrace | None, settle
 
 
 def ledger_sender(shared: SharedRanks, ranks: tuple[int, ...]) -> Callable[[Call], Submitted]:
-    """What the row ledger sends its beside calls with: this path, over the group's ``ranks``.
-
-    Holds the shared ranks weakly, as the ledger holds its executor, so rows
-    outliving their group never keep it alive.
-    """
+    """What the row ledger sends its beside calls with (holding the ranks weakly: rows never keep a group alive)."""
     ref = weakref.ref(shared)
 
     def send(call: Call) -> Submitted:

@@ -1,10 +1,4 @@
-"""The tracing hook of the call pipeline: slices for dispatch, execute per rank and collect.
-
-Only while a :func:`dispatchcore.trace` block is open does a call get a
-:class:`CallTrace`; otherwise the pipeline skips every hook here.  A traced
-call asks its ranks to time themselves (``Instructions.timed``), so rank
-timings travel out of band in each result and are unwrapped here.
-"""
+"""The tracing hook of the call pipeline: slices for dispatch, execute per rank and collect (in a trace block)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""``WorkerGroup``: the driver's handle on N ranks hosting one worker class.
-
-The group turns ``wg.method(*args)`` into dispatch (split per the method's
-mode), one :class:`~dispatchcore.Call` to the executor, and collect.  It is
-identical for every backend; only the executor behind it changes.
-"""
+"""``WorkerGroup``: the driver's handle on N ranks hosting one worker class, the same on every backend."""
 
 from __future__ import annotations
 
@@ -24,11 +19,12 @@ from .._base import (
     RegistrationError,
     did_you_mean,
 )
-from .._dispatch import CallContext, Registration, call_context, collect_list, dispatch_all_to_all, registered_methods
+from .._dispatch import Registration, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Call, Executor, GroupSpec, get_executor_class
 from .._worker import MembershipChange, method_names
 from ._bind import bind_call
+from ._call_options import check_timeout
 from ._config import plain_config, resolve_backend
 from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
@@ -72,15 +68,6 @@ def _check_flags(isolate: Any, init_args: Any, lazy: Any, lazy_budget_bytes: Any
         raise DispatchValueError(f"lazy_budget_bytes must be a number of bytes >= 0 or None, got {lazy_budget_bytes!r}")
 
 
-def _check_timeout(label: str, value: Any, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        allowed = " or None" if allow_none else ""
-        raise DispatchValueError(f"{label} must be a positive number of seconds{allowed}, got {value!r}")
-    return float(value)
-
-
 class WorkerGroup(Generic[W]):
     """N ranks hosting ``worker_cls``; one proxy attribute per ``@register`` method."""
 
@@ -111,7 +98,7 @@ class WorkerGroup(Generic[W]):
         world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
         _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
         check_on_rank_death(on_rank_death, name, executor_cls)
-        timeout = _check_timeout("call_timeout", call_timeout)
+        timeout = check_timeout("call_timeout", call_timeout)
         methods = registered_methods(worker_cls)
         _refuse_collisions(worker_cls, methods)
         self._closed = True  # until the executor is up
@@ -123,7 +110,7 @@ class WorkerGroup(Generic[W]):
             init_kwargs=dict(init_kwargs or {}),
             isolate=isolate,
             call_timeout=timeout,
-            death_timeout=_check_timeout("death_timeout", death_timeout, allow_none=False),  # type: ignore[arg-type]
+            death_timeout=check_timeout("death_timeout", death_timeout, allow_none=False),  # type: ignore[arg-type]
             options=dict(backend_options),
             name=str(group_name),
             methods=method_names(worker_cls),
@@ -134,7 +121,7 @@ class WorkerGroup(Generic[W]):
             RowLedger(executor, lazy_budget_bytes),
         )  # fmt: skip
         shared.root = weakref.ref(self)
-        shared.membership.cancel_grace = _check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
+        shared.membership.cancel_grace = check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
         shared.ledger.send = ledger_sender(shared, tuple(range(world_size)))
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)
@@ -155,12 +142,7 @@ class WorkerGroup(Generic[W]):
         self.on_bound(parent)
 
     def on_bound(self, parent: WorkerGroup[Any] | None) -> None:
-        """Runs once a group or a view is set up, its method proxies bound; the default does nothing.
-
-        For subclasses such as executors' adapters (verl's ``RayWorkerGroup``):
-        ``parent`` is the group a view was taken from (``None`` for a group),
-        and a proxy may be wrapped or replaced here (``getattr(self, name)``).
-        """
+        """Runs once a group or a view (``parent``: its group, else ``None``) has its proxies bound; for adapters."""
 
     @classmethod
     def _view_of(cls, parent: WorkerGroup[Any], site: CallSite, worker_cls: type) -> WorkerGroup[Any]:
@@ -173,11 +155,7 @@ class WorkerGroup(Generic[W]):
     # -- construction helpers -------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], worker_cls: type[W], **kwargs: Any) -> WorkerGroup[W]:
-        """Build from any mapping with ``backend``, ``world_size`` and a per-backend section.
-
-        Keys ``call_timeout``, ``death_timeout`` and ``isolate`` are read too;
-        keyword arguments win over the config.
-        """
+        """Build from any mapping with ``backend``, ``world_size`` and a per-backend section; keyword arguments win."""
         if not isinstance(config, Mapping) and not hasattr(config, "get"):
             raise DispatchTypeError(f"config must be a mapping (dict, OmegaConf), got {type(config).__name__}")
         backend = resolve_backend(kwargs.pop("backend", None), config)
@@ -208,22 +186,12 @@ class WorkerGroup(Generic[W]):
         return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
-        """Role ``name``'s group, typed ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor).call.update(batch)``.
-
-        ``spawn([name])[name]`` for type checkers; ``role_cls`` must be the
-        class the colocated class hosts for ``name`` (or a base of it), else
-        :class:`DispatchError` (see ``_roles``).
-        """
+        """Role ``name``'s group, typed (and checked) ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor)``."""
         return cast("WorkerGroup[R]", role_view(self, name, role_cls))
 
     # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
-        """A view calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[::2]``, ``wg[3]``.
-
-        Dispatch is computed for the view's size (a DP split over ``wg[0:2]``
-        makes two chunks); the view shares these ranks (their state, their
-        processes), and its rank numbers are positions in this group.
-        """
+        """A view (dispatching for its own size) calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[3]``."""
         return self._view_of(self, self._site.over(select_by_index(self._site.ranks, index)), self._worker_cls)
 
     def ranks(self, ranks: Iterable[int]) -> WorkerGroup[W]:
@@ -240,11 +208,8 @@ class WorkerGroup(Generic[W]):
     def call(self) -> type[W]:
         """The registered methods, typed for checkers: ``wg.call.update_actor(batch)``.
 
-        At run time this is a namespace of the same proxies as
-        ``wg.update_actor``.  It is *typed* as the worker class so that a type
-        checker reads each method's driver signature off its ``@register``
-        declaration (parameters kept, result per the mode, see
-        ``dispatchcore._dispatch._typed_method``) and reports misspelled names.
+        The same proxies as ``wg.update_actor``, typed as the worker class so a
+        checker reads each driver signature off its ``@register`` declaration.
         """
         return cast("type[W]", MethodNamespace(self))
 
@@ -272,12 +237,8 @@ class WorkerGroup(Generic[W]):
     def replace_rank(self, *ranks: int) -> MembershipChange:
         """Start new processes for ``ranks`` (dead ones, or hung ones: killed first) and rebuild the group.
 
-        Each new rank runs the worker's ``__init__``, replays the setup calls
-        it took part in, in order; then every rank runs
-        ``Worker.on_membership_change`` (see ``dispatchcore._group._membership``).
-        Returns what changed.  Backends that cannot start ranks (local
-        threads, ranks started by the torchrun launcher) raise
-        :class:`DispatchError`.
+        Setup calls are replayed and ``Worker.on_membership_change`` runs on
+        every rank (``docs/replacing-ranks.md``); backends that cannot raise.
         """
         site = self._site
         if site.shared.closed:
@@ -293,17 +254,13 @@ class WorkerGroup(Generic[W]):
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
         """Where each rank is now: the Python stack of the thread running its methods, by rank.
 
-        Answers while a call runs, busy in Python or blocked in C code (a
-        collective, a sleep): the stack then ends in the call that entered C.
-        ``all_threads=True`` gives every thread of the rank's process.  A rank
-        that does not answer within ``timeout`` seconds is left out; a
-        backend that cannot look returns ``{}``.  Ranks are this group's
-        (``rank_ids``); a timed-out call adds the same stacks to its error.
+        Answers while a call runs, even blocked in C.  ``all_threads=True``
+        gives every thread; a rank silent for ``timeout`` seconds is left out.
         """
         site = self._site
         if site.shared.closed:
             raise DispatchError(f"{self!r} is shut down; create a new WorkerGroup")
-        timeout = _check_timeout("timeout", timeout, allow_none=False)  # type: ignore[assignment]
+        timeout = check_timeout("timeout", timeout, allow_none=False)  # type: ignore[assignment]
         return site.executor.rank_stacks(list(site.ranks), all_threads, timeout)
 
     def ensure_usable(self) -> None:
@@ -314,8 +271,7 @@ class WorkerGroup(Generic[W]):
     def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
         site = self._site
         site.check_open(self)
-        with call_context(CallContext(method=name, world_size=site.world_size)):
-            per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)
+        per_rank_args, per_rank_kwargs = dispatch_all_to_all(self, *args, **kwargs)  # reads no call context
         bind_call(site, self, name, per_rank_args, per_rank_kwargs, "ALL_TO_ALL")
         call = build_call(
             site, name, "ALL_TO_ALL", per_rank_args, per_rank_kwargs, rank_zero=rank_zero, timeout=site.call_timeout
@@ -335,15 +291,7 @@ class WorkerGroup(Generic[W]):
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 
     def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
-        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked of the ranks once and cached.
-
-        What the nd dispatch mode splits by; a view over some dp ranks numbers
-        them ``0..k-1``.
-        """
-        return self._mesh_info(mesh_name)
-
-    def _mesh_info(self, mesh_name: str) -> list[tuple[int, bool]]:
-        """Every rank's (dp_rank, is_collect) on ``mesh_name``, asked once."""
+        """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked once (a view's dp ranks numbered from 0)."""
         with self._lock:
             cached = self._mesh_cache.get(mesh_name)
         if cached is None:

@@ -1,26 +1,6 @@
-"""The one call handle every executor builds on: all time bounds live here.
+"""The one call handle every executor builds on: all time bounds live here (``docs/executor-contract.md``).
 
-A backend only says how results arrive and how a rank is seen to be gone:
-
-* push backends (threads, pipes, stores) call :meth:`RankCallHandle.deliver`
-  and :meth:`RankCallHandle.rank_died` from wherever results come in;
-* pull backends (object stores, futures) override
-  :meth:`RankCallHandle.wait_for_progress` to fetch what is ready (once a
-  rank raised, waiting no longer than :attr:`RankCallHandle.gather_deadline`);
-* both may override :meth:`RankCallHandle.check_alive` to report dead ranks
-  while a call runs.
-
-The base turns that into the contract of :meth:`CallHandle.result`: the
-call's own bound gives :class:`~dispatchcore.DispatchTimeoutError` and marks
-the group broken; a shorter wait (``future.get(timeout=...)``) gives the same
-error but leaves the group usable; a dead rank gives
-:class:`~dispatchcore.WorkerDiedError` as soon as it is seen, whatever the
-other ranks are doing; a raising rank ends the call too, after a short
-gather (:data:`FAIL_FAST_GATHER_S`) so that ranks raising together are all
-reported: the lowest position's :class:`~dispatchcore.WorkerError`, with the
-others noted.  Ranks still running then are the caller's to cancel
-(:meth:`RankCallHandle.waiting_ranks`); :meth:`RankCallHandle.wait_settled`
-waits for them to finish.
+A backend only says how results arrive and how a rank is seen gone.
 """
 
 from __future__ import annotations
@@ -49,16 +29,7 @@ def liveness_poll(death_timeout: float) -> float:
 
 
 class RankCallHandle(CallHandle):
-    """One call's per-rank outcomes, filled by the backend; owns every bound.
-
-    While :attr:`streaming` (a ``stream()`` reads the call), a pull backend's
-    :meth:`wait_for_progress` should return as soon as any rank's result
-    landed, not when all did.
-
-    ``on_broken(reason)`` is called when the group can take no more calls
-    (usually :meth:`Executor.mark_broken`).  ``poll`` is how long one wait
-    for progress may last before liveness is checked again.
-    """
+    """One call's per-rank outcomes, filled by the backend; owns every bound (``on_broken``: the group is broken)."""
 
     def __init__(
         self,
@@ -88,7 +59,7 @@ class RankCallHandle(CallHandle):
         self._cancelled = False
         #: Set on every delivery while a stream waits for the next rank (None until one does).
         self._progress: threading.Event | None = None
-        #: A stream reads this call rank by rank (see the class docstring).
+        #: A stream reads this call rank by rank: a pull backend's wait_for_progress returns after the first result.
         self.streaming = False
         if not n:
             self._event.set()
@@ -156,11 +127,7 @@ class RankCallHandle(CallHandle):
 
     @property
     def gather_deadline(self) -> float | None:
-        """When the gather after a raise ends (``time.monotonic()``); ``None`` while no rank raised.
-
-        A pull backend's :meth:`wait_for_progress` waits no longer than this,
-        so the call ends :data:`FAIL_FAST_GATHER_S` after the raise.
-        """
+        """When the gather after a raise ends (``time.monotonic()``; a pull backend waits no longer), or ``None``."""
         return self._gather_until
 
     # -- the contract --------------------------------------------------------
@@ -188,14 +155,14 @@ class RankCallHandle(CallHandle):
             return True, self._results[position]
 
     def wait_for_any(self, seconds: float) -> None:
-        """Block up to ``seconds`` for one more rank to answer (what a stream waits on).
+        """Block up to ``seconds`` for one more rank to answer (call :meth:`arm` before checking first)."""
+        assert self._progress is not None  # noqa: S101 - armed first
+        self._wait_then_look(self._progress, seconds)
 
-        Call :meth:`arm` before checking which ranks answered, then this: a
-        result that lands in between is not missed.
-        """
+    def _wait_then_look(self, event: threading.Event | Latch, seconds: float) -> None:
+        """Wait up to ``seconds`` on ``event`` (a pull backend: on its own wait), then look for dead ranks."""
         if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
-            assert self._progress is not None  # noqa: S101 - armed first
-            self._progress.wait(seconds)
+            event.wait(seconds)
         else:
             self.wait_for_progress(seconds)
         waiting = self.waiting_positions()
@@ -230,13 +197,7 @@ class RankCallHandle(CallHandle):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if type(self).wait_for_progress is RankCallHandle.wait_for_progress:
-                settled.wait(min(left, self.poll))
-            else:
-                self.wait_for_progress(min(left, self.poll))
-            waiting = self.waiting_positions()
-            if waiting:
-                self.check_alive(waiting)
+            self._wait_then_look(settled, min(left, self.poll))
         return True
 
     def result(self, timeout: float | None = None) -> list[Any]:

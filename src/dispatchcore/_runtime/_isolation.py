@@ -1,11 +1,6 @@
-"""Private copies equal to a pickle round trip, made without pickling.
+"""Private copies equal to a pickle round trip (docs/design.md, "Invariants"), made without pickling.
 
-docs/design.md, "Invariants": what a worker receives must equal a pickle round trip of what was
-sent.  Across processes the transport does that; inside one process (the
-local executor, rank 0 of torchrun) a copy has to.  Pickling a DataProto
-chunk and unpickling it costs several times a plain clone, so the common
-types (tensors, numpy arrays, containers, DataProto) are copied directly and
-only the rest goes through :func:`dispatchcore._wire._serialization.round_trip`.
+Inside one process a copy stands in for the transport; the common types are copied directly (far cheaper).
 """
 
 from __future__ import annotations
@@ -43,12 +38,7 @@ def isolated_copy(obj: Any) -> Any:
 
 
 def check_copyable(obj: Any) -> None:
-    """Raise what :func:`isolated_copy` of ``obj`` would raise, without copying.
-
-    A driver-side check before a call is queued whose copies the ranks make
-    on their own threads: only what the copy would pickle is pickled (and
-    thrown away), so tensors, arrays and containers of them cost a walk.
-    """
+    """Raise what :func:`isolated_copy` of ``obj`` would raise, pickling only what the copy would pickle."""
     kind = type(obj)
     if kind in ATOMS or kind is torch.Tensor or kind is TensorBatch:
         return

@@ -1,11 +1,4 @@
-"""Running a rank in this process: its own thread, and isolated arguments.
-
-The local executor hosts every rank this way, and torchrun hosts worker 0 in
-the driver this way.  A rank always runs on the same long-lived daemon thread
-(thread-local state, the CUDA current device and torch's per-thread settings
-stay put), and copies its inputs on that thread, so the copies of several
-ranks run in parallel and the driver pays none of them.
-"""
+"""Running a rank in this process: one long-lived thread, which copies its own inputs (the driver pays none)."""
 
 from __future__ import annotations
 
@@ -29,13 +22,7 @@ def run_isolated(
     isolate_result: bool = True,
     instructions: Instructions = PLAIN,
 ) -> tuple[bool, Any]:
-    """Run ``method`` on ``host`` as a remote rank would see it; never raises.
-
-    With ``isolate_inputs`` the worker gets private copies (equal to a pickle
-    round trip); with ``isolate_result`` the caller gets a private copy of the
-    value (skip it when the collect step copies anyway, ``Call.results_are_copied``).
-    ``instructions`` is the call's ``Call.instructions``, forwarded whole.
-    """
+    """Run ``method`` on ``host`` as a remote rank would see it (private copies in and out); never raises."""
     if isolate_inputs and (args or kwargs):
         try:
             args = tuple(isolated_copy(a) for a in args)

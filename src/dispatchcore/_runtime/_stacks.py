@@ -1,16 +1,6 @@
 """Where a rank is: the Python stack of the thread running its method, and of every thread on request.
 
-``sys._current_frames`` reads any thread's frame from another thread, so the
-answer comes while the method is busy in Python and while it is blocked in C
-code (a gloo op, a sleep: the frame is the Python call that entered C).
-Executors call :func:`thread_stacks` wherever the rank lives (the rank's own
-process, or this one for thread ranks) and send the text back.
-
-A stack starts where the user's code does: the frames that run the method
-thread (``threading``, the rank's loop in dispatchcore or its executor, Ray's
-worker) are counted in one line instead, and so is each run of frames inside
-the import system (a worker's ``__init__`` importing a large library showed
-some 300 of them).  A stack with no frame of the user's shows whole.
+A stack starts where the user's code does; machinery and import-system runs are counted in a line each.
 """
 
 from __future__ import annotations
@@ -54,11 +44,7 @@ def format_user_stack(frame: FrameType) -> str:
 
 
 def thread_stacks(method_thread: int | None, all_threads: bool = False) -> str:
-    """The stack of thread ``method_thread`` (the one running worker methods), or of every thread.
-
-    With ``all_threads`` each thread comes under a header naming it, the
-    method thread first; a thread that is gone is said to be.
-    """
+    """The stack of thread ``method_thread`` (the one running worker methods), or of every thread, each named."""
     frames = sys._current_frames()
     names = {t.ident: t.name for t in threading.enumerate()}
     wanted = [method_thread] if method_thread is not None else []

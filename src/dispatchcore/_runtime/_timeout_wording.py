@@ -6,11 +6,7 @@ from .._base import DispatchTimeoutError
 
 
 def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
-    """The one wording of a call timeout, naming the ranks still running.
-
-    ``method == "__init__"`` is the start-up of the ranks, bounded by the
-    group's ``start_timeout`` option rather than a call timeout.
-    """
+    """The one wording of a call timeout (or of ``__init__`` past ``start_timeout``), naming the ranks still running."""
     ranks = tuple(waiting_on)
     if method == "__init__":
         return DispatchTimeoutError(

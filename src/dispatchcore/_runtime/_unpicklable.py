@@ -1,16 +1,4 @@
-"""The one wording, on every backend, for what the ranks need but cannot be pickled.
-
-A group's worker class and init arguments, and a call's arguments, reach
-each rank as a pickle (or, in this process, as a copy equal to one).  When
-one cannot be pickled, every backend refuses it before anything is sent,
-with an :class:`~dispatchcore.UnpicklableError` naming the path to the object
-at fault (``worker class W → Registry.lock``, ``argument 'cfg' →
-cfg['callback']``; found by :func:`dispatchcore.wire.find_unpicklable`) and
-the fix.  Executors call :func:`unpicklable_error` / :func:`unpicklable_spec_error`
-where their pickling fails (or :func:`check_spec_picklable` where they
-pickle nothing); the core rewords a call's error with the argument's name
-(:func:`unpicklable_call_error`).
-"""
+"""The one wording, on every backend, for what the ranks need but cannot be pickled (path to the culprit, fix)."""
 
 from __future__ import annotations
 
@@ -56,12 +44,7 @@ def wording(where: str, culprit: Culprit | None, exc: BaseException, fix: str | 
 
 
 def unpicklable_error(method: str, value: Any, exc: BaseException, *, in_process: bool = False) -> UnpicklableError:
-    """Driver side, before sending: ``value``, an argument of call ``method``, cannot be pickled.
-
-    ``in_process`` says the pickling was the in-process isolation copy
-    (callables shared, not pickled).  The core rewords the error with the
-    argument's name when it comes out of ``Executor.submit``.
-    """
+    """Driver side, before sending: ``value``, an argument of call ``method``, cannot be pickled."""
     culprit = find_unpicklable(value, "value", share_callables=in_process)
     where = culprit.where("an argument") if culprit is not None else "an argument"
     message = f"call {method!r} was not sent: {wording(where, culprit, exc)}"
@@ -98,12 +81,7 @@ def unpicklable_spec_error(spec: GroupSpec, exc: BaseException) -> UnpicklableEr
 def check_spec_picklable(spec: GroupSpec) -> None:
     """Pickle the worker class and init arguments as a process backend would; raise the one error if they do not.
 
-    For executors that pickle nothing at start-up (``local`` with
-    ``isolate=True``), so that what another backend would refuse is refused
-    here too, with the same words.  Their ranks share this process's
-    modules, so code a pytest test module defines is checked by name (as
-    self-started torchrun ranks, started with the driver's path, import it)
-    and a module-level event a worker shares with its test is not refused.
+    For executors that pickle nothing at start-up, so they refuse what another backend would.
     """
     try:
         dumps_in_process((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))

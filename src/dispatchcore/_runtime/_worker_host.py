@@ -1,9 +1,6 @@
-"""Rank-side runtime shared by every executor.
+"""Rank-side runtime shared by every executor: :class:`WorkerHost` runs methods and never raises.
 
-A :class:`WorkerHost` builds one worker in its rank context, runs methods on
-it (``async def`` ones on a private event loop), and reports failures as
-picklable :class:`RemoteFailure` records instead of raising, so an executor
-can always send a status back and keep the group in step.
+Failures come back as picklable :class:`RemoteFailure` records, so the group stays in step.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ class RemoteFailure:
     exc_type: str
     message: str
     traceback: str
-    #: Set when the worker saw another rank dead (reading rows that rank kept): the driver raises
-    #: ``WorkerDiedError`` naming that rank instead of a ``WorkerError``.
+    #: Another rank the worker saw dead (reading rows it kept): the driver raises ``WorkerDiedError`` for it.
     died_rank: int | None = None
 
     @classmethod
@@ -59,10 +55,7 @@ class RemoteFailure:
     def unpicklable(
         cls, rank: int, method: str, part: str, exc: BaseException, *, in_process: bool, value: Any = _UNSET
     ) -> RemoteFailure:
-        """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled.
-
-        With ``value`` (what failed to pickle) the message names the path to the object at fault.
-        """
+        """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled."""
         failure = cls.capture(rank, method, exc)
         culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
         where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
@@ -80,8 +73,7 @@ class RemoteFailure:
 
 
 def first_failure(failures: Mapping[int, RemoteFailure], ranks: Sequence[int]) -> WorkerError | WorkerDiedError:
-    """The error to raise for a call in which ranks failed: the lowest position's,
-    noting which other ranks raised too.  ``failures`` maps call positions."""
+    """The lowest call position's error, noting which other ranks raised too."""
     first = min(failures)
     error = failures[first].to_error()
     others = sorted(ranks[p] for p in failures if p != first)
@@ -111,20 +103,16 @@ class WorkerHost:
         self.worker: Any = None
         #: The executor's rank-to-rank transport for lazy arguments' rows kept in other processes.
         self.fetch_rows: RowFetcher | None = None
-        #: Set by an executor whose ``fetch_rows`` returns fresh, writable memory (receive buffers),
-        #: so the rows are used without another copy; leave False for shared or read-only memory.
+        #: Set by an executor whose ``fetch_rows`` returns fresh, writable memory (used without a copy).
         self.fetched_rows_private = False
-        #: Set by an executor for an ``isolate=False`` group: rows kept in this process reach a consuming
-        #: worker without a copy (shared memory, as ``isolate=False`` promises not to write).
+        #: Set by an executor for an ``isolate=False`` group: kept rows reach a consuming worker uncopied.
         self.share_kept_rows = False
         self._collective_context: tuple[Any, int, int] | None = None
         #: The executor's rank-to-rank path for weight transfers (``None``: through the driver).
         self.tensor_link: TensorLink | None = None
         #: Weight transfers under way on this rank, by id (``_transfer``).
         self.transfers: dict[int, Any] = {}
-        #: How this rank's group runs ``dispatchcore.collective`` (set by the executor before ``start``):
-        #: a ``ThreadCollective`` shared by ranks that are threads of one process, a ``StoreCollective``
-        #: on the executor's store, or this plain link (only the user's default group can be used).
+        #: How this rank's group runs ``dispatchcore.collective`` (set by the executor before ``start``).
         self.collective: CollectiveLink = CollectiveLink("?", "this executor gives its ranks no collective link")
 
     def start(self) -> RemoteFailure | None:
@@ -146,16 +134,7 @@ class WorkerHost:
         kwargs: dict[str, Any],
         instructions: Instructions = PLAIN,
     ) -> tuple[bool, Any]:
-        """``(True, value)`` or ``(False, RemoteFailure)``; never raises.
-
-        ``instructions`` is the call's :class:`~dispatchcore.executor.Instructions`
-        (``call.instructions``), forwarded whole by the executor: a traced call
-        wraps a value in :class:`~dispatchcore.executor.TimedResult` saying when
-        the method ran; a lazy one keeps a ``DataProto`` result in this
-        process and returns its description; the kept rows it lists to free
-        are dropped first; a core operation runs instead of ``method``
-        (which then only names the call in errors).
-        """
+        """``(True, value)`` or ``(False, RemoteFailure)``, as ``instructions`` (``call.instructions``) order."""
         if instructions.free:
             ROW_STORE.free(instructions.free)
         running = GATE.enter(instructions.call_id)

@@ -1,8 +1,4 @@
-"""The executor contract's core side: ``Call`` and its ``Instructions``, the ``Executor`` base, forward
-plans, rank environment, plugins.
-
-The public face is :mod:`dispatchcore.executor`.  Imports ``_base``, ``_wire``, ``_data``.
-"""
+"""The executor contract's core side (public: ``dispatchcore.executor``); imports ``_base``, ``_wire``, ``_data``."""
 
 from ._call import PLAIN, Call, Instructions, Operation, UniqueValues, call_instructions
 from ._executor_base import CallHandle, Executor, GroupSpec, remaining

@@ -1,11 +1,4 @@
-"""What the core hands an executor: one call on some ranks (the contract: ``docs/executor-contract.md``).
-
-An executor moves :class:`Call`'s per-rank arguments and brings back one
-result per rank; :attr:`Call.beside` is the one thing about a call it routes
-by.  :class:`Instructions` is the core's own part of the call (time it, keep
-its rows, free old rows, run a core operation instead of a worker method);
-an executor forwards it whole to ``WorkerHost.run`` and never reads it.
-"""
+"""What the core hands an executor: one call on some ranks (the contract: ``docs/executor-contract.md``)."""
 
 from __future__ import annotations
 
@@ -29,21 +22,15 @@ class Operation(enum.Enum):
 
 @dataclass(frozen=True)
 class Instructions:
-    """The core's orders to each rank of one call, beside the user's arguments (small and picklable).
-
-    Executors never read it: they hand it, whole, to
-    ``WorkerHost.run(method, args, kwargs, call.instructions)`` on the rank.
-    """
+    """The core's orders to each rank of one call, beside the user's arguments (small and picklable)."""
 
     #: A traced call: the rank's value comes back as a ``TimedResult`` (timing out of band).
     timed: bool = False
-    #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``)
-    #: and send back its description instead of its rows.
+    #: A lazy call: keep a ``DataProto`` result on the rank under this key (plus ``/<rank>``), send its description.
     keep_rows: str | None = None
     #: This call's id among the driver's calls (0: none), which a cancel names (``WorkerHost.cancel``).
     call_id: int = 0
-    #: Keys of kept rows the driver holds no reference to any more: freed on the rank before the call
-    #: runs (frees ride the next call; keys a process does not hold are skipped).
+    #: Keys of kept rows the driver let go of: freed on the rank before the call runs (unknown keys skipped).
     free: tuple[str, ...] = ()
     #: The core's own operation, run instead of a worker method (``None``: ``Call.method`` on the worker).
     operation: Operation | None = None
@@ -56,10 +43,8 @@ _new_instructions = object.__new__
 
 
 def call_instructions(keep_rows: str | None, call_id: int) -> Instructions:
-    """``Instructions(keep_rows=..., call_id=...)`` as every call makes it, without the frozen dataclass's
-    per-field ``object.__setattr__`` (a microsecond a call: the call path's most-built object)."""
+    """``Instructions(keep_rows=..., call_id=...)`` without the frozen dataclass's per-field setattr (hot path)."""
     made = _new_instructions(Instructions)
-    # ``free`` and ``operation`` keep their defaults: the dataclass's class attributes answer for them.
     made.__dict__.update(timed=False, keep_rows=keep_rows, call_id=call_id)
     return made
 
@@ -73,13 +58,11 @@ class Call:
     args: list[tuple[Any, ...]]
     kwargs: list[dict[str, Any]]
     timeout: float | None = None
-    #: Set when the collect step copies every result anyway (concatenation),
-    #: so an executor may skip isolating results.
+    #: The collect step copies every result anyway: an executor may skip isolating results.
     results_are_copied: bool = False
     #: What the core tells every rank of this call; forward it whole to ``WorkerHost.run``.
     instructions: Instructions = field(default=PLAIN)
-    #: Run it on the rank's control path, beside any running call, never queued behind it (the core's
-    #: reads and frees of kept rows).  An executor that has no such path runs it in order.
+    #: Run it on the rank's control path, beside any running call (see "Beside calls" in the contract).
     beside: bool = False
 
     def __post_init__(self) -> None:

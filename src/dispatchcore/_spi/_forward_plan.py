@@ -1,14 +1,6 @@
-"""Which rows of which rank's result each consuming rank gets: the core's plan.
+"""Which rows of which rank's result each consuming rank gets when a ``DataProtoFuture`` is forwarded.
 
-When a ``DataProtoFuture`` is passed into another call, an executor that can
-move rows rank to rank need not bring the batch to the driver.  It tells the
-core each producing rank's result shape (:class:`ResultShape`: row count and
-``meta_info``); the core, which owns padding and chunking (docs/design.md, "The executor contract"),
-answers with one :class:`ChunkPlan` per consuming rank: row ranges into the
-producers' results plus the chunk's ``meta_info``.  The executor only moves
-the bytes.  The arithmetic is the driver path's: the producer's padding is
-trimmed, the batch is re-padded for the consumer's world, and each chunk's
-``meta_info`` says how many of its rows are padding.
+The core owns padding and chunking; the executor only moves the rows each :class:`ChunkPlan` names.
 """
 
 from __future__ import annotations
@@ -37,15 +29,7 @@ def plan_forward(
     pad_size: int = 0,
     padded_len: int = 0,
 ) -> ForwardPlan | None:
-    """Chunk the producing call's collected result ``chunks`` ways, as row ranges.
-
-    ``shapes`` has one entry per position of the producing call (``None``
-    where the result is not a ``DataProto``); ``collect_positions`` and the
-    padding are the producing call's.  ``None`` means the rows cannot be
-    forwarded (a non-DataProto result, conflicting ``meta_info``, an empty
-    batch, or padding needed but not enabled): resolve on the driver, which
-    raises the error that says why.
-    """
+    """Chunk the producing call's collected result ``chunks`` ways, as row ranges; ``None``: resolve on the driver."""
     picked = list(range(len(shapes))) if collect_positions is None else list(collect_positions)
     described = [shapes[p] for p in picked]
     if chunks < 1 or not described or any(s is None for s in described):
@@ -95,12 +79,7 @@ def _pieces(lo: int, hi: int, total: int, starts: list[int], picked: list[int]) 
 
 
 def assemble_chunk(plan: ChunkPlan, results: Mapping[int, DataProto]) -> DataProto:
-    """Rank side: the chunk ``plan`` describes, from the producing results it reads.
-
-    ``results`` maps call positions (``plan.sources``) to those results, as
-    fetched (shared, read-only memory is fine): the join copies the rows once,
-    so the chunk is private and writable whatever the transport gave.
-    """
+    """Rank side: the chunk ``plan`` describes, from the results it reads (copied once: writable)."""
     pieces = []
     for piece in plan.pieces:
         part = results[piece.source][piece.start : piece.stop]

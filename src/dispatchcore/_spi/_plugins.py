@@ -1,9 +1,6 @@
 """Finding executors: entry points of group ``dispatchcore`` through pluggy.
 
-Loading is lazy (on the first backend lookup) and fault-tolerant: a plugin
-whose module fails to import, or whose hook raises, is skipped and
-remembered, so it never breaks another backend, and both
-``dispatchcore backends`` and :class:`BackendNotFoundError` say why.
+A plugin that fails to load is skipped and remembered, so ``BackendNotFoundError`` can say why.
 """
 
 from __future__ import annotations
@@ -172,7 +169,7 @@ def _failure(name: str, plugin: str, dist: str | None, exc: BaseException) -> Ba
     extra = _extra_providing(dist, missing, prefer=name) if missing else None
     if missing and extra:
         return BackendInfo(name, plugin, dist, missing=(missing.split(".")[0],), extra=extra)
-    return BackendInfo(name, plugin, dist, error=_describe(exc))
+    return BackendInfo(name, plugin, dist, error="".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def _normalize(name: str) -> str:
@@ -180,11 +177,7 @@ def _normalize(name: str) -> str:
 
 
 def _extra_providing(dist: str | None, module: str, prefer: str | None = None) -> str | None:
-    """The extra of ``dist`` whose requirements include ``module``'s distribution, if any.
-
-    Several extras may bring the same package; the one named like the
-    plugin (``prefer``) wins.
-    """
+    """The extra of ``dist`` whose requirements include ``module``'s distribution (``prefer`` wins a tie)."""
     if dist is None:
         return None
     try:
@@ -202,10 +195,6 @@ def _extra_providing(dist: str | None, module: str, prefer: str | None = None) -
     if prefer in extras:
         return prefer
     return extras[0] if extras else None
-
-
-def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 registry = PluginRegistry()
@@ -232,12 +221,9 @@ def get_executor_class(name: str) -> type[Executor]:
 
 
 def register_executor(executor_cls: type[Executor]) -> None:
-    """Make ``executor_cls`` a backend in this process, without an entry point.
+    """Make ``executor_cls`` a backend in this process, without an entry point (notebooks, tests).
 
-    For notebooks, tests and benchmarks; a package ships its executor through
-    the ``dispatchcore`` entry-point group instead (see
-    :mod:`dispatchcore.executor`).  Registering the same class again is a
-    no-op; another class under a taken name raises ``RegistrationError``.
+    Registering the same class again is a no-op; another class under a taken name raises.
     """
     registry.load()
     with registry._lock:

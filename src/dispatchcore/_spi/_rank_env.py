@@ -1,10 +1,4 @@
-"""The environment a rank sees, and the port its process group meets on.
-
-Every backend gives its workers torchrun's variables (docs/design.md, "Public names"), so
-``torch.distributed.init_process_group()`` inside a worker just works.
-How ranks map to nodes differs per backend; the variables and their
-meaning do not, so they are built here once.
-"""
+"""The environment a rank sees (torchrun's variables on every backend), and the port its process group meets on."""
 
 from __future__ import annotations
 
@@ -30,11 +24,7 @@ def rank_environment(
     local_world_size: int | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """torchrun's variables for one rank (one node unless ``local_*`` say otherwise).
-
-    ``extra`` is the user's per-worker environment; it may not set a rank
-    variable (that would silently break ``init_process_group``).
-    """
+    """torchrun's variables for one rank, over ``extra`` (the user's, which may not set a rank variable)."""
     clash = sorted(set(extra or {}) & set(RANK_ENV_KEYS))
     if clash:
         raise DispatchValueError(f"worker environment may not set {clash}: the executor sets them per rank")
@@ -55,13 +45,8 @@ def rank_environment(
 def cpu_thread_environment(ranks_on_host: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for a rank process that shares its host with ``ranks_on_host - 1`` others.
 
-    torch sizes its intra-op pool to every core of the host, so N rank
-    processes on one host run N times as many compute threads as there are
-    cores and slow each other down (on 2 cores, 4 ranks made a chain of
-    tensor ops twice as slow).  torchrun sets ``OMP_NUM_THREADS=1`` for the
-    same reason; this gives each rank its share of the cores the driver may
-    use instead.  A value the user set (``environ``, default ``os.environ``)
-    is kept: the result is then empty, as it is for a rank alone on its host.
+    torch sizes its pool to every core, so N ranks on one host oversubscribe
+    it; each gets its share instead.  A value the user set is kept (``{}``).
     """
     env = os.environ if environ is None else environ
     if ranks_on_host <= 1 or "OMP_NUM_THREADS" in env:
@@ -79,11 +64,7 @@ def local_ranks(node_of_rank: Sequence[str]) -> list[tuple[int, int]]:
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port on ``host`` that was free a moment ago (``""``: every interface).
-
-    Another process may take it before it is used; callers that can should
-    bind once and keep the socket instead.
-    """
+    """A TCP port on ``host`` that was free a moment ago (``""``: every interface); another process may take it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

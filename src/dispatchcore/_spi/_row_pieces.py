@@ -1,8 +1,4 @@
-"""The shapes a forwarding plan is made of: results described without their rows, and pieces of them.
-
-Plain records, so the executor contract can name them without the batch
-containers; the planning itself is :mod:`dispatchcore._spi._forward_plan`.
-"""
+"""The plain records a forwarding plan is made of (the planning is ``_forward_plan``)."""
 
 from __future__ import annotations
 
