@@ -73,6 +73,12 @@ class ExecutorConformance:
             pytest.skip(f"backend {cls.backend!r} is not available here")
         return WorkerGroup(worker_cls, world_size, backend=cls.backend, **{**cls.backend_options, **kwargs})
 
+    def _group_to_kill(self, worker_cls: type, **kwargs: Any) -> WorkerGroup[Any]:
+        """Two ranks a case may kill; skipped where ranks share the test process."""
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        return self.make_group(worker_cls, 2, death_timeout=10, **kwargs)
+
     @pytest.fixture(scope="class")
     @classmethod
     def group(cls) -> Iterator[WorkerGroup[Any]]:
@@ -353,18 +359,13 @@ class ExecutorConformance:
             assert_dataproto_equal(wg.echo(batch(8)), small)  # the group stays usable
 
     def test_lazy_rows_of_a_dead_rank_raise_worker_died(self) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
-        wg = self.make_group(EchoWorker, 2, death_timeout=10, lazy=True)
-        try:
+        with self._group_to_kill(EchoWorker, lazy=True) as wg:
             lazy = wg.echo(batch(4))
             with pytest.raises(WorkerDiedError):
                 wg.exit_on(1)
             with pytest.raises(WorkerDiedError) as info:
                 lazy.batch["x"]
             assert info.value.rank == 1
-        finally:
-            wg.shutdown()
 
     # -- nd mesh -----------------------------------------------------------------------
     def test_nd_replicas_share_chunks_and_collect_in_dp_order(self, group: WorkerGroup[Any]) -> None:
@@ -463,27 +464,18 @@ class ExecutorConformance:
 
     @pytest.mark.timeout(120)  # far below the 600 s call: neither the call nor shutdown waits it out
     def test_call_timeout(self) -> None:
-        wg = self.make_group(EchoWorker, 2, call_timeout=60)
-        try:
+        with self.make_group(EchoWorker, 2, call_timeout=60) as wg:
             with pytest.raises(DispatchTimeoutError, match="sleep"):
                 wg.sleep.options(timeout=0.5)(600)
             try:
                 assert wg.info()  # recovered
             except DispatchError as exc:  # or declared broken, saying so
                 assert "no more calls" in str(exc) or "broken" in str(exc)
-        finally:
-            wg.shutdown()  # must not wait out the 600 s call: the case's timeout marker is the bound
 
     def test_dead_worker_reported(self) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
-        wg = self.make_group(EchoWorker, 2, death_timeout=10)
-        try:
-            with pytest.raises(WorkerDiedError) as info:
-                wg.exit_on(1)
-            assert info.value.rank == 1
-        finally:
-            wg.shutdown()
+        with self._group_to_kill(EchoWorker) as wg, pytest.raises(WorkerDiedError) as info:
+            wg.exit_on(1)
+        assert info.value.rank == 1
 
     def test_shutdown_is_idempotent_and_final(self) -> None:
         with self.make_group(EchoWorker, 2) as wg:
@@ -587,10 +579,8 @@ class ExecutorConformance:
         assert [(got, version) for got, version, _ in dst.state()] == [({}, "empty")] * 2
 
     def test_weight_sync_dying_source_is_named(self, weight_groups: Any) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
         _, dst = weight_groups
-        with self.make_group(WeightTrainer, 2, death_timeout=10) as src:
+        with self._group_to_kill(WeightTrainer) as src:
             pids = src.set_step(0)
             dst.configure(kill=(pids[1], 1))
             with pytest.raises(WorkerDiedError) as info:
@@ -600,10 +590,8 @@ class ExecutorConformance:
         dst.configure()
 
     def test_weight_sync_dying_destination_is_named(self, weight_groups: Any) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
         src, _ = weight_groups
-        with self.make_group(WeightRollout, 2, death_timeout=10) as dst:
+        with self._group_to_kill(WeightRollout) as dst:
             dst.configure(die_on=2)
             with pytest.raises(WorkerDiedError) as info:
                 WeightSync(src, dst, bucket_bytes=64)(version="dead")

@@ -1,21 +1,9 @@
 """Hypothesis strategies for DataProtos, their columns and world sizes.
 
 ``dataprotos()`` draws batches the way real RL data looks, and the corners
-real data hits: any length (0 included), tensors of every common dtype with
-assorted trailing shapes (empty dims included), non-tensor columns of every
-kind ``non_tensor_batch`` holds (strings, ragged lists, ragged numpy arrays,
-dicts and ``None`` in object arrays, plain numeric arrays of one or more
-dims), and meta info.  Tensor values come from a drawn seed, so large
-batches stay cheap to generate; lengths, shapes, dtypes, column kinds, object
-values and meta info shrink normally.
-
-Use them in your own property tests::
-
-    from hypothesis import given
-    from dispatchcore.testing.strategies import dataprotos, world_sizes
-
-    @given(dataprotos(auto_padding=True), world_sizes())
-    def test_my_split(data, n): ...
+real data hits (length 0, empty dims, ragged object columns); tensor values
+come from a drawn seed, so large batches stay cheap to generate.  Usage:
+README.md, "Testing your workers".
 """
 
 from __future__ import annotations
