@@ -152,18 +152,16 @@ class _FaultyCallHandle(RankCallHandle):
             return  # only this wait ran out
         except WorkerDiedError as exc:
             self.rank_died(self._position_of(exc.rank), exc.detail)
-            self._inner_ended = True
-            self._settle_inner(0.0)
-            return
         except WorkerError as exc:
             failure = RemoteFailure(exc.rank, exc.method, exc.exc_type, exc.exc_message, exc.remote_traceback)
             self._hold({self._position_of(exc.rank): (False, failure)})
-            self._inner_ended = True
-            self._settle_inner(0.0)
+        else:
+            self._inner = None
+            self.row_buffers = inner.row_buffers
+            self._hold({p: (True, v) for p, v in zip(self._inner_positions, values, strict=True)})
             return
-        self._inner = None
-        self.row_buffers = inner.row_buffers
-        self._hold({p: (True, v) for p, v in zip(self._inner_positions, values, strict=True)})
+        self._inner_ended = True
+        self._settle_inner(0.0)
 
     def _settle_inner(self, wait: float) -> None:
         """The inner call failed early: its other ranks count as answered once they left it.
