@@ -82,18 +82,16 @@ class ExecutorConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def group(cls) -> Iterator[WorkerGroup[Any]]:
-        wg = cls.make_group(EchoWorker, cls.world_size, init_kwargs={"tag": "conformance"})
-        wg.set_mesh(2)
-        yield wg
-        wg.shutdown()
+        with cls.make_group(EchoWorker, cls.world_size, init_kwargs={"tag": "conformance"}) as wg:
+            wg.set_mesh(2)
+            yield wg
 
     @pytest.fixture(scope="class")
     @classmethod
     def colocated(cls) -> Iterator[WorkerGroup[Any]]:
         roles = create_colocated_worker_cls({"actor": ActorRole, "critic": CriticRole})
-        wg = cls.make_group(roles, 2, init_kwargs={"actor": {"lr": 0.5}})
-        yield wg
-        wg.shutdown()
+        with cls.make_group(roles, 2, init_kwargs={"actor": {"lr": 0.5}}) as wg:
+            yield wg
 
     # -- binding and rank context -------------------------------------------------
     def test_group_reports_backend_and_size(self, group: WorkerGroup[Any]) -> None:
@@ -550,11 +548,9 @@ class ExecutorConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def weight_groups(cls) -> Iterator[tuple[WorkerGroup[Any], WorkerGroup[Any]]]:
-        src = cls.make_group(WeightTrainer, 2, death_timeout=10)
-        dst = cls.make_group(WeightRollout, 2, death_timeout=10)
-        yield src, dst
-        src.shutdown()
-        dst.shutdown()
+        with cls.make_group(WeightTrainer, 2, death_timeout=10) as src:
+            with cls.make_group(WeightRollout, 2, death_timeout=10) as dst:
+                yield src, dst
 
     def test_weight_sync_sharded_to_whole_and_sliced(self, weight_groups: Any) -> None:
         src, dst = weight_groups
