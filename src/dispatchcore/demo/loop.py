@@ -83,20 +83,18 @@ def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tenso
 
 def phase_seconds(tracer: Tracer, since: int) -> tuple[float, float, float]:
     """(dispatch, compute, collect) seconds of the calls recorded after event ``since`` (a call's slowest rank)."""
-    dispatch = collect = 0.0
+    totals = {"dispatch": 0.0, "collect": 0.0}
     compute: dict[int, float] = {}
     for event in tracer.events[since:]:
         phase = event.get("args", {}).get("phase")
         if event.get("ph") != "X":
             continue
-        if phase == "dispatch":
-            dispatch += event["dur"]
-        elif phase == "collect":
-            collect += event["dur"]
+        if phase in totals:
+            totals[phase] += event["dur"]
         elif phase == "compute":
             key = event["args"]["call"]
             compute[key] = max(compute.get(key, 0.0), event["dur"])
-    return dispatch / 1e6, sum(compute.values()) / 1e6, collect / 1e6
+    return totals["dispatch"] / 1e6, sum(compute.values()) / 1e6, totals["collect"] / 1e6
 
 
 def run_demo(
