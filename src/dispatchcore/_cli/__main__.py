@@ -16,10 +16,7 @@ def _backends(_: argparse.Namespace) -> int:
     from .._spi import registry
 
     rows = [("backend", "package", "status")]
-    for info in registry.all():
-        package = info.distribution or "?"
-        origin = f"{package} ({info.plugin})"
-        rows.append((info.name, origin, info.status))
+    rows += [(info.name, f"{info.distribution or '?'} ({info.plugin})", info.status) for info in registry.all()]
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     for name, origin, status in rows:
         print(f"{name:<{widths[0]}}  {origin:<{widths[1]}}  {status}")

@@ -1,8 +1,7 @@
 """``dispatchcore bench``: run each executor's benchmark from the source tree's ``benchmarks/``.
 
-The benchmarks compare against hand-written floors (raw Ray, raw
-torch.distributed, plain threads) and live beside the tests, not in the
-installed package, so this needs a source checkout (an editable install).
+The benchmarks live beside the tests, not in the installed package, so this
+needs a source checkout (an editable install).
 """
 
 from __future__ import annotations
@@ -40,8 +39,9 @@ def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(folder))
     status = 0
+    quick_args = ["--quick"] if quick else []
     if (folder / CORE).exists():
-        importlib.import_module(Path(CORE).stem).main(["--quick"] if quick else [])
+        importlib.import_module(Path(CORE).stem).main(quick_args)
     for backend in only or list(BENCHMARKS):
         path = folder / BENCHMARKS[backend]
         if backend not in available_backends():
@@ -53,12 +53,10 @@ def run_benchmarks(quick: bool = False, only: list[str] | None = None) -> int:
             continue
         # Imported under its own name from a folder on sys.path (which spawned
         # ranks inherit), so worker classes defined there load in every rank.
-        module = importlib.import_module(path.stem)
-        code = module.main(["--quick"] if quick else [])
+        code = importlib.import_module(path.stem).main(quick_args)
         status = status or int(code or 0)
     selected = [backend for backend in only or list(BENCHMARKS) if backend in available_backends()]
     if selected and (folder / ACROSS_BACKENDS).exists():
-        module = importlib.import_module(Path(ACROSS_BACKENDS).stem)
-        code = module.main([*(["--quick"] if quick else []), "--backends", *selected])
+        code = importlib.import_module(Path(ACROSS_BACKENDS).stem).main([*quick_args, "--backends", *selected])
         status = status or int(code or 0)
     return status

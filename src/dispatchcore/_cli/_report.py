@@ -1,11 +1,8 @@
 """Expected errors on one line, for ``dispatchcore`` and ``python -m dispatchcore.demo`` alike.
 
-An expected error (an unknown backend, a missing extra, a bad argument)
-prints one line to stderr, the message with its fix, and exits 2: a user
-who mistyped a flag needs the fix, not a traceback into the library.  Set
-``DISPATCHCORE_TRACEBACK=1`` to see the traceback anyway.  A worker's own
-exception (``WorkerError``) and any other error keep their traceback: those
-are bugs to read, in the user's code or in ours.
+A user who mistyped a flag needs the fix, not a traceback into the library;
+a worker's own exception (``WorkerError``) and any other error keep theirs:
+those are bugs to read.
 """
 
 from __future__ import annotations

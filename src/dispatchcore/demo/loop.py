@@ -82,24 +82,19 @@ def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tenso
 
 
 def phase_seconds(tracer: Tracer, since: int) -> tuple[float, float, float]:
-    """(dispatch, compute, collect) seconds of the calls recorded after event ``since``.
-
-    Compute counts each call once, at its slowest rank.
-    """
-    dispatch = collect = 0.0
+    """(dispatch, compute, collect) seconds of the calls recorded after event ``since`` (a call's slowest rank)."""
+    totals = {"dispatch": 0.0, "collect": 0.0}
     compute: dict[int, float] = {}
     for event in tracer.events[since:]:
         phase = event.get("args", {}).get("phase")
         if event.get("ph") != "X":
             continue
-        if phase == "dispatch":
-            dispatch += event["dur"]
-        elif phase == "collect":
-            collect += event["dur"]
+        if phase in totals:
+            totals[phase] += event["dur"]
         elif phase == "compute":
             key = event["args"]["call"]
             compute[key] = max(compute.get(key, 0.0), event["dur"])
-    return dispatch / 1e6, sum(compute.values()) / 1e6, collect / 1e6
+    return totals["dispatch"] / 1e6, sum(compute.values()) / 1e6, totals["collect"] / 1e6
 
 
 def run_demo(
@@ -115,7 +110,7 @@ def run_demo(
     """
     n = config.world_size
     replicas = 2 if n % 2 == 0 else 1
-    model = _model_config(config)
+    model = ModelConfig(length=config.length, lr=config.lr, kl_coef=config.kl_coef, seed=config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
@@ -148,27 +143,12 @@ def run_demo(
 def _rollout(
     config: DemoConfig, groups: contextlib.ExitStack, actor: Any, model: ModelConfig, options: dict[str, Any]
 ) -> tuple[Any, WeightSync | None]:
-    """The generate call and the weight sync feeding it: the actor's own, or a separate rollout group's.
-
-    Without ``rollout_ranks`` the actor generates (no sync needed).  With it,
-    a group of that many :class:`RolloutWorker` ranks is opened on the same
-    backend (closed with the others) and a ``WeightSync`` from the actor role
-    to it is returned, for the loop to run before each step's generation.
-    """
+    """The generate call and the weight sync feeding it: the actor's own, or a separate rollout group's."""
     if config.rollout_ranks is None:
         return actor.generate_sequences, None
     rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options))
     rollout.init_model(model)
     return rollout.generate_sequences, WeightSync(actor, rollout)
-
-
-def _model_config(config: DemoConfig) -> ModelConfig:
-    return ModelConfig(
-        length=config.length,
-        lr=config.lr,
-        kl_coef=config.kl_coef,
-        seed=config.seed,
-    )
 
 
 def _step(
@@ -180,11 +160,7 @@ def _step(
     actor: Any,
     sync: WeightSync | None = None,
 ) -> StepMetrics:
-    """One RL step: (weight sync), generate, reward, reference log-probs, advantages on the driver, update.
-
-    The sync runs first so the rollout group generates with the weights the
-    actor trains from this step, as the actor itself would.
-    """
+    """One RL step: (weight sync), generate, reward, reference log-probs, advantages on the driver, update."""
     generate, compute_reward, compute_ref = calls
     since, started = len(tracer.events), time.perf_counter()
     traffic_before = driver_traffic()

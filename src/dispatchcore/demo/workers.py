@@ -1,12 +1,8 @@
 """The demo's roles: actor (rollout + training), frozen reference, reward, and an optional rollout group.
 
-Each is a plain dispatchcore worker; the decorators say how the driver's
-batch is split.  The actor and the reference are colocated on the same ranks
-(verl's hybrid engine layout); the reference is laid out as an nd mesh with
-replicas, like a tensor-parallel model whose replicas share one data shard.
-With ``--rollout-ranks K`` a separate :class:`RolloutWorker` group generates
-instead of the actor, with the actor's weights pushed to it by
-``dispatchcore.WeightSync`` before every step.
+The actor and the reference are colocated on the same ranks (verl's hybrid
+engine layout); the reference is an nd mesh whose replicas share one data
+shard, like a tensor-parallel model.
 """
 
 from __future__ import annotations
@@ -54,12 +50,7 @@ _init_lock = threading.Lock()
 
 
 def rank_generator(config: ModelConfig, rank: int) -> torch.Generator:
-    """The sampling generator of rank ``rank``: the actor's and the rollout's are seeded alike.
-
-    Threads share torch's global RNG, so each rank samples from its own
-    generator; a rollout group as large as the actor group therefore draws
-    exactly the samples the actor would have drawn.
-    """
+    """Rank ``rank``'s own sampling generator (threads share torch's global RNG), seeded alike in actor and rollout."""
     return torch.Generator().manual_seed(config.seed * 1000 + rank)
 
 
@@ -72,11 +63,7 @@ def sample(policy: TinyPolicy, prompts: DataProto, generator: torch.Generator) -
 
 
 def _build_policy(config: ModelConfig) -> TinyPolicy:
-    """Identical initial weights on every rank and role.
-
-    Module init draws from torch's global RNG, which the local backend's rank
-    threads share: seeding and building under one lock keeps them in step.
-    """
+    """Identical initial weights on every rank and role (one lock: local ranks share torch's global RNG)."""
     with _init_lock:
         torch.manual_seed(config.seed)
         return TinyPolicy(config.length, config.hidden)
@@ -85,11 +72,8 @@ def _build_policy(config: ModelConfig) -> TinyPolicy:
 class ActorWorker(Worker):
     """Generates responses and trains the policy data-parallel.
 
-    ``init_model`` is a setup call (replayed on a rank that replaces a dead
-    one); :meth:`on_membership_change` copies the trained weights and
-    optimizer state from a surviving rank (``dispatchcore.collective`` has
-    already moved to the rebuilt group).  Gradients are summed with
-    ``dispatchcore.collective.all_reduce``, the same line on every backend.
+    ``init_model`` is replayed on a rank that replaces a dead one, and
+    :meth:`on_membership_change` copies the trained state from a survivor.
     """
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
@@ -158,10 +142,8 @@ class ActorWorker(Worker):
 class RolloutWorker(Worker):
     """Generates with the actor's weights, which ``WeightSync`` pushes into it before every step.
 
-    A separate group (``--rollout-ranks K``), as a rollout engine is in RL
-    stacks: it never trains, so it keeps no gradients and no optimizer; its
-    weights arrive bucket by bucket through :meth:`load_weights`, copied into
-    the parameters in place (no second full copy of the model).
+    A separate group (``--rollout-ranks K``) that never trains: weights arrive
+    bucket by bucket, copied into the parameters in place.
     """
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)

@@ -1,24 +1,12 @@
 """Testing kit: test your workers, your dispatch modes and your driver without GPUs or clusters.
 
-* :mod:`~dispatchcore.testing.strategies`: Hypothesis strategies
-  (:func:`dataprotos`, :func:`world_sizes`, ...).
-* :mod:`~dispatchcore.testing.modes`: :func:`check_dispatch_mode` holds your
-  own dispatch mode to the round-trip, order and padding properties, no
-  group needed.
-* :mod:`~dispatchcore.testing.faults`: ``backend="faulty"`` wraps any backend
-  and makes chosen ranks raise, hang, die or be slow (:class:`Fault`).
-* :mod:`~dispatchcore.testing.mock`: ``backend="mock"`` runs every rank in the
-  calling thread (:class:`MockExecutor`), for core tests that need no backend.
-* :mod:`~dispatchcore.testing.pytest_plugin`: the ``make_group`` fixture, its
-  module-scoped twin ``make_module_group`` for ``@given`` tests, and the
-  ``--dispatchcore-backend`` option (loaded automatically by pytest).
-* :mod:`~dispatchcore.testing.conformance`: a third-party executor runs the
-  whole conformance suite against itself with::
-
-      from dispatchcore.testing.conformance import ExecutorConformance
-
-      class TestMyExecutor(ExecutorConformance):
-          backend = "mybackend"
+:mod:`~dispatchcore.testing.strategies` (Hypothesis strategies),
+:mod:`~dispatchcore.testing.modes` (:func:`check_dispatch_mode`),
+:mod:`~dispatchcore.testing.faults` (``backend="faulty"``),
+:mod:`~dispatchcore.testing.mock` (``backend="mock"``),
+:mod:`~dispatchcore.testing.pytest_plugin` (``make_group``) and
+:mod:`~dispatchcore.testing.conformance` (``ExecutorConformance``, which a
+third-party executor subclasses); see README.md, "Testing your workers".
 
 Names load on first use: importing this package needs neither Hypothesis nor
 pytest (the ``faulty`` backend's entry point imports it).

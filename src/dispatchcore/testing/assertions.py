@@ -1,10 +1,4 @@
-"""Equality assertions for DataProtos, with messages that say what differs.
-
-``DataProto`` has no ``==`` (tensors compare elementwise, NaN is unequal to
-itself), so tests compare through :func:`assert_dataproto_equal`, and single
-values (a meta_info entry, an item of an object column) through
-:func:`values_equal`.
-"""
+"""Equality assertions for DataProtos (which have no ``==``), with messages that say what differs."""
 
 from __future__ import annotations
 

@@ -73,21 +73,25 @@ class ExecutorConformance:
             pytest.skip(f"backend {cls.backend!r} is not available here")
         return WorkerGroup(worker_cls, world_size, backend=cls.backend, **{**cls.backend_options, **kwargs})
 
+    def _group_to_kill(self, worker_cls: type, **kwargs: Any) -> WorkerGroup[Any]:
+        """Two ranks a case may kill; skipped where ranks share the test process."""
+        if not self.ranks_are_processes:
+            pytest.skip("ranks share the test process")
+        return self.make_group(worker_cls, 2, death_timeout=10, **kwargs)
+
     @pytest.fixture(scope="class")
     @classmethod
     def group(cls) -> Iterator[WorkerGroup[Any]]:
-        wg = cls.make_group(EchoWorker, cls.world_size, init_kwargs={"tag": "conformance"})
-        wg.set_mesh(2)
-        yield wg
-        wg.shutdown()
+        with cls.make_group(EchoWorker, cls.world_size, init_kwargs={"tag": "conformance"}) as wg:
+            wg.set_mesh(2)
+            yield wg
 
     @pytest.fixture(scope="class")
     @classmethod
     def colocated(cls) -> Iterator[WorkerGroup[Any]]:
         roles = create_colocated_worker_cls({"actor": ActorRole, "critic": CriticRole})
-        wg = cls.make_group(roles, 2, init_kwargs={"actor": {"lr": 0.5}})
-        yield wg
-        wg.shutdown()
+        with cls.make_group(roles, 2, init_kwargs={"actor": {"lr": 0.5}}) as wg:
+            yield wg
 
     # -- binding and rank context -------------------------------------------------
     def test_group_reports_backend_and_size(self, group: WorkerGroup[Any]) -> None:
@@ -353,18 +357,13 @@ class ExecutorConformance:
             assert_dataproto_equal(wg.echo(batch(8)), small)  # the group stays usable
 
     def test_lazy_rows_of_a_dead_rank_raise_worker_died(self) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
-        wg = self.make_group(EchoWorker, 2, death_timeout=10, lazy=True)
-        try:
+        with self._group_to_kill(EchoWorker, lazy=True) as wg:
             lazy = wg.echo(batch(4))
             with pytest.raises(WorkerDiedError):
                 wg.exit_on(1)
             with pytest.raises(WorkerDiedError) as info:
                 lazy.batch["x"]
             assert info.value.rank == 1
-        finally:
-            wg.shutdown()
 
     # -- nd mesh -----------------------------------------------------------------------
     def test_nd_replicas_share_chunks_and_collect_in_dp_order(self, group: WorkerGroup[Any]) -> None:
@@ -463,27 +462,18 @@ class ExecutorConformance:
 
     @pytest.mark.timeout(120)  # far below the 600 s call: neither the call nor shutdown waits it out
     def test_call_timeout(self) -> None:
-        wg = self.make_group(EchoWorker, 2, call_timeout=60)
-        try:
+        with self.make_group(EchoWorker, 2, call_timeout=60) as wg:
             with pytest.raises(DispatchTimeoutError, match="sleep"):
                 wg.sleep.options(timeout=0.5)(600)
             try:
                 assert wg.info()  # recovered
             except DispatchError as exc:  # or declared broken, saying so
                 assert "no more calls" in str(exc) or "broken" in str(exc)
-        finally:
-            wg.shutdown()  # must not wait out the 600 s call: the case's timeout marker is the bound
 
     def test_dead_worker_reported(self) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
-        wg = self.make_group(EchoWorker, 2, death_timeout=10)
-        try:
-            with pytest.raises(WorkerDiedError) as info:
-                wg.exit_on(1)
-            assert info.value.rank == 1
-        finally:
-            wg.shutdown()
+        with self._group_to_kill(EchoWorker) as wg, pytest.raises(WorkerDiedError) as info:
+            wg.exit_on(1)
+        assert info.value.rank == 1
 
     def test_shutdown_is_idempotent_and_final(self) -> None:
         with self.make_group(EchoWorker, 2) as wg:
@@ -558,11 +548,9 @@ class ExecutorConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def weight_groups(cls) -> Iterator[tuple[WorkerGroup[Any], WorkerGroup[Any]]]:
-        src = cls.make_group(WeightTrainer, 2, death_timeout=10)
-        dst = cls.make_group(WeightRollout, 2, death_timeout=10)
-        yield src, dst
-        src.shutdown()
-        dst.shutdown()
+        with cls.make_group(WeightTrainer, 2, death_timeout=10) as src:
+            with cls.make_group(WeightRollout, 2, death_timeout=10) as dst:
+                yield src, dst
 
     def test_weight_sync_sharded_to_whole_and_sliced(self, weight_groups: Any) -> None:
         src, dst = weight_groups
@@ -587,10 +575,8 @@ class ExecutorConformance:
         assert [(got, version) for got, version, _ in dst.state()] == [({}, "empty")] * 2
 
     def test_weight_sync_dying_source_is_named(self, weight_groups: Any) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
         _, dst = weight_groups
-        with self.make_group(WeightTrainer, 2, death_timeout=10) as src:
+        with self._group_to_kill(WeightTrainer) as src:
             pids = src.set_step(0)
             dst.configure(kill=(pids[1], 1))
             with pytest.raises(WorkerDiedError) as info:
@@ -600,10 +586,8 @@ class ExecutorConformance:
         dst.configure()
 
     def test_weight_sync_dying_destination_is_named(self, weight_groups: Any) -> None:
-        if not self.ranks_are_processes:
-            pytest.skip("ranks share the test process")
         src, _ = weight_groups
-        with self.make_group(WeightRollout, 2, death_timeout=10) as dst:
+        with self._group_to_kill(WeightRollout) as dst:
             dst.configure(die_on=2)
             with pytest.raises(WorkerDiedError) as info:
                 WeightSync(src, dst, bucket_bytes=64)(version="dead")

@@ -1,40 +1,10 @@
 """``backend="faulty"``: any backend, with ranks that raise, hang, die or are slow when you say.
 
-As httpx's ``MockTransport`` stands in for the network, this executor
-stands in for bad hardware, so a driver's error handling and recovery can be
-tested on a laptop::
-
-    from dispatchcore.testing import Fault
-
-    wg = WorkerGroup(Actor, 4, backend="faulty", inner="local",
-                     faults=[Fault.die(rank=1, method="update_actor", call=3)])
-
-The ranks run on the ``inner`` backend (any installed one; default: the
-``DISPATCHCORE_BACKEND`` variable, else ``local``; its options go in
-``inner_options``).  Calls pass through unchanged until a planted
-:class:`Fault` matches: the ``call``-th call of ``method`` that reaches
-``rank`` (counted from 1, per rank and method; ``call=None``: every call).
-Faults are acted out on the driver's side of the executor seam, so nothing
-real is killed and every kind works on threads:
-
-* ``raise``: the rank's result is the exception: :class:`~dispatchcore.WorkerError`
-  with its rank, method and traceback; the group stays usable;
-* ``hang``: the rank never answers this call or any later one.  The call
-  ends in :class:`~dispatchcore.DispatchTimeoutError` at its timeout (group
-  marked broken), or with :class:`~dispatchcore.WorkerDiedError` when the
-  group is shut down; nothing waits past ``shutdown()``;
-* ``die``: :class:`~dispatchcore.WorkerDiedError` naming the rank and method
-  at once, the group marked broken, and later calls refused, as after a real
-  death;
-* ``slow``: the rank's answer arrives no earlier than ``seconds`` after the
-  call started.
-
-A cancelled call (``future.cancel()``) is stopped on the inner backend's
-ranks; a rank a ``hang`` fault holds never leaves it, so it is found stuck
-and, with ``on_rank_death="replace"``, "restarted" (its worker kept).
-
-The executor holds itself to the public contract (:mod:`dispatchcore.executor`)
-and passes the conformance suite with no faults planted.
+As httpx's ``MockTransport`` stands in for the network, this executor stands
+in for bad hardware: the ranks run on the ``inner`` backend, and a planted
+:class:`Fault` is acted out on the driver's side of the executor seam, so
+nothing real is killed and every kind works on threads.  What each kind looks
+like to the driver, and the options: README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -80,8 +50,9 @@ class Fault:
     """One planted fault: ``kind`` on ``rank`` at the ``call``-th call of ``method``.
 
     Build one with :meth:`raise_on`, :meth:`hang`, :meth:`die` or :meth:`slow`.
-    ``method`` is the name the ranks run: the ``@register`` method's name
-    (``"<role>_<method>"`` for a role of a colocated class).
+    ``call`` counts from 1, per rank and method (``None``: every call);
+    ``method`` is the name the ranks run (``"<role>_<method>"`` for a role of
+    a colocated class).
     """
 
     kind: FaultKind
@@ -181,24 +152,21 @@ class _FaultyCallHandle(RankCallHandle):
             return  # only this wait ran out
         except WorkerDiedError as exc:
             self.rank_died(self._position_of(exc.rank), exc.detail)
-            self._inner_ended = True
-            self._settle_inner(0.0)
-            return
         except WorkerError as exc:
             failure = RemoteFailure(exc.rank, exc.method, exc.exc_type, exc.exc_message, exc.remote_traceback)
             self._hold({self._position_of(exc.rank): (False, failure)})
-            self._inner_ended = True
-            self._settle_inner(0.0)
+        else:
+            self._inner = None
+            self.row_buffers = inner.row_buffers
+            self._hold({p: (True, v) for p, v in zip(self._inner_positions, values, strict=True)})
             return
-        self._inner = None
-        self.row_buffers = inner.row_buffers
-        self._hold({p: (True, v) for p, v in zip(self._inner_positions, values, strict=True)})
+        self._inner_ended = True
+        self._settle_inner(0.0)
 
     def _settle_inner(self, wait: float) -> None:
-        """The inner call ended early (a rank raised or died): its other ranks count as answered once they left it.
+        """The inner call failed early: its other ranks count as answered once they left it.
 
-        Their values matter to nobody (the call failed), but a rank still in
-        it must stay waited on, or the next call would queue behind it unseen.
+        One still in it stays waited on, or the next call would queue behind it unseen.
         """
         inner = self._inner
         settle = getattr(inner, "wait_settled", None)
@@ -274,10 +242,8 @@ class _FaultyCallHandle(RankCallHandle):
 class FaultyExecutor(Executor):
     """Backend ``"faulty"``: the ``inner`` backend's ranks, with :class:`Fault` s acted out.
 
-    Options: ``inner`` (backend name), ``inner_options`` (a dict of the inner
-    backend's options), ``faults`` (a sequence of :class:`Fault`).  Reach the
-    executor of a group with :meth:`of` to :meth:`plant` more faults or read
-    :attr:`fired`.
+    Options: ``inner``, ``inner_options`` (a dict), ``faults``.  :meth:`of`
+    reaches a group's executor to :meth:`plant` more faults or read :attr:`fired`.
     """
 
     name: ClassVar[str] = "faulty"
@@ -430,12 +396,8 @@ class FaultyExecutor(Executor):
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
         """Replace ``ranks`` on the inner backend; a rank only a fault "killed" comes back as it is.
 
-        A backend that can start ranks (ray, self-started torchrun with
-        spares) starts real new ones.  One that cannot (local threads) keeps
-        the old worker of a rank a :meth:`Fault.die` or :meth:`Fault.hang`
-        took out, so a driver's recovery path (``replace_rank``,
-        ``on_rank_death="replace"``) runs on a laptop; setup calls are
-        replayed onto that worker.
+        Where the inner backend cannot start ranks (local threads), the old
+        worker is kept, so a driver's recovery path runs on a laptop.
         """
         with self._lock:
             faked = all(r in self._dead or r in self._hung for r in ranks)

@@ -1,20 +1,11 @@
 """``MockExecutor``: backend ``"mock"``, every rank of a group run on one thread, one after another.
 
-For tests of the core (dispatch, collect, padding, futures, typed calls) that
-need no backend at all, as httpx's ``MockTransport`` lets tests run without
-a network: ``WorkerGroup(MyWorker, world_size=4, backend="mock")``.  Calls
-run in the order they were submitted, each rank's method to completion in
-rank order, with the same isolation as a real backend (a pickle-equivalent
-copy of arguments and results) and the call's ``Instructions`` forwarded
-whole, so lazy results stay "on the ranks" (this process's row store) and
-tracing works.  Ranks never run at the same time: a worker method that waits
-for another rank (a collective) waits until its call times out; use
-``local`` for those.  A cancelled call stops as on ``local`` (every rank is
-in this process): the rank running it is interrupted and the ranks after it
-skip it.  It is the smallest executor written against
-``dispatchcore.executor`` alone and passes the conformance suite
-(``tests/test_mock_conformance.py``; the cases that kill a rank are skipped,
-as for every backend whose ranks share the test process).
+For core tests that need no backend, as httpx's ``MockTransport`` for a
+network.  Ranks keep a real backend's isolation (arguments and results
+copied) and get the call's ``Instructions`` whole (lazy results, tracing);
+they never run at the same time, so a method waiting for another rank (a
+collective) waits until its call times out: use ``local`` for those.  It is
+the smallest executor written against ``dispatchcore.executor`` alone.
 """
 
 from __future__ import annotations

@@ -3,33 +3,19 @@
 A mode is two driver-side functions; a bug in them loses rows, reorders
 results or leaks padding into a training step, silently.  The checker runs
 the mode through :func:`dispatchcore.direct_call` (no group, no ranks), lets
-each rank echo the chunk it received, collects, and asserts:
+each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
 
-``dispatch``
-    the mode dispatches a batch it should take (a padding-enabled one of any
-    length, an unpadded one that divides evenly), and every rank receives a
-    DataProto;
-``padding``
-    each chunk's ``meta_info["padding_rows"]`` is a count of its trailing
-    rows, rows repeated to even out chunks are declared there, and the
-    collected result carries no padding (neither rows nor the key);
-``dropped_rows``
-    every input row reaches a rank as a real row and comes back;
-``order``
-    rows come back in input order;
-``round_trip``
-    the result equals the input (columns, dtypes, shapes, object values,
-    meta info); for modes collecting a per-rank list, output ``r`` is rank
-    ``r``'s; for modes that reduce (``collects=sum``: each rank returns a
-    drawn value, e.g. a broadcast-and-reduce mode), the result equals what
-    the given function makes of the per-rank outputs;
-``caller_unchanged``
-    the caller's batch is left as it was.
+* ``dispatch``: the batch is taken and every rank receives a DataProto;
+* ``padding``: each chunk's ``meta_info["padding_rows"]`` counts its trailing
+  repeated rows, and the result carries no padding (rows nor key);
+* ``dropped_rows``: every input row reaches a rank as a real row and comes back;
+* ``order``: rows come back in input order;
+* ``round_trip``: the result equals the input (or, ``collects="per_rank"``,
+  output ``r`` is rank ``r``'s; ``collects=sum``, the reduction of the outputs);
+* ``caller_unchanged``: the caller's batch is left as it was.
 
-A broken property raises :class:`ModePropertyError` (an ``AssertionError``)
-naming the property, the world size and the batch.  To find which rows went
-where, the checker adds an int64 column :data:`ROW_ID` holding each row's
-input position.
+A broken property raises :class:`ModePropertyError`.  Usage: README.md,
+"Testing your workers".
 """
 
 from __future__ import annotations
@@ -120,14 +106,10 @@ def assert_mode_properties(
 ) -> None:
     """Check every property of :data:`PROPERTIES` for one batch at one world size.
 
-    ``mode``: anything ``@register`` takes.  The batch goes in as the
-    positional argument after ``leading_args`` (e.g. the function of
-    ``DP_COMPUTE_PROTO_WITH_FUNC``), or as keyword ``keyword``.  ``mesh``:
-    each rank's ``(dp_rank, is_collect)`` per mesh name, for nd modes.
-    ``collects="per_rank"`` for modes whose caller gets the per-rank list
-    (like ``DP_COMPUTE_METRIC``); a function (``collects=sum``) for modes
-    that reduce: rank ``r`` returns ``outputs[r]`` (default ``2**r``) instead
-    of echoing its chunk, and the result must equal ``collects(outputs)``.
+    ``mode``: anything ``@register`` takes.  The batch goes in after
+    ``leading_args``, or as keyword ``keyword``.  ``mesh``: each rank's
+    ``(dp_rank, is_collect)`` per mesh name, for nd modes.  With a reducing
+    ``collects``, rank ``r`` returns ``outputs[r]`` (default ``2**r``).
     """
     if not callable(collects) and collects not in ("rows", "per_rank"):
         raise DispatchValueError(f"collects must be 'rows', 'per_rank' or a reducing function (sum), got {collects!r}")
@@ -309,17 +291,11 @@ def check_dispatch_mode(
 ) -> None:
     """Run :func:`assert_mode_properties` on many batches and world sizes (Hypothesis).
 
-    Defaults: ``batches`` of 0..48 rows with padding on or off and every
-    column kind (:func:`~dispatchcore.testing.strategies.dataprotos`),
-    world sizes 1..16.  ``meshes(n)`` draws the nd layout for world size
-    ``n`` (e.g. ``lambda n: nd_meshes("dp", n)``).  The first broken property
-    is raised as :class:`ModePropertyError` for the smallest failing example
-    Hypothesis finds.  ``max_examples`` overrides the active settings profile.
-
-    ``collects=sum`` (any function of the per-rank list) checks a mode that
-    reduces, such as a broadcast-and-reduce one: each rank returns a value
-    drawn from ``outputs`` (default: integers) and the caller must get
-    ``collects(values)``.
+    Defaults: ``batches`` of 0..48 rows, padding on or off, every column kind;
+    world sizes 1..16.  ``meshes(n)`` draws the nd layout for world size ``n``
+    (e.g. ``lambda n: nd_meshes("dp", n)``); ``outputs`` draws what ranks of a
+    reducing mode return; ``max_examples`` overrides the settings profile.
+    The smallest failing example raises :class:`ModePropertyError`.
     """
     if batches is None:
         batches = strategies.dataprotos(max_len=48, with_tensors=None, auto_padding=None)

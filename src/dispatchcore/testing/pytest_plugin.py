@@ -1,42 +1,10 @@
-"""pytest plugin (auto-loaded through the ``pytest11`` entry point).
+"""pytest plugin (auto-loaded through the ``pytest11`` entry point): ``make_group`` and its backend.
 
-Gives tests a ``make_group`` fixture that builds WorkerGroups and always
-shuts them down, a ``--dispatchcore-backend`` option to pick the backend a
-test run uses, and a ``dispatchcore_backend`` fixture holding that choice::
-
-    def test_update(make_group):
-        wg = make_group(Actor, 4)                     # on the backend chosen for the run
-        ...
-
-    def test_driver_survives_a_crash(make_group):
-        wg = make_group(Actor, 4, faults=[Fault.die(rank=1, method="update", call=2)])
-        ...                                           # the same backend, wrapped by "faulty"
-
-``python -m pytest --dispatchcore-backend=ray`` reruns the same tests on Ray.
-
-Hypothesis runs a ``@given`` test's body many times per fixture set-up, so it
-refuses function-scoped fixtures (the ``function_scoped_fixture`` health
-check).  ``make_module_group`` is the module-scoped twin of ``make_group``: a
-call with arguments it has seen returns the group it made then (still usable:
-a group shut down or broken is made anew), and every group it made is shut
-down when the module's tests end.  Start the group in a module fixture, so no
-example pays for start-up (Hypothesis's 200 ms deadline)::
-
-    @pytest.fixture(scope="module")
-    def actors(make_module_group):
-        return make_module_group(Actor, 4)
-
-    @given(batch=dataprotos(min_len=1, auto_padding=True))
-    def test_update_keeps_every_row(actors, batch):
-        assert len(actors.update_actor(batch)) == len(batch)
-
-Calling ``make_module_group(Actor, 4)`` inside the test works too (every
-example gets the same group), with ``@settings(deadline=None)`` for the first
-example's start-up.  Worker state carries over from example to example (and
-test to test in the module); groups with ``faults=`` are never reused (a
-fault counts a group's calls).  ``dispatchcore_backend`` is session-scoped
-(it was function-scoped) so that both fixtures can use it; a conftest that
-overrides it needs module or session scope for ``make_module_group``.
+``make_group`` builds WorkerGroups on the backend chosen for the run
+(``--dispatchcore-backend``, else ``$DISPATCHCORE_BACKEND``, else ``local``)
+and shuts them down after the test; ``make_module_group`` is its
+module-scoped twin for Hypothesis ``@given`` tests, which refuse
+function-scoped fixtures.  Usage: README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -69,9 +37,8 @@ def dispatchcore_backend(request: pytest.FixtureRequest) -> str:
 class GroupMaker:
     """``maker(worker_cls, world_size, **kw)``: WorkerGroups on the run's backend, shut down by :meth:`close`.
 
-    With ``reuse=True`` a call repeating an earlier call's arguments returns
-    the group that call made, while it is usable (what ``make_module_group``
-    does, so Hypothesis examples share a group).
+    ``reuse=True``: the same arguments give the group made then, while it is
+    usable (groups with ``faults=`` excepted: a fault counts a group's calls).
     """
 
     def __init__(self, backend: str, *, reuse: bool = False) -> None:
@@ -146,8 +113,7 @@ def make_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
 def make_module_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
     """``make_group`` for the whole module, for ``@given`` tests: the same arguments give the same group.
 
-    Module-scoped, so Hypothesis's ``function_scoped_fixture`` health check
-    does not fire; groups are shut down when the module's tests end.
+    Groups are shut down when the module's tests end.
     """
     maker = GroupMaker(dispatchcore_backend, reuse=True)
     yield maker

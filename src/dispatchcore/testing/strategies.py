@@ -1,21 +1,9 @@
 """Hypothesis strategies for DataProtos, their columns and world sizes.
 
 ``dataprotos()`` draws batches the way real RL data looks, and the corners
-real data hits: any length (0 included), tensors of every common dtype with
-assorted trailing shapes (empty dims included), non-tensor columns of every
-kind ``non_tensor_batch`` holds (strings, ragged lists, ragged numpy arrays,
-dicts and ``None`` in object arrays, plain numeric arrays of one or more
-dims), and meta info.  Tensor values come from a drawn seed, so large
-batches stay cheap to generate; lengths, shapes, dtypes, column kinds, object
-values and meta info shrink normally.
-
-Use them in your own property tests::
-
-    from hypothesis import given
-    from dispatchcore.testing.strategies import dataprotos, world_sizes
-
-    @given(dataprotos(auto_padding=True), world_sizes())
-    def test_my_split(data, n): ...
+real data hits (length 0, empty dims, ragged object columns); tensor values
+come from a drawn seed, so large batches stay cheap to generate.  Usage:
+README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -80,11 +68,7 @@ def world_sizes(min_size: int = 1, max_size: int = 16) -> st.SearchStrategy[int]
 def nd_meshes(draw: st.DrawFn, mesh_name: str, world_size: int) -> dict[str, list[tuple[int, bool]]]:
     """Any nd layout of ``world_size`` ranks on ``mesh_name``: ``{mesh_name: [(dp_rank, is_collect), ...]}``.
 
-    The data-parallel size divides the world; each dp rank's replicas sit
-    anywhere in it and exactly one of them collects.  Pass it to
-    :func:`dispatchcore.direct_call` as ``mesh=``, or to
-    :func:`~dispatchcore.testing.modes.check_dispatch_mode` as
-    ``meshes=lambda n: nd_meshes("dp", n)``.
+    The dp size divides the world; a dp rank's replicas sit anywhere and one of them collects.
     """
     dp = draw(st.sampled_from([d for d in range(1, world_size + 1) if world_size % d == 0]))
     replicas = world_size // dp
@@ -182,10 +166,9 @@ def _draw_column(draw: st.DrawFn, length: int, kinds: tuple[str, ...]) -> np.nda
 def non_tensor_columns(draw: st.DrawFn, length: int, kinds: Sequence[str] = OBJECT_KINDS) -> np.ndarray:
     """One ``non_tensor_batch`` column of ``length`` rows, of a kind drawn from ``kinds``.
 
-    Object kinds (numpy ``dtype=object``): ``"text"``, ``"ragged_lists"``
-    (lists of varying length), ``"ragged_arrays"`` (int64 arrays of varying
-    length), ``"mixed_objects"`` (None, ints, strings, dicts).  ``"numeric"``:
-    a plain int32 / float64 array, 1-D or with a trailing dim.
+    Object kinds: ``"text"``, ``"ragged_lists"``, ``"ragged_arrays"`` (int64),
+    ``"mixed_objects"`` (None, ints, strings, dicts); ``"numeric"``: a plain
+    int32 / float64 array, 1-D or 2-D.
     """
     return _draw_column(draw, length, _check_kinds(kinds))
 
@@ -231,12 +214,10 @@ def dataprotos(
 ) -> DataProto:
     """A DataProto of ``min_len..max_len`` rows (0 allowed).
 
-    ``with_tensors`` / ``with_non_tensors``: True always, False never, None
-    drawn.  With neither, a non-tensor column is added so the length is
-    carried.  Tensors have one of ``dtypes`` (pass :data:`ALL_DTYPES` for
-    every dtype) and a per-row shape of up to ``max_dims`` dims of up to
-    ``max_side``; non-tensor columns are of ``non_tensor_kinds`` (see
-    :func:`non_tensor_columns`).  ``auto_padding=None`` draws the padding flag.
+    ``with_tensors``, ``with_non_tensors`` and ``auto_padding``: True, False or
+    None (drawn); with neither kind of column, a non-tensor one carries the
+    length.  Tensors have one of ``dtypes`` and per-row shapes of up to
+    ``max_dims`` dims of up to ``max_side``.
     """
     if min_len < 0 or max_len < min_len:
         raise DispatchValueError(f"dataprotos needs 0 <= min_len <= max_len, got {min_len}..{max_len}")

@@ -1,8 +1,7 @@
-"""Worker classes for weight-transfer cases (``WeightSync``): a trainer holding shards, a rollout receiving them.
+"""Worker classes for ``WeightSync`` cases: a trainer holding shards, a rollout receiving them.
 
-In an importable module, like :mod:`dispatchcore.testing.workers`, so every
-backend's ranks load them by reference.  Weights are made from their names
-(:func:`make_weights`), so the test process computes the same values.
+Importable, so every backend's ranks load them; weights are made from their
+names (:func:`make_weights`), so the test process computes the same values.
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ WEIGHT_SET: dict[str, tuple[tuple[int, ...], str]] = {
 }
 
 
-def make_weights(
-    spec: Mapping[str, tuple[tuple[int, ...], str]] = WEIGHT_SET, step: int = 0
-) -> dict[str, torch.Tensor]:
+def make_weights(spec: WeightSpec = WEIGHT_SET, step: int = 0) -> dict[str, torch.Tensor]:
     """Deterministic tensors named by ``spec`` (the same in every process), different at each ``step``."""
     out = {}
     for name, (shape, dtype_name) in spec.items():

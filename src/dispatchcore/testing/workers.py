@@ -1,8 +1,4 @@
-"""Worker classes the conformance suite runs on every executor.
-
-They live in an importable module (not in a test file) so process and actor
-backends can load them by reference in their ranks.
-"""
+"""Worker classes the conformance suite runs on every executor (importable, so ranks can load them)."""
 
 from __future__ import annotations
 
@@ -24,14 +20,9 @@ MESH = "train"
 
 def _tag_rows(data: DataProto, rank: int) -> DataProto:
     """The input rows plus a ``rank`` column saying who processed each."""
-    out = DataProto.from_dict(
-        tensors={**dict(data.batch.items()), "rank": torch.full((len(data),), rank, dtype=torch.int64)}
-        if data.batch is not None
-        else {"rank": torch.full((len(data),), rank, dtype=torch.int64)},
-        non_tensors=dict(data.non_tensor_batch),
-        meta_info=dict(data.meta_info),
-    )
-    return out
+    tensors = dict(data.batch.items()) if data.batch is not None else {}
+    tensors["rank"] = torch.full((len(data),), rank, dtype=torch.int64)
+    return DataProto.from_dict(tensors, dict(data.non_tensor_batch), dict(data.meta_info))
 
 
 class EchoWorker(Worker):
