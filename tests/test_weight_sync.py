@@ -75,18 +75,14 @@ def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: 
     shapes = {n: (s.full_shape, s.dtype) for n, s in tensors.items()}
     wants = [run_step(h, (("want", 1, "weight_slices", shapes),)) for h in dst]
     plan = plan_transfer(held, tensors, wants, bucket_bytes)
-    for s, h in enumerate(src):
-        run_step(h, (("sends", 1, {b.index: b for b in plan.buckets if b.source == s}),))
-    for d, h in enumerate(dst):
-        mine = {b.index: b for b in plan.buckets if d in b.destinations}
-        run_step(h, (("begin", 1, mine, plan.wanted[d], "load_weights", False, "weight_buffers"),))
+    begins: list[Any] = [(plan.wanted[d], "load_weights", False, "weight_buffers") for d in range(len(dst))]
     for bucket in plan.buckets:
-        token = run_step(src[bucket.source], (("pack", 1, bucket.index),))
+        token = run_step(src[bucket.source], (("pack", 1, bucket),))
         for d in bucket.destinations:
-            run_step(dst[d], (("fetch", 1, bucket.index), token))
-            run_step(dst[d], (("apply", 1, bucket.index),))
-    for h in dst:
-        assert run_step(h, (("commit", 1, version),)) == version
+            run_step(dst[d], (("move", 1, bucket, begins[d], [bucket.index]), token))
+            begins[d] = None
+    for d, h in enumerate(dst):
+        assert run_step(h, (("commit", 1, version, begins[d]),)) == version
     return plan
 
 
