@@ -28,6 +28,7 @@ from dispatchcore import (
     create_colocated_worker_cls,
     driver_traffic,
     register,
+    trace,
 )
 from dispatchcore.executor import TensorSpec, plan_transfer, run_step
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
@@ -318,3 +319,54 @@ def test_a_lent_buffer_of_the_wrong_shape_is_refused() -> None:
         with pytest.raises(Exception, match="weight_buffers lends 't'"):
             WeightSync(src, dst)(version=1)
         assert dst.lent()[0][1].count_nonzero() == 0
+
+
+# -- in the trace, and how many calls ------------------------------------------------------------
+def _slices(tracer: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every slice as ``(track, name, args)``."""
+    tracks = {e["tid"]: e["args"]["name"] for e in tracer.events if e["ph"] == "M" and e["name"] == "thread_name"}
+    return [(tracks[e["tid"]], e["name"], e["args"]) for e in tracer.events if e["ph"] == "X"]
+
+
+def test_a_transfer_shows_on_the_driver_and_per_bucket_on_the_ranks() -> None:
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        with trace() as tracer:
+            report = WeightSync(src, dst, bucket_bytes=100)(version=3)
+    slices = _slices(tracer)
+    driver = [name for track, name, _ in slices if track == "driver" and name.startswith("WeightSync")]
+    assert [n for n in driver if "->" in n] and {"WeightSync plan", "WeightSync buckets", "WeightSync commit"} <= set(
+        driver
+    )
+    on_ranks: dict[str, set[tuple[str, int]]] = {}
+    for track, _, args in slices:
+        if " rank " in track and args.get("phase") in ("pack", "move", "apply"):
+            on_ranks.setdefault(track.split("#")[0], set()).add((args["phase"], args["bucket"]))
+    every = set(range(report.buckets))
+    assert {b for phase, b in on_ranks["WeightTrainer"] if phase == "pack"} == every
+    for phase in ("move", "apply"):
+        assert {b for p, b in on_ranks["WeightRollout"] if p == phase} == every
+    assert {p for p, _ in on_ranks["WeightTrainer"]} == {"pack"}
+
+
+def test_the_report_gives_phase_times() -> None:
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        report = WeightSync(src, dst, bucket_bytes=100)(version=3)
+    assert set(report.phases) == {"plan", "buckets", "commit", "pack", "move", "apply"}
+    assert all(seconds >= 0 for seconds in report.phases.values())
+
+
+def test_a_transfer_makes_four_calls_and_two_per_bucket() -> None:
+    """layout, want, a pack and a move per bucket, commit, end: want asked again only when the shapes change."""
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        sync = WeightSync(src, dst, bucket_bytes=100)
+        counts = []
+        for step, dtype in ((0, None), (1, None), (1, torch.float16)):
+            src.set_step(step)
+            sync.dtype = dtype  # float16: other shapes, so the want asked beside the layout is asked again
+            dst.configure()
+            with trace() as tracer:
+                report = sync(version=step)
+            calls = [n for track, n, _ in _slices(tracer) if track == "driver" and n.endswith("transfer__ dispatch")]
+            counts.append(len(calls) - 2 * report.buckets)
+        _check(dst, None, 1, step=1, dtype=torch.float16)
+    assert counts == [4, 4, 5]
