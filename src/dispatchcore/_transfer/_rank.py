@@ -33,6 +33,7 @@ from .._wire import numpy_tensor
 from ._checksum import destination_sums, source_sums
 from ._dtensor import offered_record
 from ._layout import Held, held_of, rows_view
+from ._packing import pack, packed, places, unpack
 from ._plan import Bucket, Piece, Wanted
 
 #: The method name of every transfer step (no worker method may be called so).
@@ -188,7 +189,9 @@ def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
     start = _now_us()
     cast = link is None or not link.same_process
     tensors = [_source_view(state, piece, cast) for piece in bucket.pieces]
-    token = tensors if link is None else link.publish(tensors, len(bucket.destinations))
+    token = (
+        tensors if link is None else link.publish(pack(bucket, packed(bucket, link), tensors), len(bucket.destinations))
+    )
     state.spans.append(("pack", bucket.index, start, _now_us()))
     return token
 
@@ -240,7 +243,7 @@ def _fetch(state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any
         got = [x if t is None else t for t, x in zip(into, tensors, strict=True)]
         state.arriving[bucket.index] = (bucket, into, lambda: (got, False))
         return
-    state.arriving[bucket.index] = (bucket, into, link.receive(token, into))
+    state.arriving[bucket.index] = (bucket, into, link.receive(token, places(packed(bucket, link), into)))
 
 
 def _as_piece(x: torch.Tensor, piece: Piece) -> torch.Tensor:
@@ -255,6 +258,7 @@ def _apply(worker: Any, state: _Transfer, link: TensorLink | None, index: int) -
     start = _now_us()
     bucket, into, arrival = state.arriving[index]
     tensors, shared = arrival()
+    tensors = unpack(bucket, packed(bucket, link), tensors, into)
     del state.arriving[index]
     arrived = _now_us()
     ready: list[tuple[str, torch.Tensor]] = []
