@@ -61,13 +61,29 @@ class _Sink:
             self.got[name] = t.clone()
 
 
-def _host(worker: Any) -> Any:
-    return SimpleNamespace(worker=worker, transfers={}, tensor_link=None)
+class _Bytes:
+    """A link between processes, as torchrun's bridge: the pieces' bytes land in the places given, or its own."""
+
+    same_process = False
+
+    def publish(self, tensors: list[torch.Tensor], readers: int) -> list[torch.Tensor]:
+        return [t.reshape(-1).view(torch.uint8).clone() for t in tensors]
+
+    def receive(self, token: list[torch.Tensor], into: list[torch.Tensor | None]) -> Any:
+        for b, t in zip(token, into, strict=True):
+            if t is not None:
+                t.reshape(-1).view(torch.uint8).copy_(b)
+        got = [b if t is None else t for b, t in zip(token, into, strict=True)]
+        return lambda: (got, False)
 
 
-def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: int = 1) -> Any:
+def _host(worker: Any, link: Any = None) -> Any:
+    return SimpleNamespace(worker=worker, transfers={}, tensor_link=link)
+
+
+def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: int = 1, link: Any = None) -> Any:
     """What ``WeightSync`` does, step by step, on fake hosts: the plan it made."""
-    src, dst = [_host(w) for w in sources], [_host(w) for w in sinks]
+    src, dst = [_host(w, link) for w in sources], [_host(w, link) for w in sinks]
     held = [run_step(h, (("layout", 1, "weights"),)) for h in src]
     tensors = {}
     for offered in held:
@@ -119,12 +135,14 @@ def layouts(draw: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], l
     return full, sources, wants, draw(st.integers(1, 400))
 
 
+@pytest.mark.parametrize("link", [None, _Bytes()], ids=["through the driver", "between processes"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
-def test_plan_moves_every_value_exactly(layout: Any) -> None:
+def test_plan_moves_every_value_exactly(link: Any, layout: Any) -> None:
+    """Between processes small pieces travel packed: every dtype and shape comes out whole all the same."""
     full, offered, wants, bucket_bytes = layout
     sinks = [_Sink(w) for w in wants]
-    plan = _transfer([_Source(o) for o in offered], sinks, bucket_bytes)
+    plan = _transfer([_Source(o) for o in offered], sinks, bucket_bytes, link=link)
     for sink in sinks:
         assert set(sink.got) == set(full)
         for name, t in full.items():
