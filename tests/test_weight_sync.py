@@ -28,6 +28,7 @@ from dispatchcore import (
     create_colocated_worker_cls,
     driver_traffic,
     register,
+    trace,
 )
 from dispatchcore.executor import TensorSpec, plan_transfer, run_step
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
@@ -60,13 +61,29 @@ class _Sink:
             self.got[name] = t.clone()
 
 
-def _host(worker: Any) -> Any:
-    return SimpleNamespace(worker=worker, transfers={}, tensor_link=None)
+class _Bytes:
+    """A link between processes, as torchrun's bridge: the pieces' bytes land in the places given, or its own."""
+
+    same_process = False
+
+    def publish(self, tensors: list[torch.Tensor], readers: int) -> list[torch.Tensor]:
+        return [t.reshape(-1).view(torch.uint8).clone() for t in tensors]
+
+    def receive(self, token: list[torch.Tensor], into: list[torch.Tensor | None]) -> Any:
+        for b, t in zip(token, into, strict=True):
+            if t is not None:
+                t.reshape(-1).view(torch.uint8).copy_(b)
+        got = [b if t is None else t for b, t in zip(token, into, strict=True)]
+        return lambda: (got, False)
 
 
-def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: int = 1) -> Any:
+def _host(worker: Any, link: Any = None) -> Any:
+    return SimpleNamespace(worker=worker, transfers={}, tensor_link=link)
+
+
+def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: int = 1, link: Any = None) -> Any:
     """What ``WeightSync`` does, step by step, on fake hosts: the plan it made."""
-    src, dst = [_host(w) for w in sources], [_host(w) for w in sinks]
+    src, dst = [_host(w, link) for w in sources], [_host(w, link) for w in sinks]
     held = [run_step(h, (("layout", 1, "weights"),)) for h in src]
     tensors = {}
     for offered in held:
@@ -75,18 +92,14 @@ def _transfer(sources: list[Any], sinks: list[Any], bucket_bytes: int, version: 
     shapes = {n: (s.full_shape, s.dtype) for n, s in tensors.items()}
     wants = [run_step(h, (("want", 1, "weight_slices", shapes),)) for h in dst]
     plan = plan_transfer(held, tensors, wants, bucket_bytes)
-    for s, h in enumerate(src):
-        run_step(h, (("sends", 1, {b.index: b for b in plan.buckets if b.source == s}),))
-    for d, h in enumerate(dst):
-        mine = {b.index: b for b in plan.buckets if d in b.destinations}
-        run_step(h, (("begin", 1, mine, plan.wanted[d], "load_weights", False, "weight_buffers"),))
+    begins: list[Any] = [(plan.wanted[d], "load_weights", False, "weight_buffers") for d in range(len(dst))]
     for bucket in plan.buckets:
-        token = run_step(src[bucket.source], (("pack", 1, bucket.index),))
+        token = run_step(src[bucket.source], (("pack", 1, bucket),))
         for d in bucket.destinations:
-            run_step(dst[d], (("fetch", 1, bucket.index), token))
-            run_step(dst[d], (("apply", 1, bucket.index),))
-    for h in dst:
-        assert run_step(h, (("commit", 1, version),)) == version
+            run_step(dst[d], (("move", 1, bucket, begins[d], [bucket.index]), token))
+            begins[d] = None
+    for d, h in enumerate(dst):
+        assert run_step(h, (("commit", 1, version, begins[d]),)) == version
     return plan
 
 
@@ -122,12 +135,14 @@ def layouts(draw: Any) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], l
     return full, sources, wants, draw(st.integers(1, 400))
 
 
+@pytest.mark.parametrize("link", [None, _Bytes()], ids=["through the driver", "between processes"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
-def test_plan_moves_every_value_exactly(layout: Any) -> None:
+def test_plan_moves_every_value_exactly(link: Any, layout: Any) -> None:
+    """Between processes small pieces travel packed: every dtype and shape comes out whole all the same."""
     full, offered, wants, bucket_bytes = layout
     sinks = [_Sink(w) for w in wants]
-    plan = _transfer([_Source(o) for o in offered], sinks, bucket_bytes)
+    plan = _transfer([_Source(o) for o in offered], sinks, bucket_bytes, link=link)
     for sink in sinks:
         assert set(sink.got) == set(full)
         for name, t in full.items():
@@ -322,3 +337,54 @@ def test_a_lent_buffer_of_the_wrong_shape_is_refused() -> None:
         with pytest.raises(Exception, match="weight_buffers lends 't'"):
             WeightSync(src, dst)(version=1)
         assert dst.lent()[0][1].count_nonzero() == 0
+
+
+# -- in the trace, and how many calls ------------------------------------------------------------
+def _slices(tracer: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every slice as ``(track, name, args)``."""
+    tracks = {e["tid"]: e["args"]["name"] for e in tracer.events if e["ph"] == "M" and e["name"] == "thread_name"}
+    return [(tracks[e["tid"]], e["name"], e["args"]) for e in tracer.events if e["ph"] == "X"]
+
+
+def test_a_transfer_shows_on_the_driver_and_per_bucket_on_the_ranks() -> None:
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        with trace() as tracer:
+            report = WeightSync(src, dst, bucket_bytes=100)(version=3)
+    slices = _slices(tracer)
+    driver = [name for track, name, _ in slices if track == "driver" and name.startswith("WeightSync")]
+    assert [n for n in driver if "->" in n] and {"WeightSync plan", "WeightSync buckets", "WeightSync commit"} <= set(
+        driver
+    )
+    on_ranks: dict[str, set[tuple[str, int]]] = {}
+    for track, _, args in slices:
+        if " rank " in track and args.get("phase") in ("pack", "move", "apply"):
+            on_ranks.setdefault(track.split("#")[0], set()).add((args["phase"], args["bucket"]))
+    every = set(range(report.buckets))
+    assert {b for phase, b in on_ranks["WeightTrainer"] if phase == "pack"} == every
+    for phase in ("move", "apply"):
+        assert {b for p, b in on_ranks["WeightRollout"] if p == phase} == every
+    assert {p for p, _ in on_ranks["WeightTrainer"]} == {"pack"}
+
+
+def test_the_report_gives_phase_times() -> None:
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        report = WeightSync(src, dst, bucket_bytes=100)(version=3)
+    assert set(report.phases) == {"plan", "buckets", "commit", "pack", "move", "apply"}
+    assert all(seconds >= 0 for seconds in report.phases.values())
+
+
+def test_a_transfer_makes_four_calls_and_two_per_bucket() -> None:
+    """layout, want, a pack and a move per bucket, commit, end: want asked again only when the shapes change."""
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        sync = WeightSync(src, dst, bucket_bytes=100)
+        counts = []
+        for step, dtype in ((0, None), (1, None), (1, torch.float16)):
+            src.set_step(step)
+            sync.dtype = dtype  # float16: other shapes, so the want asked beside the layout is asked again
+            dst.configure()
+            with trace() as tracer:
+                report = sync(version=step)
+            calls = [n for track, n, _ in _slices(tracer) if track == "driver" and n.endswith("transfer__ dispatch")]
+            counts.append(len(calls) - 2 * report.buckets)
+        _check(dst, None, 1, step=1, dtype=torch.float16)
+    assert counts == [4, 4, 5]

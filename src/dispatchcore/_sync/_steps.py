@@ -11,6 +11,7 @@ reported as that source's death.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,18 @@ class Side:
     isolate: bool
     #: The group (or view) itself: its steps go through its submit path.
     group: Any = None
+    #: Its ranks' tracks in a trace are ``f"{track} rank {rank}"``, as its calls' are.
+    track: str = ""
 
     @classmethod
     def of(cls, role: str, wg: Any) -> Side:
         """The side a ``WorkerGroup`` (or a view of one) plays in a transfer."""
         executor = wg.executor
         ranks = tuple(wg.rank_ids)
-        return cls(role, repr(wg), executor, ranks, wg.role_prefix, wg.call_timeout, executor.spec.isolate, wg)
+        site = getattr(wg, "_site", None)  # the group's name in traces (no public property has it)
+        track = site.shared.label if site is not None else repr(wg)
+        label = repr(wg)
+        return cls(role, label, executor, ranks, wg.role_prefix, wg.call_timeout, executor.spec.isolate, wg, track)
 
 
 def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]) -> Any:
@@ -59,8 +65,11 @@ def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]
         raise
 
 
-def wait(side: Side, sent: Any, what: str, source: Side | None = None, source_rank: int = -1) -> list[Any]:
-    """The step's per-rank values; a death names the group and rank, a lost bucket names its source."""
+def wait(side: Side, sent: Any, what: str, source: Side | None = None) -> list[Any]:
+    """The step's per-rank values; a death names the group and rank, a lost bucket names its source.
+
+    A destination that lost a bucket says which source position sent it (``[bucket i of source s]``).
+    """
     try:
         values: list[Any] = sent.result(side.timeout)
     except WorkerDiedError as exc:
@@ -68,9 +77,10 @@ def wait(side: Side, sent: Any, what: str, source: Side | None = None, source_ra
             exc.rank, f"{side.role} group {side.label} lost it during the weight transfer ({what}): {exc.detail}"
         ) from exc
     except WorkerError as exc:
-        if exc.exc_type == "TensorSourceLost" and source is not None:
+        sender = re.search(r"of source (\d+)\]", exc.exc_message or "")
+        if exc.exc_type == "TensorSourceLost" and source is not None and sender is not None:
             raise WorkerDiedError(
-                source_rank,
+                source.ranks[int(sender.group(1))],
                 f"source group {source.label} lost it during the weight transfer: destination rank {exc.rank} "
                 f"could not read a bucket it sent ({exc.exc_message})",
             ) from exc

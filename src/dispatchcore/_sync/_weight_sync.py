@@ -1,28 +1,33 @@
 """``WeightSync``: named tensors from one group's ranks to another's, planned by the core, moved by the executor.
 
 The driver only plans and orders: it asks the source ranks what they hold
-(``layout``) and the destination ranks what they want (``want``), computes
-the plan (``_transfer.plan_transfer``), then keeps a window of buckets in
-flight (``pack`` on a source rank, ``apply`` on its destinations), so the
-next bucket moves while the destinations apply the current one, and tells
-the destinations the new version (``commit``) only once every rank applied
-every bucket.  Where both executors share a :class:`TensorLink` the bytes
-go rank to rank; otherwise through the driver (counted by
-``driver_traffic()``, and logged once as slow).  ``verify`` compares
-digests computed on the ranks (``_verify``).
+(``layout``) and, beside it, the destination ranks what they want
+(``want``; asked again where the shapes differ from the last transfer's),
+computes the plan (``_transfer.plan_transfer``), then keeps a window of
+buckets in flight: ``pack`` on a source rank, then one ``move`` step on its
+destinations that starts receiving it and applies the bucket before it, so
+the next bucket moves while the destinations apply the current one.  The
+destinations get the new version (``commit``) only once every rank applied
+every bucket.  Per transfer: ``4 + 2·B`` calls for ``B`` buckets, each
+side's in flight together.  Where both executors share a
+:class:`TensorLink` the bytes go rank to rank; otherwise through the
+driver (counted by ``driver_traffic()``, and logged once as slow).
+``verify`` compares digests computed on the ranks (``_verify``); phase
+times and trace slices come from ``_timeline``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import itertools
 import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +38,7 @@ from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, Transfer
 from .._transfer._errors import BY_NAME
 from . import _verify
 from ._steps import Side, submit, wait
+from ._timeline import Timeline
 
 _log = logging.getLogger("dispatchcore")
 _ids = itertools.count(1)
@@ -58,6 +64,9 @@ class TransferReport:
     seconds: float
     #: Whether the destinations' weights were checked against the sources' (``verify=True``) before the version.
     verified: bool = False
+    #: Seconds by phase: on the driver ``plan``, ``buckets`` (first pack to last apply), ``verify``, ``commit``;
+    #: on the ranks, summed over ranks and buckets, ``pack``, ``move`` (receiving) and ``apply``.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class TransferFuture:
@@ -121,6 +130,8 @@ class WeightSync:
         self.rename, self.dtype, self.names = rename, dtype, names
         self._lock = threading.Lock()
         self._warned = False
+        #: The last transfer's ``{name: (shape, dtype)}``: the next asks ``want`` with it beside ``layout``.
+        self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
         #: The plan of the last transfer (for inspection and tests).
         self.last_plan: TransferPlan | None = None
 
@@ -171,7 +182,8 @@ class WeightSync:
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
                 future.set_exception(exc)
 
-        threading.Thread(target=run, name="dispatchcore-weight-sync", daemon=True).start()
+        context = contextvars.copy_context()  # an open trace block records it too
+        threading.Thread(target=context.run, args=(run,), name="dispatchcore-weight-sync", daemon=True).start()
         return TransferFuture(future)
 
     # -- one transfer ---------------------------------------------------------------
@@ -190,35 +202,55 @@ class WeightSync:
                 src.label, dst.label, src.executor.name, dst.executor.name,
             )  # fmt: skip
         tid = (os.getpid() << 20) + next(_ids)
-        everyone_src, everyone_dst = range(len(src.ranks)), range(len(dst.ranks))
+        timeline = Timeline(f"WeightSync {src.track} -> {dst.track} (version {version!r})")
         ok = False
         try:
-            held, tensors, wants = self._ask(src, dst, tid)
-            plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
+            with timeline.driver("plan"):
+                held, tensors, wants = self._ask(src, dst, tid)
+                plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
             how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
-            begins = [(("begin", tid, _buckets(plan, d), plan.wanted[d], *how),) for d in everyone_dst]
-            sends = [(("sends", tid, _buckets(plan, source=s)),) for s in everyone_src]
-            handles = [(src, submit(src, everyone_src, sends)), (dst, submit(dst, everyone_dst, begins))]
-            for side, handle in handles:
-                wait(side, handle, "begin")
-            driver_bytes = _move(plan, src, dst, tid, through_driver=transport == "driver")
+            begins: list[Any] = [(plan.wanted[d], *how) for d in range(len(dst.ranks))]
+            with timeline.driver("buckets"):
+                driver_bytes = _move(plan, src, dst, tid, begins, transport == "driver", timeline)
             if self.verify_each:  # before the version: a transfer whose bytes differ never sets it
-                _verify.check(src, dst, tid, plan_transfer(held, tensors, wants, _WHOLE), held, tensors, self.read)
-            wait(dst, submit(dst, everyone_dst, [(("commit", tid, version),)] * len(dst.ranks)), "commit")
+                with timeline.driver("verify"):
+                    whole = plan_transfer(held, tensors, wants, _WHOLE)
+                    _verify.check(src, dst, tid, whole, held, tensors, self.read)
+            with timeline.driver("commit"):
+                commits = [(("commit", tid, version, begin),) for begin in begins]
+                committed = submit(dst, range(len(dst.ranks)), commits)
+                if src.executor is dst.executor:  # colocated roles share the state: the source's end comes after
+                    wait(dst, committed, "commit")
+                ended = submit(src, range(len(src.ranks)), [(("end", tid),)] * len(src.ranks))
+                wait(dst, committed, "commit")
+                timeline.ranks(src, range(len(src.ranks)), wait(src, ended, "commit"))
             ok = True
         finally:
-            _end(src, dst, tid, ok)
+            if not ok:
+                _end(src, dst, tid, ok)
+            timeline.close(transport=transport, ok=ok)
         seconds = time.monotonic() - started
         return TransferReport(
-            version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds, self.verify_each
-        )
+            version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds, self.verify_each,
+            timeline.phases,
+        )  # fmt: skip
 
     def _ask(self, src: Side, dst: Side, tid: int) -> tuple[list[dict[str, Held]], dict[str, TensorSpec], list[Any]]:
-        """What every source rank holds (an offer it cannot take refused by name), the specs, what each wants."""
+        """What every source rank holds (an offer it cannot take refused by name), the specs, what each wants.
+
+        ``want`` goes beside ``layout`` with the last transfer's shapes, and again only where they changed.
+        """
         layout = (("layout", tid, src.prefix + self.offer),)
+        asked = submit(src, range(len(src.ranks)), [layout] * len(src.ranks))
+        guess, early = self._shapes, None
+        if guess is not None:
+            early = submit(
+                dst, range(len(dst.ranks)), [(("want", tid, dst.prefix + self.want, guess),)] * len(dst.ranks)
+            )
         try:
-            held = wait(src, submit(src, range(len(src.ranks)), [layout] * len(src.ranks)), "layout")
+            held = wait(src, asked, "layout")
         except WorkerError as exc:
+            _quietly(early)
             refused = BY_NAME.get(exc.exc_type)
             if refused is None:
                 raise
@@ -227,8 +259,13 @@ class WeightSync:
             ) from exc
         tensors = self._tensors(held)
         shapes = {name: (spec.full_shape, spec.dtype) for name, spec in tensors.items()}
-        step = (("want", tid, dst.prefix + self.want, shapes),)
-        wants = wait(dst, submit(dst, range(len(dst.ranks)), [step] * len(dst.ranks)), "want")
+        if early is not None and shapes == guess:
+            wants = wait(dst, early, "want")
+        else:
+            _quietly(early)
+            step = (("want", tid, dst.prefix + self.want, shapes),)
+            wants = wait(dst, submit(dst, range(len(dst.ranks)), [step] * len(dst.ranks)), "want")
+        self._shapes = shapes
         return held, tensors, wants
 
     def _tensors(self, held: list[dict[str, Held]]) -> dict[str, TensorSpec]:
@@ -271,59 +308,65 @@ def _renamed(rename: Rename | None, name: str) -> str | None:
     return rename.get(name, name)
 
 
-def _buckets(plan: TransferPlan, destination: int = -1, source: int = -1) -> dict[int, Bucket]:
-    """The buckets one rank takes part in, by index: each rank gets them once, each step names one."""
-    return {b.index: b for b in plan.buckets if destination in b.destinations or b.source == source}
+def _quietly(handle: Any) -> None:
+    """Let a step no answer is needed from finish (its error, if any, is the next step's to report)."""
+    if handle is not None:
+        try:
+            handle.result()
+        except Exception:  # noqa: BLE001, S110 - see above
+            pass
 
 
-def _move(plan: TransferPlan, src: Side, dst: Side, tid: int, through_driver: bool) -> int:
+def _move(
+    plan: TransferPlan, src: Side, dst: Side, tid: int, begins: list[Any], through_driver: bool, timeline: Timeline
+) -> int:
     """Every bucket, at most two per source rank in flight; the bytes that crossed the driver.
 
-    A bucket's destinations get ``fetch`` as soon as its source packed it and
-    ``apply`` only after the next bucket's ``fetch`` (or at the end): each
-    destination runs its steps in order, so the next bucket is on its way
-    while the current one is applied.
+    A bucket's ``move`` step goes to its destinations as soon as its source
+    packed it; on each destination it starts receiving that bucket, then
+    applies the one it received before (and, for its last, this one too):
+    each destination runs its steps in order, so the next bucket is on its
+    way while the current one is applied.  A destination's first step tells
+    it ``begins[d]`` (then ``None``).
     """
     window = 2 * max(1, len(src.ranks))
     pending = deque(plan.buckets)
     packing: deque[tuple[Bucket, Any]] = deque()
-    fetched: deque[tuple[Bucket, Any]] = deque()
-    applying: deque[tuple[Bucket, Any]] = deque()
+    moving: deque[tuple[Bucket, Any]] = deque()
+    left = Counter(d for bucket in plan.buckets for d in bucket.destinations)
+    unapplied: dict[int, int] = {}  # a destination's bucket received and not applied yet
     crossed = 0
-    while pending or packing or fetched or applying:
-        while pending and len(packing) + len(fetched) + len(applying) < window:
+    while pending or packing or moving:
+        while pending and len(packing) + len(moving) < window:
             bucket = pending.popleft()
-            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket.index),)])))
-        if packing:
-            bucket, handle = packing.popleft()
-            token = wait(src, handle, "pack")[0]
-            readers = len(bucket.destinations)
-            if through_driver:
-                count_received_bytes(bucket.nbytes)
-                count_sent_bytes(bucket.nbytes * readers)
-                crossed += bucket.nbytes * (1 + readers)
-            step = ("fetch", tid, bucket.index)
-            fetched.append((bucket, submit(dst, bucket.destinations, [(step, token)] * readers)))
-            while len(fetched) > 1 or (fetched and not pending and not packing):
-                applying.append(_start_apply(src, dst, tid, *fetched.popleft()))
-            while applying and applying[0][2].done():
-                _applied(src, dst, *applying.popleft())
+            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket),)])))
+        if not packing:
+            _moved(src, dst, timeline, *moving.popleft())
             continue
-        if applying:  # the window is full: the oldest bucket's apply frees a place
-            _applied(src, dst, *applying.popleft())
-            continue
-        applying.append(_start_apply(src, dst, tid, *fetched.popleft()))
+        bucket, handle = packing.popleft()
+        token = wait(src, handle, "pack")[0]
+        if through_driver:
+            count_received_bytes(bucket.nbytes)
+            count_sent_bytes(bucket.nbytes * len(bucket.destinations))
+            crossed += bucket.nbytes * (1 + len(bucket.destinations))
+        steps = []
+        for d in bucket.destinations:
+            left[d] -= 1
+            apply = [unapplied.pop(d)] if d in unapplied else []
+            if left[d]:
+                unapplied[d] = bucket.index
+            else:
+                apply.append(bucket.index)
+            steps.append((("move", tid, bucket, begins[d], apply), token))
+            begins[d] = None
+        moving.append((bucket, submit(dst, bucket.destinations, steps)))
+        while moving and moving[0][1].done():
+            _moved(src, dst, timeline, *moving.popleft())
     return crossed
 
 
-def _start_apply(src: Side, dst: Side, tid: int, bucket: Bucket, fetch: Any) -> tuple[Bucket, Any, Any]:
-    step = (("apply", tid, bucket.index),)
-    return bucket, fetch, submit(dst, bucket.destinations, [step] * len(bucket.destinations))
-
-
-def _applied(src: Side, dst: Side, bucket: Bucket, fetch: Any, handle: Any) -> None:
-    wait(dst, fetch, "fetch", source=src, source_rank=src.ranks[bucket.source])
-    wait(dst, handle, "apply", source=src, source_rank=src.ranks[bucket.source])
+def _moved(src: Side, dst: Side, timeline: Timeline, bucket: Bucket, handle: Any) -> None:
+    timeline.ranks(dst, bucket.destinations, wait(dst, handle, "move", source=src))
 
 
 def _end(src: Side, dst: Side, tid: int, ok: bool) -> None:

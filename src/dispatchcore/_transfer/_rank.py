@@ -3,24 +3,24 @@
 The driver sends every step as a call of :data:`TRANSFER_METHOD`, which
 ``WorkerHost`` hands to :func:`run_step`.  A source rank reads its offered
 tensors once per transfer (DTensors as the rows it holds, ``_dtensor``:
-no transport ever sees one) and sends each bucket's pieces as views (a copy
-only where a cast or a column cut needs one); the executor's
+no transport ever sees one) and ``pack`` s each bucket it is sent as views
+(a copy only where a cast or a column cut needs one); the executor's
 :class:`TensorLink`, where it has one, moves them rank to rank, otherwise
-they come back to the driver as the call's result.  A destination rank
-first ``fetch`` es a bucket: it gives the link, for every piece, the place
-it lands (its rows of a buffer of the name's wanted shape, from the
-process's buffer pool), so the bytes are written once, where they stay;
-the link may go on receiving in the background.  Its ``apply`` step, which
-the driver sends only after the next bucket's ``fetch``, waits for the
-bucket and hands the tensors it completed to the apply hook, so the next
-bucket arrives while this one is applied.  The version is set only at
-``commit``, after the driver saw every rank apply every bucket.  The
-``*_sums`` steps checksum what sources offered and destinations hold
-(``_checksum``) for ``WeightSync.verify``.
+they come back to the driver as the call's result.  A destination's
+``move`` step is told how to apply (with its first step), starts receiving
+one bucket into the places it lands (its rows of a buffer of the name's
+wanted shape, from the process's buffer pool, or a lent tensor), then
+applies the buckets the driver lists: those fetched before (so the next
+bucket arrives while this one is applied) and, for its last bucket, that
+one.  The version is set only at ``commit``, after the driver saw every
+rank apply every bucket.  Each step returns its phases' times (``Span``)
+for the report and the trace.  The ``*_sums`` steps checksum what sources
+offered and destinations hold (``_checksum``) for ``WeightSync.verify``.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from .._wire import numpy_tensor
 from ._checksum import destination_sums, source_sums
 from ._dtensor import offered_record
 from ._layout import Held, held_of, rows_view
+from ._packing import pack, packed, places, unpack
 from ._plan import Bucket, Piece, Wanted
 
 #: The method name of every transfer step (no worker method may be called so).
@@ -71,15 +72,22 @@ class TensorSourceLost(DispatchError, RuntimeError):
     """A destination could not read a bucket because the source rank that sent it is gone."""
 
 
+#: One phase of one bucket on a rank: ``(phase, bucket index, start µs, end µs)``, wall clock.
+Span = tuple[str, int, float, float]
+
+
+def _now_us() -> float:
+    return time.time_ns() / 1000.0
+
+
 @dataclass
 class _Transfer:
-    """One transfer's state on one rank: offered tensors (source), buffers and arrivals (destination)."""
+    """One transfer's state on one rank: offered tensors (source), buffers and arrivals (destination).
+
+    Colocated roles in one process share it, as source and as destination.
+    """
 
     offered: dict[str, tuple[torch.Tensor, Held]] = field(default_factory=dict)
-    #: The buckets this rank sends and those it receives, by index (told once; each step names one).
-    #: Apart: colocated roles in one process share this state, as source and as destination.
-    sending: Mapping[int, Bucket] = field(default_factory=dict)
-    receiving: Mapping[int, Bucket] = field(default_factory=dict)
     wanted: Mapping[str, Wanted] = field(default_factory=dict)
     apply: str = ""
     share: bool = False
@@ -88,17 +96,25 @@ class _Transfer:
     done: set[str] = field(default_factory=set)
     #: The destination's own tensors that names land in (its ``lend`` method), by name.
     lent: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: Buckets fetched and not yet applied: where their pieces land, and the wait for them.
-    arriving: dict[int, tuple[list[torch.Tensor | None], Arrival]] = field(default_factory=dict)
+    #: Buckets fetched and not yet applied: the bucket, where its pieces land, the wait for them.
+    arriving: dict[int, tuple[Bucket, list[torch.Tensor | None], Arrival]] = field(default_factory=dict)
+    #: A source's pack spans, returned by ``end`` (a pack returns its token alone).
+    spans: list[Span] = field(default_factory=list)
 
 
 def run_step(host: Any, args: tuple[Any, ...]) -> Any:
-    """One step on this rank (``args[0]`` names it); the step's value or an exception for the driver."""
+    """One step on this rank (``args[0]`` names it); the step's value or an exception for the driver.
+
+    Steps: ``layout``, ``pack`` and ``end`` on a source; ``want``,
+    ``move`` and ``commit`` on a destination (the first of ``move`` and
+    ``commit`` carries ``begin``: what the destination assembles and how it
+    applies); the ``*_sums`` steps on both, and ``end`` after a failure.
+    """
     step, tid = args[0][0], args[0][1]
     transfers: dict[int, _Transfer] = host.transfers
-    if step == "end":
-        transfers.pop(tid, None)
-        return None
+    if step == "end":  # the source's pack spans, if any
+        ended = transfers.pop(tid, None)
+        return [] if ended is None else ended.spans
     state = transfers.setdefault(tid, _Transfer())
     worker = host.worker
     if step == "layout":
@@ -106,26 +122,26 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
     if step == "want":
         want = getattr(worker, args[0][2], None)
         return {} if want is None else dict(want(args[0][3]))
-    if step == "sends":
-        state.sending = args[0][2]
-        return None
-    if step == "begin":
-        state.receiving, state.wanted, state.apply, state.share = args[0][2], args[0][3], args[0][4], args[0][5]
-        state.lent = _lent(worker, state.wanted, args[0][6])
-        return None
     if step == "pack":
-        return _pack(state, state.sending[args[0][2]], host.tensor_link)
-    if step == "fetch":
-        return _fetch(state, state.receiving[args[0][2]], host.tensor_link, args[1])
-    if step == "apply":
-        return _apply(worker, state, state.receiving[args[0][2]], host.tensor_link)
-    if step == "commit":
-        return _commit(worker, state, args[0][2])
+        return _pack(state, args[0][2], host.tensor_link)
     if step == "source_sums":
         return source_sums(state.offered, args[0][2])
     if step == "destination_sums":
         return destination_sums(worker, args[0][2], args[0][3], args[0][4])
-    raise DispatchValueError(f"unknown transfer step {step!r}")
+    if step not in ("move", "commit"):
+        raise DispatchValueError(f"unknown transfer step {step!r}")
+    if args[0][3] is not None:  # the destination's first step of this transfer
+        _begin(worker, state, *args[0][3])
+    if step == "move":
+        return _move(worker, state, args[0][2], host.tensor_link, args[1], args[0][4])
+    if not state.offered:  # commit: the destination's last step (a colocated source's end drops it)
+        transfers.pop(tid, None)
+    return _commit(worker, state, args[0][2])
+
+
+def _begin(worker: Any, state: _Transfer, wanted: Mapping[str, Wanted], apply: str, share: bool, lend: str) -> None:
+    state.wanted, state.apply, state.share = wanted, apply, share
+    state.lent = _lent(worker, wanted, lend)
 
 
 def _layout(worker: Any, state: _Transfer, offer: str) -> dict[str, Held]:
@@ -166,11 +182,18 @@ def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, tor
 
 
 def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
+    """The bucket's token, alone (a Ray ``ObjectRef`` is handed over only as a whole result); its span is kept.
+
+    Where no link moves them, the token is the tensors themselves: through the driver.
+    """
+    start = _now_us()
     cast = link is None or not link.same_process
     tensors = [_source_view(state, piece, cast) for piece in bucket.pieces]
-    if link is None:
-        return tensors  # the call's result: through the driver
-    return link.publish(tensors, len(bucket.destinations))
+    token = (
+        tensors if link is None else link.publish(pack(bucket, packed(bucket, link), tensors), len(bucket.destinations))
+    )
+    state.spans.append(("pack", bucket.index, start, _now_us()))
+    return token
 
 
 def _slot(state: _Transfer, piece: Piece) -> torch.Tensor:
@@ -187,6 +210,24 @@ def _slot(state: _Transfer, piece: Piece) -> torch.Tensor:
     return flat.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0]).view(piece.shape)
 
 
+def _move(
+    worker: Any, state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any, apply: list[int]
+) -> list[Span]:
+    """Start receiving ``bucket``, then apply the buckets listed (fetched before, or this one); the spans."""
+    spans: list[Span] = []
+    index = bucket.index
+    try:
+        start = _now_us()
+        _fetch(state, bucket, link, token)
+        spans.append(("move", index, start, _now_us()))
+        for index in apply:
+            spans.extend(_apply(worker, state, link, index))
+    except TensorSourceLost as exc:  # which bucket's source: the driver names that rank
+        source = state.arriving[index][0].source if index in state.arriving else bucket.source
+        raise TensorSourceLost(f"{exc} [bucket {index} of source {source}]") from exc
+    return spans
+
+
 def _fetch(state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any) -> None:
     """Start receiving a bucket: each piece into its rows of its buffer, or whole where it may be kept."""
     into: list[torch.Tensor | None] = []
@@ -200,9 +241,9 @@ def _fetch(state: _Transfer, bucket: Bucket, link: TensorLink | None, token: Any
             if t is not None:
                 t.copy_(x.reshape(t.shape))
         got = [x if t is None else t for t, x in zip(into, tensors, strict=True)]
-        state.arriving[bucket.index] = (into, lambda: (got, False))
+        state.arriving[bucket.index] = (bucket, into, lambda: (got, False))
         return
-    state.arriving[bucket.index] = (into, link.receive(token, into))
+    state.arriving[bucket.index] = (bucket, into, link.receive(token, places(packed(bucket, link), into)))
 
 
 def _as_piece(x: torch.Tensor, piece: Piece) -> torch.Tensor:
@@ -212,10 +253,14 @@ def _as_piece(x: torch.Tensor, piece: Piece) -> torch.Tensor:
     return x.reshape(-1).view(torch.uint8).view(piece.dtype).reshape(piece.shape)
 
 
-def _apply(worker: Any, state: _Transfer, bucket: Bucket, link: TensorLink | None) -> int:
-    """Wait for a fetched bucket, then hand every tensor it completed to the apply hook; how many it gave."""
-    into, arrival = state.arriving.pop(bucket.index)
+def _apply(worker: Any, state: _Transfer, link: TensorLink | None, index: int) -> list[Span]:
+    """Wait for a fetched bucket, then hand every tensor it completed to the apply hook; the spans."""
+    start = _now_us()
+    bucket, into, arrival = state.arriving[index]
     tensors, shared = arrival()
+    tensors = unpack(bucket, packed(bucket, link), tensors, into)
+    del state.arriving[index]
+    arrived = _now_us()
     ready: list[tuple[str, torch.Tensor]] = []
     for piece, x, slot in zip(bucket.pieces, tensors, into, strict=True):
         wanted = state.wanted[piece.name]
@@ -234,7 +279,7 @@ def _apply(worker: Any, state: _Transfer, bucket: Bucket, link: TensorLink | Non
             state.done.add(piece.name)
     if ready:
         getattr(worker, state.apply)(ready)
-    return len(ready)
+    return [("move", index, start, arrived), ("apply", index, arrived, _now_us())]
 
 
 def _commit(worker: Any, state: _Transfer, version: Any) -> Any:
