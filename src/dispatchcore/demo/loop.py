@@ -123,7 +123,13 @@ def run_demo(
         actor.init_model(model)
         ref.init_model(model, replicas)
         reward_wg.init_task(config.shift)
-        generate, sync = _rollout(config, groups, actor, model, options)
+        generate, sync = actor.generate_sequences, None
+        if config.rollout_ranks is not None:  # a separate rollout group, its weights synced from the actor
+            rollout = groups.enter_context(
+                WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options)
+            )
+            rollout.init_model(model)
+            generate, sync = rollout.generate_sequences, WeightSync(actor, rollout)
         compute_reward, compute_ref = reward_wg.compute_reward, ref.compute_ref_log_prob
         calls = tuple(
             proxy.options(lazy=True) if config.lazy else proxy for proxy in (generate, compute_reward, compute_ref)
@@ -138,17 +144,6 @@ def run_demo(
         if config.checkpoint:
             actor.save_checkpoint(config.checkpoint)
     return history
-
-
-def _rollout(
-    config: DemoConfig, groups: contextlib.ExitStack, actor: Any, model: ModelConfig, options: dict[str, Any]
-) -> tuple[Any, WeightSync | None]:
-    """The generate call and the weight sync feeding it: the actor's own, or a separate rollout group's."""
-    if config.rollout_ranks is None:
-        return actor.generate_sequences, None
-    rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options))
-    rollout.init_model(model)
-    return rollout.generate_sequences, WeightSync(actor, rollout)
 
 
 def _step(

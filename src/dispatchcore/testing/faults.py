@@ -442,8 +442,6 @@ def _overlap(a: Fault, b: Fault) -> bool:
 
 def _subcall(call: Call, positions: list[int]) -> Call:
     """The part of ``call`` the inner backend runs, without a time bound (the outer handle owns it)."""
-    if len(positions) == len(call.ranks):
-        return dataclasses.replace(call, timeout=None)
     return dataclasses.replace(
         call,
         ranks=tuple(call.ranks[p] for p in positions),

@@ -28,6 +28,8 @@ from dispatchcore.executor import (
     thread_stacks,
 )
 
+__all__ = ["MockExecutor"]
+
 
 class MockExecutor(Executor):
     """Ranks as ``WorkerHost`` objects in this process; ``submit`` runs the call before it returns."""
@@ -90,9 +92,6 @@ class MockExecutor(Executor):
 
     def row_address(self, rank: int) -> Any:
         return ("mock", id(self), rank)
-
-    def can_fetch_rows(self, address: Any) -> bool:
-        return False  # consumers' rows come from the driver (this process's store holds them anyway)
 
     def shutdown(self) -> None:
         """Stop taking calls; the thread exits after the queued ones (a daemon: never waited for)."""

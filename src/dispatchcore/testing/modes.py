@@ -45,6 +45,7 @@ PROPERTIES = ("dispatch", "padding", "dropped_rows", "order", "round_trip", "cal
 Mesh = Mapping[str, Sequence[tuple[int, bool]]]
 #: How the caller's result is made: rows joined back, the per-rank list, or a reduction of the outputs.
 Collects = Literal["rows", "per_rank"] | Callable[[list[Any]], Any]
+_Fail = Callable[[str, str], "ModePropertyError"]
 
 
 class ModePropertyError(AssertionError):
@@ -151,7 +152,7 @@ def assert_mode_properties(
         raise fail("caller_unchanged", f"dispatch or collect changed the caller's batch: {exc}") from None
 
 
-def _received_chunks(call: Any, world_size: int, fail: Callable[[str, str], ModePropertyError]) -> list[DataProto]:
+def _received_chunks(call: Any, world_size: int, fail: _Fail) -> list[DataProto]:
     """The DataProto each rank receives, by position or by keyword, whichever way the mode passes it on."""
     chunks = []
     for rank in range(world_size):
@@ -170,7 +171,7 @@ def _row_ids(chunk: DataProto) -> list[int] | None:
     return [int(i) for i in chunk.batch[ROW_ID].tolist()]
 
 
-def _check_chunks(chunks: list[DataProto], length: int, fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_chunks(chunks: list[DataProto], length: int, fail: _Fail) -> None:
     """Padding declared and within bounds; every row reaches a rank as a real row."""
     owner: dict[int, tuple[int, tuple[int, ...]]] = {}
     for rank, chunk in enumerate(chunks):
@@ -201,7 +202,7 @@ def _check_chunks(chunks: list[DataProto], length: int, fail: Callable[[str, str
         raise fail("dropped_rows", f"input rows {missing[:10]} reach no rank as a real row")
 
 
-def _check_per_rank(result: Any, chunks: list[DataProto], fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_per_rank(result: Any, chunks: list[DataProto], fail: _Fail) -> None:
     if not isinstance(result, list) or len(result) != len(chunks):
         got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
         raise fail("round_trip", f"collect returned {got}; expected one output per rank ({len(chunks)})")
@@ -212,9 +213,7 @@ def _check_per_rank(result: Any, chunks: list[DataProto], fail: Callable[[str, s
             raise fail("order", f"position {rank} of the collected list holds {where}, not rank {rank}'s output")
 
 
-def _check_reduced(
-    call: Any, reduce: Callable[[list[Any]], Any], outputs: Sequence[Any], fail: Callable[[str, str], ModePropertyError]
-) -> None:
+def _check_reduced(call: Any, reduce: Callable[[list[Any]], Any], outputs: Sequence[Any], fail: _Fail) -> None:
     """The caller gets ``reduce`` of the per-rank outputs (rank ``r`` returned ``outputs[r]``)."""
     outputs = list(outputs)
     if len(outputs) != call.world_size:
@@ -250,7 +249,7 @@ def _same(result: Any, expected: Any) -> bool:
         return False
 
 
-def _check_rows(result: Any, sent: DataProto, fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_rows(result: Any, sent: DataProto, fail: _Fail) -> None:
     if not isinstance(result, DataProto):
         raise fail("round_trip", f"collect returned {type(result).__name__}, expected a DataProto")
     if PADDING_ROWS_KEY in result.meta_info:

@@ -225,8 +225,7 @@ def dataprotos(
     length = draw(_integers(min_len, max_len))
     has_tensors = draw(_BOOLS) if with_tensors is None else with_tensors
     has_objects = draw(_BOOLS) if with_non_tensors is None else with_non_tensors
-    if not has_tensors and not has_objects:
-        has_objects = True
+    has_objects = has_objects or not has_tensors
     rng = np.random.default_rng(draw(_SEEDS))
 
     tensors: dict[str, torch.Tensor] = {}
