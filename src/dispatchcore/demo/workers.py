@@ -114,7 +114,7 @@ class ActorWorker(Worker):
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         collective.all_reduce(flat, op="sum")
-        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        for g, part in zip(grads, torch.split(flat, [g.numel() for g in grads]), strict=True):
             g.copy_(part.view_as(g))
         self.optimizer.step()
         return {"loss_sum": float(loss.detach()) * total_rows, "kl_sum": float(kl.detach().sum()), "rows": real}

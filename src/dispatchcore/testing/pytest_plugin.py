@@ -1,10 +1,6 @@
 """pytest plugin (auto-loaded through the ``pytest11`` entry point): ``make_group`` and its backend.
 
-``make_group`` builds WorkerGroups on the backend chosen for the run
-(``--dispatchcore-backend``, else ``$DISPATCHCORE_BACKEND``, else ``local``)
-and shuts them down after the test; ``make_module_group`` is its
-module-scoped twin for Hypothesis ``@given`` tests, which refuse
-function-scoped fixtures.  Usage: README.md, "Testing your workers".
+Usage: README.md, "Testing your workers".
 """
 
 from __future__ import annotations

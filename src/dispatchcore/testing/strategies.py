@@ -85,9 +85,7 @@ def tensor_dtypes(dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> st.SearchStrate
     return _sampled(tuple(dtypes))
 
 
-@functools.cache
-def _sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
-    return st.sampled_from(values)
+_sampled = functools.cache(st.sampled_from)
 
 
 @functools.cache
@@ -174,11 +172,7 @@ def non_tensor_columns(draw: st.DrawFn, length: int, kinds: Sequence[str] = OBJE
 
 
 _BOOLS = st.booleans()
-
-
-@functools.cache
-def _integers(low: int, high: int) -> st.SearchStrategy[int]:
-    return st.integers(low, high)
+_integers = functools.cache(st.integers)
 
 
 def _make_tensor(rng: np.random.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -195,10 +195,6 @@ class FailingInitWorker(Worker):
         if self.rank == 1:
             raise RuntimeError("planted __init__ failure")
 
-    @register(Dispatch.ONE_TO_ALL)
-    def ping(self) -> int:
-        return self.rank
-
 
 class ActorRole(Worker):
     """One role of a colocated worker."""
