@@ -83,18 +83,13 @@ def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tenso
 
 def phase_seconds(tracer: Tracer, since: int) -> tuple[float, float, float]:
     """(dispatch, compute, collect) seconds of the calls recorded after event ``since`` (a call's slowest rank)."""
-    totals = {"dispatch": 0.0, "collect": 0.0}
     compute: dict[int, float] = {}
     for event in tracer.events[since:]:
-        phase = event.get("args", {}).get("phase")
-        if event.get("ph") != "X":
-            continue
-        if phase in totals:
-            totals[phase] += event["dur"]
-        elif phase == "compute":
+        if event.get("ph") == "X" and event.get("args", {}).get("phase") == "compute":
             key = event["args"]["call"]
             compute[key] = max(compute.get(key, 0.0), event["dur"])
-    return totals["dispatch"] / 1e6, sum(compute.values()) / 1e6, totals["collect"] / 1e6
+    totals = tracer.phase_totals(since)
+    return totals.get("dispatch", 0.0), sum(compute.values()) / 1e6, totals.get("collect", 0.0)
 
 
 def run_demo(

@@ -1,9 +1,8 @@
 """Hold a dispatch mode (yours or a built-in one) to the properties every data-parallel mode keeps.
 
-A mode is two driver-side functions; a bug in them loses rows, reorders
-results or leaks padding into a training step, silently.  The checker runs
-the mode through :func:`dispatchcore.direct_call` (no group, no ranks), lets
-each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
+A bug in a mode's two driver-side functions loses rows, reorders results or
+leaks padding, silently.  The checker runs the mode through :func:`dispatchcore.direct_call`
+(no group, no ranks), lets each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
 
 * ``dispatch``: the batch is taken and every rank receives a DataProto;
 * ``padding``: each chunk's ``meta_info["padding_rows"]`` counts its trailing
@@ -304,22 +303,20 @@ def check_dispatch_mode(
     # No example database: one inner test serves every mode, so stored failures would cross modes.
     # The explain phase reruns a failure hundreds of times to annotate it; the error already says what broke.
     active = settings()  # the loaded profile's values
-    overrides: dict[str, Any] = {
-        "deadline": None,
-        "report_multiple_bugs": False,
-        "database": None,
-        "phases": [phase for phase in active.phases if phase is not Phase.explain],
-    }
-    if max_examples is not None:
-        overrides["max_examples"] = max_examples
 
-    @settings(active, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **overrides)
+    @settings(
+        active,
+        deadline=None,
+        report_multiple_bugs=False,
+        database=None,
+        phases=[phase for phase in active.phases if phase is not Phase.explain],
+        max_examples=active.max_examples if max_examples is None else max_examples,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(data=batches, n=world_sizes, draw=st.data())
     def holds(data: DataProto, n: int, draw: st.DataObject) -> None:
         mesh = draw.draw(meshes(n), label="mesh") if meshes is not None else None
-        per_rank = None
-        if callable(collects):
-            per_rank = draw.draw(st.lists(values, min_size=n, max_size=n), label="outputs")
+        per_rank = draw.draw(st.lists(values, min_size=n, max_size=n), label="outputs") if callable(collects) else None
         assert_mode_properties(
             mode, data, n, mesh=mesh, keyword=keyword, leading_args=leading_args, collects=collects, outputs=per_rank
         )

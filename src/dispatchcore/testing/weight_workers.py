@@ -82,17 +82,14 @@ class WeightRollout(Worker):
     """Keeps what arrives; asks for a slice of every tensor along ``cut`` (split over its ranks) if set."""
 
     def __init__(self) -> None:
-        self.received: dict[str, torch.Tensor] = {}
-        self.cut: int | None = None
-        self.buckets = 0
-        self.die_on: int | None = None
-        self.kill: tuple[int, int] | None = None
+        self.configure()
 
     @register(Dispatch.ONE_TO_ALL)
     def configure(self, cut: int | None = None, die_on: int | None = None, kill: tuple[int, int] | None = None) -> int:
         """``die_on``: exit on that apply call; ``kill=(pid, k)``: SIGKILL ``pid`` on apply call ``k``."""
         self.cut, self.die_on, self.kill = cut, die_on, kill
-        self.received, self.buckets = {}, 0
+        self.received: dict[str, torch.Tensor] = {}
+        self.buckets = 0
         return self.rank
 
     def weight_slices(self, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Slice]:
