@@ -9,6 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._bench import run_benchmarks
 from ._report import OneLineParser, run_reporting_expected_errors
 
 
@@ -21,12 +22,6 @@ def _backends(_: argparse.Namespace) -> int:
     for name, origin, status in rows:
         print(f"{name:<{widths[0]}}  {origin:<{widths[1]}}  {status}")
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from ._bench import run_benchmarks
-
-    return run_benchmarks(quick=args.quick, only=args.only)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="run every executor's benchmark and print its ratio table")
     bench.add_argument("--quick", action="store_true", help="short version (a few minutes in all)")
     bench.add_argument("--only", action="append", choices=["local", "ray", "torchrun"], help="one executor")
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=lambda args: run_benchmarks(quick=args.quick, only=args.only))
     return parser
 
 

@@ -137,11 +137,7 @@ class ActorWorker(Worker):
 
 
 class RolloutWorker(Worker):
-    """Generates with the actor's weights, which ``WeightSync`` pushes into it before every step.
-
-    A separate group (``--rollout-ranks K``) that never trains: weights arrive
-    bucket by bucket, copied into the parameters in place.
-    """
+    """A separate group (``--rollout-ranks K``) that never trains: it generates with the actor's weights."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
     def init_model(self, config: ModelConfig) -> None:

@@ -1,12 +1,9 @@
 """Testing kit: test your workers, your dispatch modes and your driver without GPUs or clusters.
 
-:mod:`~dispatchcore.testing.strategies` (Hypothesis strategies),
-:mod:`~dispatchcore.testing.modes` (:func:`check_dispatch_mode`),
-:mod:`~dispatchcore.testing.faults` (``backend="faulty"``),
-:mod:`~dispatchcore.testing.mock` (``backend="mock"``),
-:mod:`~dispatchcore.testing.pytest_plugin` (``make_group``) and
-:mod:`~dispatchcore.testing.conformance` (``ExecutorConformance``, which a
-third-party executor subclasses); see README.md, "Testing your workers".
+Submodules: ``strategies`` (Hypothesis), ``modes`` (``check_dispatch_mode``), ``faults``
+(``backend="faulty"``), ``mock`` (``backend="mock"``), ``pytest_plugin`` (``make_group``) and
+``conformance`` (``ExecutorConformance``, which a third-party executor subclasses); see README.md,
+"Testing your workers".
 
 Names load on first use: importing this package needs neither Hypothesis nor
 pytest (the ``faulty`` backend's entry point imports it).

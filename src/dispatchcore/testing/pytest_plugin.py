@@ -107,10 +107,7 @@ def make_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
 
 @pytest.fixture(scope="module")
 def make_module_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
-    """``make_group`` for the whole module, for ``@given`` tests: the same arguments give the same group.
-
-    Groups are shut down when the module's tests end.
-    """
+    """``make_group`` for the whole module, for ``@given`` tests: the same arguments give the same group."""
     maker = GroupMaker(dispatchcore_backend, reuse=True)
     yield maker
     maker.close()

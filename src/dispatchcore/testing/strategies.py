@@ -112,14 +112,6 @@ def meta_infos() -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(_KEYS.map(lambda k: "m_" + k), value, max_size=3)
 
 
-def _object_array(values: list[Any]) -> np.ndarray:
-    """A 1-D object array holding ``values`` as elements (never broadcast into 2-D)."""
-    column = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        column[i] = value
-    return column
-
-
 def _ragged_array(seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(0, 100, size=int(rng.integers(0, 5)), dtype=np.int64)
@@ -157,7 +149,7 @@ def _draw_column(draw: st.DrawFn, length: int, kinds: tuple[str, ...]) -> np.nda
         shape = (length, *draw(_NUMERIC_TRAILING))
         rng = np.random.default_rng(draw(_SEEDS))
         return (rng.standard_normal(shape) * 100).astype(dtype)
-    return _object_array(draw(_column_values(kind, length)))
+    return np.fromiter(draw(_column_values(kind, length)), dtype=object, count=length)  # 1-D: lists stay elements
 
 
 @st.composite
