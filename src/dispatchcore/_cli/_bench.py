@@ -1,7 +1,6 @@
 """``dispatchcore bench``: run each executor's benchmark from the source tree's ``benchmarks/``.
 
-The benchmarks live beside the tests, not in the installed package, so this
-needs a source checkout (an editable install).
+It needs a source checkout (an editable install): the benchmarks are not in the installed package.
 """
 
 from __future__ import annotations

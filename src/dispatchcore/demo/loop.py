@@ -109,10 +109,10 @@ def run_demo(
     generator = torch.Generator().manual_seed(config.seed)
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
-    options = {"on_rank_death": config.on_rank_death, **config.backend_options}
+    options = {"backend": config.backend, "on_rank_death": config.on_rank_death, **config.backend_options}
     with trace(trace_path) as tracer, contextlib.ExitStack() as groups:
-        actor_ref = groups.enter_context(WorkerGroup(actor_ref_cls, n, backend=config.backend, **options))
-        reward_wg = groups.enter_context(WorkerGroup(RewardWorker, n, backend=config.backend, **options))
+        actor_ref = groups.enter_context(WorkerGroup(actor_ref_cls, n, **options))
+        reward_wg = groups.enter_context(WorkerGroup(RewardWorker, n, **options))
         roles = actor_ref.spawn({"actor", "ref"})
         actor, ref = roles["actor"], roles["ref"]
         actor.init_model(model)
@@ -120,9 +120,7 @@ def run_demo(
         reward_wg.init_task(config.shift)
         generate, sync = actor.generate_sequences, None
         if config.rollout_ranks is not None:  # a separate rollout group, its weights synced from the actor
-            rollout = groups.enter_context(
-                WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options)
-            )
+            rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, **options))
             rollout.init_model(model)
             generate, sync = rollout.generate_sequences, WeightSync(actor, rollout)
         compute_reward, compute_ref = reward_wg.compute_reward, ref.compute_ref_log_prob

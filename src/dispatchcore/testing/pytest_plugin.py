@@ -15,8 +15,7 @@ BACKEND_ENV = "DISPATCHCORE_BACKEND"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dispatchcore")
-    group.addoption(
+    parser.getgroup("dispatchcore").addoption(
         "--dispatchcore-backend",
         default=None,
         help="backend make_group uses when a test does not name one (default: $DISPATCHCORE_BACKEND, else local)",
@@ -96,9 +95,8 @@ def _frozen(value: Any) -> Any:
 def make_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
     """``make_group(worker_cls, world_size, **kw)``: a WorkerGroup shut down after the test.
 
-    The backend is ``kw["backend"]`` if given, else the run's
-    (``--dispatchcore-backend``).  With ``faults=[...]`` the group runs on
-    ``backend="faulty"`` wrapping that backend.
+    The backend is ``kw["backend"]`` if given, else the run's (``--dispatchcore-backend``); with
+    ``faults=[...]`` the group runs on ``backend="faulty"`` wrapping that backend.
     """
     maker = GroupMaker(dispatchcore_backend)
     yield maker

@@ -16,7 +16,6 @@ import torch
 
 from .. import Dispatch, Shard, Slice, Worker, register
 
-#: ``name: (shape, dtype name)`` of a weight set.
 WeightSpec = Mapping[str, tuple[tuple[int, ...], str]]
 
 #: ``name: (shape, dtype name)``: odd sizes, a 0-dim tensor, an empty one, mixed dtypes.
@@ -56,12 +55,10 @@ class WeightTrainer(Worker):
     def __init__(self, spec: WeightSpec | None = None, sharded: bool = True) -> None:
         self.spec = dict(WEIGHT_SET if spec is None else spec)
         self.sharded = sharded
-        self.step = 0
         self.full = make_weights(self.spec)
 
     @register(Dispatch.ONE_TO_ALL)
     def set_step(self, step: int) -> int:
-        self.step = step
         self.full = make_weights(self.spec, step)
         return os.getpid()
 
