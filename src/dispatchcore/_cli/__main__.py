@@ -9,6 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._bench import run_benchmarks
 from ._report import OneLineParser, run_reporting_expected_errors
 
 
@@ -23,18 +24,6 @@ def _backends(_: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from ..demo.loop import run
-
-    return run(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from ._bench import run_benchmarks
-
-    return run_benchmarks(quick=args.quick, only=args.only)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="dispatchcore",
@@ -46,13 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
     demo = commands.add_parser("demo", help="run a small RL post-training loop on a backend")
     from ..demo.cli import add_arguments
+    from ..demo.loop import run as run_demo
 
     add_arguments(demo)
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=run_demo)
     bench = commands.add_parser("bench", help="run every executor's benchmark and print its ratio table")
     bench.add_argument("--quick", action="store_true", help="short version (a few minutes in all)")
     bench.add_argument("--only", action="append", choices=["local", "ray", "torchrun"], help="one executor")
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=lambda args: run_benchmarks(quick=args.quick, only=args.only))
     return parser
 
 

@@ -1,8 +1,7 @@
 """Expected errors on one line, for ``dispatchcore`` and ``python -m dispatchcore.demo`` alike.
 
-A user who mistyped a flag needs the fix, not a traceback into the library;
-a worker's own exception (``WorkerError``) and any other error keep theirs:
-those are bugs to read.
+A mistyped flag needs the fix, not a traceback into the library; a worker's own
+exception (``WorkerError``) and any other error keep theirs: those are bugs to read.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``python -m dispatchcore.demo`` (also under ``torchrun ... -m dispatchcore.demo``)."""
 
-from __future__ import annotations
-
 import sys
 
 from .loop import main

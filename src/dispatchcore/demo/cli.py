@@ -18,16 +18,12 @@ def positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend", default=None, help="local | ray | torchrun (default: DISPATCHCORE_BACKEND or local)"
-    )
-    parser.add_argument(
-        "--world-size", type=positive_int, default=None, help="ranks per group (default 2; torchrun: the launch)"
-    )
+    parser.add_argument("--backend", help="local | ray | torchrun (default: DISPATCHCORE_BACKEND or local)")
+    parser.add_argument("--world-size", type=positive_int, help="ranks per group (default 2; torchrun: the launch)")
     parser.add_argument("--steps", type=positive_int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome/Perfetto trace of the run")
-    parser.add_argument("--checkpoint", default=None, metavar="FILE", help="save the trained policy (rank 0)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the run")
+    parser.add_argument("--checkpoint", metavar="FILE", help="save the trained policy (rank 0)")
     parser.add_argument(
         "--lazy",
         action="store_true",
@@ -36,7 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rollout-ranks",
         type=positive_int,
-        default=None,
         metavar="K",
         help="generate on a separate group of K ranks, the actor's weights synced to it every step "
         "(default: the actor generates)",

@@ -83,18 +83,13 @@ def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tenso
 
 def phase_seconds(tracer: Tracer, since: int) -> tuple[float, float, float]:
     """(dispatch, compute, collect) seconds of the calls recorded after event ``since`` (a call's slowest rank)."""
-    totals = {"dispatch": 0.0, "collect": 0.0}
     compute: dict[int, float] = {}
     for event in tracer.events[since:]:
-        phase = event.get("args", {}).get("phase")
-        if event.get("ph") != "X":
-            continue
-        if phase in totals:
-            totals[phase] += event["dur"]
-        elif phase == "compute":
+        if event.get("ph") == "X" and event.get("args", {}).get("phase") == "compute":
             key = event["args"]["call"]
             compute[key] = max(compute.get(key, 0.0), event["dur"])
-    return totals["dispatch"] / 1e6, sum(compute.values()) / 1e6, totals["collect"] / 1e6
+    totals = tracer.phase_totals(since)
+    return totals.get("dispatch", 0.0), sum(compute.values()) / 1e6, totals.get("collect", 0.0)
 
 
 def run_demo(
@@ -114,16 +109,20 @@ def run_demo(
     generator = torch.Generator().manual_seed(config.seed)
     history: list[StepMetrics] = []
     actor_ref_cls = create_colocated_worker_cls({"actor": ActorWorker, "ref": ReferenceWorker})
-    options = {"on_rank_death": config.on_rank_death, **config.backend_options}
+    options = {"backend": config.backend, "on_rank_death": config.on_rank_death, **config.backend_options}
     with trace(trace_path) as tracer, contextlib.ExitStack() as groups:
-        actor_ref = groups.enter_context(WorkerGroup(actor_ref_cls, n, backend=config.backend, **options))
-        reward_wg = groups.enter_context(WorkerGroup(RewardWorker, n, backend=config.backend, **options))
+        actor_ref = groups.enter_context(WorkerGroup(actor_ref_cls, n, **options))
+        reward_wg = groups.enter_context(WorkerGroup(RewardWorker, n, **options))
         roles = actor_ref.spawn({"actor", "ref"})
         actor, ref = roles["actor"], roles["ref"]
         actor.init_model(model)
         ref.init_model(model, replicas)
         reward_wg.init_task(config.shift)
-        generate, sync = _rollout(config, groups, actor, model, options)
+        generate, sync = actor.generate_sequences, None
+        if config.rollout_ranks is not None:  # a separate rollout group, its weights synced from the actor
+            rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, **options))
+            rollout.init_model(model)
+            generate, sync = rollout.generate_sequences, WeightSync(actor, rollout)
         compute_reward, compute_ref = reward_wg.compute_reward, ref.compute_ref_log_prob
         calls = tuple(
             proxy.options(lazy=True) if config.lazy else proxy for proxy in (generate, compute_reward, compute_ref)
@@ -138,17 +137,6 @@ def run_demo(
         if config.checkpoint:
             actor.save_checkpoint(config.checkpoint)
     return history
-
-
-def _rollout(
-    config: DemoConfig, groups: contextlib.ExitStack, actor: Any, model: ModelConfig, options: dict[str, Any]
-) -> tuple[Any, WeightSync | None]:
-    """The generate call and the weight sync feeding it: the actor's own, or a separate rollout group's."""
-    if config.rollout_ranks is None:
-        return actor.generate_sequences, None
-    rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, backend=config.backend, **options))
-    rollout.init_model(model)
-    return rollout.generate_sequences, WeightSync(actor, rollout)
 
 
 def _step(

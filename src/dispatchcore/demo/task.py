@@ -17,10 +17,6 @@ def make_prompts(count: int, length: int, generator: torch.Generator) -> torch.T
     return torch.randint(0, VOCAB, (count, length), generator=generator)
 
 
-def answers(prompts: torch.Tensor, shift: int) -> torch.Tensor:
-    return (prompts + shift) % VOCAB
-
-
 def rewards(prompts: torch.Tensor, responses: torch.Tensor, shift: int) -> torch.Tensor:
     """Per sequence: the fraction of digits equal to the shifted prompt digit."""
-    return (responses == answers(prompts, shift)).float().mean(dim=1)
+    return (responses == (prompts + shift) % VOCAB).float().mean(dim=1)

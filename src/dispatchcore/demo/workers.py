@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from .. import (
-    PADDING_ROWS_KEY,
     DataProto,
     Dispatch,
     MembershipChange,
     Worker,
     collective,
     make_nd_compute_dataproto_dispatch_fn,
+    real_rows,
     register,
 )
 from .policy import TinyPolicy
@@ -41,11 +41,6 @@ class ModelConfig:
     seed: int = 0
 
 
-def real_rows(data: DataProto) -> int:
-    """Rows of this chunk that are not padding (padding rows sit at the end)."""
-    return len(data) - int(data.meta_info.get(PADDING_ROWS_KEY, 0))
-
-
 _init_lock = threading.Lock()
 
 
@@ -60,6 +55,12 @@ def sample(policy: TinyPolicy, prompts: DataProto, generator: torch.Generator) -
     with torch.no_grad():
         old_log_prob = policy.log_probs(prompts.batch["prompts"], responses)
     return DataProto.from_dict({"responses": responses, "old_log_prob": old_log_prob})
+
+
+def _digest(policy: TinyPolicy) -> float:
+    """A checksum of the weights (every rank holds the same after a step)."""
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in policy.parameters()))
 
 
 def _build_policy(config: ModelConfig) -> TinyPolicy:
@@ -113,10 +114,8 @@ class ActorWorker(Worker):
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         collective.all_reduce(flat, op="sum")
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for g, part in zip(grads, torch.split(flat, [g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))
         self.optimizer.step()
         return {"loss_sum": float(loss.detach()) * total_rows, "kl_sum": float(kl.detach().sum()), "rows": real}
 
@@ -128,9 +127,7 @@ class ActorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> float:
-        """A checksum of this rank's weights (every rank holds the same after a step)."""
-        with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.policy.parameters()))
+        return _digest(self.policy)
 
     def on_membership_change(self, change: MembershipChange) -> None:
         state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -140,11 +137,7 @@ class ActorWorker(Worker):
 
 
 class RolloutWorker(Worker):
-    """Generates with the actor's weights, which ``WeightSync`` pushes into it before every step.
-
-    A separate group (``--rollout-ranks K``) that never trains: weights arrive
-    bucket by bucket, copied into the parameters in place.
-    """
+    """A separate group (``--rollout-ranks K``) that never trains: it generates with the actor's weights."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, setup=True)
     def init_model(self, config: ModelConfig) -> None:
@@ -163,11 +156,8 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weights_digest(self) -> tuple[float, object]:
-        """A checksum of this rank's weights and the version last synced (as the actor's ``weights_digest``)."""
-        with torch.no_grad():
-            return float(sum(p.double().sum() for p in self.policy.parameters())), getattr(
-                self, "weights_version", None
-            )
+        """The actor's ``weights_digest`` and the version last synced."""
+        return _digest(self.policy), getattr(self, "weights_version", None)
 
 
 class ReferenceWorker(Worker):

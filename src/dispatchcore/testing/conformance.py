@@ -1,9 +1,8 @@
 """The conformance suite: the behaviour every executor must show (docs/design.md, "Invariants").
 
-Subclass :class:`ExecutorConformance` in a test module and set ``backend``
-(and ``backend_options``); pytest then runs every case against that
-executor.  Groups are built once per class where a case does not break them,
-since process and actor backends take seconds to start.
+Subclass :class:`ExecutorConformance` in a test module and set ``backend`` (and ``backend_options``);
+pytest then runs every case against that executor.  Groups are built once per class where a case
+does not break them (process and actor backends take seconds to start).
 """
 
 from __future__ import annotations

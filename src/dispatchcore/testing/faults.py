@@ -1,10 +1,8 @@
 """``backend="faulty"``: any backend, with ranks that raise, hang, die or are slow when you say.
 
-As httpx's ``MockTransport`` stands in for the network, this executor stands
-in for bad hardware: the ranks run on the ``inner`` backend, and a planted
-:class:`Fault` is acted out on the driver's side of the executor seam, so
-nothing real is killed and every kind works on threads.  What each kind looks
-like to the driver, and the options: README.md, "Testing your workers".
+The ranks run on the ``inner`` backend; a planted :class:`Fault` is acted out
+on the driver's side of the executor seam, so nothing real is killed and every
+kind works on threads.  Kinds and options: README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -442,8 +440,6 @@ def _overlap(a: Fault, b: Fault) -> bool:
 
 def _subcall(call: Call, positions: list[int]) -> Call:
     """The part of ``call`` the inner backend runs, without a time bound (the outer handle owns it)."""
-    if len(positions) == len(call.ranks):
-        return dataclasses.replace(call, timeout=None)
     return dataclasses.replace(
         call,
         ranks=tuple(call.ranks[p] for p in positions),

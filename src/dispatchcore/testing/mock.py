@@ -1,11 +1,9 @@
 """``MockExecutor``: backend ``"mock"``, every rank of a group run on one thread, one after another.
 
-For core tests that need no backend, as httpx's ``MockTransport`` for a
-network.  Ranks keep a real backend's isolation (arguments and results
-copied) and get the call's ``Instructions`` whole (lazy results, tracing);
-they never run at the same time, so a method waiting for another rank (a
-collective) waits until its call times out: use ``local`` for those.  It is
-the smallest executor written against ``dispatchcore.executor`` alone.
+For core tests that need no backend.  Ranks keep a real backend's isolation
+and get the call's ``Instructions`` whole (lazy results, tracing); they never
+run at the same time, so a collective waits until its call times out: use
+``local`` for those.  The smallest executor written against ``dispatchcore.executor``.
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ from dispatchcore.executor import (
     run_isolated,
     thread_stacks,
 )
+
+__all__ = ["MockExecutor"]
 
 
 class MockExecutor(Executor):
@@ -90,9 +90,6 @@ class MockExecutor(Executor):
 
     def row_address(self, rank: int) -> Any:
         return ("mock", id(self), rank)
-
-    def can_fetch_rows(self, address: Any) -> bool:
-        return False  # consumers' rows come from the driver (this process's store holds them anyway)
 
     def shutdown(self) -> None:
         """Stop taking calls; the thread exits after the queued ones (a daemon: never waited for)."""

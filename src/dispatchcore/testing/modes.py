@@ -1,9 +1,8 @@
 """Hold a dispatch mode (yours or a built-in one) to the properties every data-parallel mode keeps.
 
-A mode is two driver-side functions; a bug in them loses rows, reorders
-results or leaks padding into a training step, silently.  The checker runs
-the mode through :func:`dispatchcore.direct_call` (no group, no ranks), lets
-each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
+A bug in a mode's two driver-side functions loses rows, reorders results or
+leaks padding, silently.  The checker runs the mode through :func:`dispatchcore.direct_call`
+(no group, no ranks), lets each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
 
 * ``dispatch``: the batch is taken and every rank receives a DataProto;
 * ``padding``: each chunk's ``meta_info["padding_rows"]`` counts its trailing
@@ -14,8 +13,7 @@ each rank echo its chunk, collects, and checks :data:`PROPERTIES`:
   output ``r`` is rank ``r``'s; ``collects=sum``, the reduction of the outputs);
 * ``caller_unchanged``: the caller's batch is left as it was.
 
-A broken property raises :class:`ModePropertyError`.  Usage: README.md,
-"Testing your workers".
+A broken property raises :class:`ModePropertyError`.  Usage: README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ PROPERTIES = ("dispatch", "padding", "dropped_rows", "order", "round_trip", "cal
 Mesh = Mapping[str, Sequence[tuple[int, bool]]]
 #: How the caller's result is made: rows joined back, the per-rank list, or a reduction of the outputs.
 Collects = Literal["rows", "per_rank"] | Callable[[list[Any]], Any]
+_Fail = Callable[[str, str], "ModePropertyError"]
 
 
 class ModePropertyError(AssertionError):
@@ -151,7 +150,7 @@ def assert_mode_properties(
         raise fail("caller_unchanged", f"dispatch or collect changed the caller's batch: {exc}") from None
 
 
-def _received_chunks(call: Any, world_size: int, fail: Callable[[str, str], ModePropertyError]) -> list[DataProto]:
+def _received_chunks(call: Any, world_size: int, fail: _Fail) -> list[DataProto]:
     """The DataProto each rank receives, by position or by keyword, whichever way the mode passes it on."""
     chunks = []
     for rank in range(world_size):
@@ -170,7 +169,7 @@ def _row_ids(chunk: DataProto) -> list[int] | None:
     return [int(i) for i in chunk.batch[ROW_ID].tolist()]
 
 
-def _check_chunks(chunks: list[DataProto], length: int, fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_chunks(chunks: list[DataProto], length: int, fail: _Fail) -> None:
     """Padding declared and within bounds; every row reaches a rank as a real row."""
     owner: dict[int, tuple[int, tuple[int, ...]]] = {}
     for rank, chunk in enumerate(chunks):
@@ -201,7 +200,7 @@ def _check_chunks(chunks: list[DataProto], length: int, fail: Callable[[str, str
         raise fail("dropped_rows", f"input rows {missing[:10]} reach no rank as a real row")
 
 
-def _check_per_rank(result: Any, chunks: list[DataProto], fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_per_rank(result: Any, chunks: list[DataProto], fail: _Fail) -> None:
     if not isinstance(result, list) or len(result) != len(chunks):
         got = f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
         raise fail("round_trip", f"collect returned {got}; expected one output per rank ({len(chunks)})")
@@ -212,9 +211,7 @@ def _check_per_rank(result: Any, chunks: list[DataProto], fail: Callable[[str, s
             raise fail("order", f"position {rank} of the collected list holds {where}, not rank {rank}'s output")
 
 
-def _check_reduced(
-    call: Any, reduce: Callable[[list[Any]], Any], outputs: Sequence[Any], fail: Callable[[str, str], ModePropertyError]
-) -> None:
+def _check_reduced(call: Any, reduce: Callable[[list[Any]], Any], outputs: Sequence[Any], fail: _Fail) -> None:
     """The caller gets ``reduce`` of the per-rank outputs (rank ``r`` returned ``outputs[r]``)."""
     outputs = list(outputs)
     if len(outputs) != call.world_size:
@@ -250,7 +247,7 @@ def _same(result: Any, expected: Any) -> bool:
         return False
 
 
-def _check_rows(result: Any, sent: DataProto, fail: Callable[[str, str], ModePropertyError]) -> None:
+def _check_rows(result: Any, sent: DataProto, fail: _Fail) -> None:
     if not isinstance(result, DataProto):
         raise fail("round_trip", f"collect returned {type(result).__name__}, expected a DataProto")
     if PADDING_ROWS_KEY in result.meta_info:
@@ -305,22 +302,20 @@ def check_dispatch_mode(
     # No example database: one inner test serves every mode, so stored failures would cross modes.
     # The explain phase reruns a failure hundreds of times to annotate it; the error already says what broke.
     active = settings()  # the loaded profile's values
-    overrides: dict[str, Any] = {
-        "deadline": None,
-        "report_multiple_bugs": False,
-        "database": None,
-        "phases": [phase for phase in active.phases if phase is not Phase.explain],
-    }
-    if max_examples is not None:
-        overrides["max_examples"] = max_examples
 
-    @settings(active, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **overrides)
+    @settings(
+        active,
+        deadline=None,
+        report_multiple_bugs=False,
+        database=None,
+        phases=[phase for phase in active.phases if phase is not Phase.explain],
+        max_examples=active.max_examples if max_examples is None else max_examples,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(data=batches, n=world_sizes, draw=st.data())
     def holds(data: DataProto, n: int, draw: st.DataObject) -> None:
         mesh = draw.draw(meshes(n), label="mesh") if meshes is not None else None
-        per_rank = None
-        if callable(collects):
-            per_rank = draw.draw(st.lists(values, min_size=n, max_size=n), label="outputs")
+        per_rank = draw.draw(st.lists(values, min_size=n, max_size=n), label="outputs") if callable(collects) else None
         assert_mode_properties(
             mode, data, n, mesh=mesh, keyword=keyword, leading_args=leading_args, collects=collects, outputs=per_rank
         )

@@ -1,10 +1,6 @@
 """pytest plugin (auto-loaded through the ``pytest11`` entry point): ``make_group`` and its backend.
 
-``make_group`` builds WorkerGroups on the backend chosen for the run
-(``--dispatchcore-backend``, else ``$DISPATCHCORE_BACKEND``, else ``local``)
-and shuts them down after the test; ``make_module_group`` is its
-module-scoped twin for Hypothesis ``@given`` tests, which refuse
-function-scoped fixtures.  Usage: README.md, "Testing your workers".
+Usage: README.md, "Testing your workers".
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ BACKEND_ENV = "DISPATCHCORE_BACKEND"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dispatchcore")
-    group.addoption(
+    parser.getgroup("dispatchcore").addoption(
         "--dispatchcore-backend",
         default=None,
         help="backend make_group uses when a test does not name one (default: $DISPATCHCORE_BACKEND, else local)",
@@ -100,9 +95,8 @@ def _frozen(value: Any) -> Any:
 def make_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
     """``make_group(worker_cls, world_size, **kw)``: a WorkerGroup shut down after the test.
 
-    The backend is ``kw["backend"]`` if given, else the run's
-    (``--dispatchcore-backend``).  With ``faults=[...]`` the group runs on
-    ``backend="faulty"`` wrapping that backend.
+    The backend is ``kw["backend"]`` if given, else the run's (``--dispatchcore-backend``); with
+    ``faults=[...]`` the group runs on ``backend="faulty"`` wrapping that backend.
     """
     maker = GroupMaker(dispatchcore_backend)
     yield maker
@@ -111,10 +105,7 @@ def make_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
 
 @pytest.fixture(scope="module")
 def make_module_group(dispatchcore_backend: str) -> Iterator[GroupMaker]:
-    """``make_group`` for the whole module, for ``@given`` tests: the same arguments give the same group.
-
-    Groups are shut down when the module's tests end.
-    """
+    """``make_group`` for the whole module, for ``@given`` tests: the same arguments give the same group."""
     maker = GroupMaker(dispatchcore_backend, reuse=True)
     yield maker
     maker.close()

@@ -85,9 +85,7 @@ def tensor_dtypes(dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> st.SearchStrate
     return _sampled(tuple(dtypes))
 
 
-@functools.cache
-def _sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
-    return st.sampled_from(values)
+_sampled = functools.cache(st.sampled_from)
 
 
 @functools.cache
@@ -112,14 +110,6 @@ def meta_infos() -> st.SearchStrategy[dict[str, Any]]:
         max_leaves=6,
     )
     return st.dictionaries(_KEYS.map(lambda k: "m_" + k), value, max_size=3)
-
-
-def _object_array(values: list[Any]) -> np.ndarray:
-    """A 1-D object array holding ``values`` as elements (never broadcast into 2-D)."""
-    column = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        column[i] = value
-    return column
 
 
 def _ragged_array(seed: int) -> np.ndarray:
@@ -159,7 +149,7 @@ def _draw_column(draw: st.DrawFn, length: int, kinds: tuple[str, ...]) -> np.nda
         shape = (length, *draw(_NUMERIC_TRAILING))
         rng = np.random.default_rng(draw(_SEEDS))
         return (rng.standard_normal(shape) * 100).astype(dtype)
-    return _object_array(draw(_column_values(kind, length)))
+    return np.fromiter(draw(_column_values(kind, length)), dtype=object, count=length)  # 1-D: lists stay elements
 
 
 @st.composite
@@ -174,11 +164,7 @@ def non_tensor_columns(draw: st.DrawFn, length: int, kinds: Sequence[str] = OBJE
 
 
 _BOOLS = st.booleans()
-
-
-@functools.cache
-def _integers(low: int, high: int) -> st.SearchStrategy[int]:
-    return st.integers(low, high)
+_integers = functools.cache(st.integers)
 
 
 def _make_tensor(rng: np.random.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -225,8 +211,7 @@ def dataprotos(
     length = draw(_integers(min_len, max_len))
     has_tensors = draw(_BOOLS) if with_tensors is None else with_tensors
     has_objects = draw(_BOOLS) if with_non_tensors is None else with_non_tensors
-    if not has_tensors and not has_objects:
-        has_objects = True
+    has_objects = has_objects or not has_tensors
     rng = np.random.default_rng(draw(_SEEDS))
 
     tensors: dict[str, torch.Tensor] = {}

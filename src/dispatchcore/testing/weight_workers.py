@@ -16,7 +16,6 @@ import torch
 
 from .. import Dispatch, Shard, Slice, Worker, register
 
-#: ``name: (shape, dtype name)`` of a weight set.
 WeightSpec = Mapping[str, tuple[tuple[int, ...], str]]
 
 #: ``name: (shape, dtype name)``: odd sizes, a 0-dim tensor, an empty one, mixed dtypes.
@@ -56,12 +55,10 @@ class WeightTrainer(Worker):
     def __init__(self, spec: WeightSpec | None = None, sharded: bool = True) -> None:
         self.spec = dict(WEIGHT_SET if spec is None else spec)
         self.sharded = sharded
-        self.step = 0
         self.full = make_weights(self.spec)
 
     @register(Dispatch.ONE_TO_ALL)
     def set_step(self, step: int) -> int:
-        self.step = step
         self.full = make_weights(self.spec, step)
         return os.getpid()
 
@@ -82,17 +79,14 @@ class WeightRollout(Worker):
     """Keeps what arrives; asks for a slice of every tensor along ``cut`` (split over its ranks) if set."""
 
     def __init__(self) -> None:
-        self.received: dict[str, torch.Tensor] = {}
-        self.cut: int | None = None
-        self.buckets = 0
-        self.die_on: int | None = None
-        self.kill: tuple[int, int] | None = None
+        self.configure()
 
     @register(Dispatch.ONE_TO_ALL)
     def configure(self, cut: int | None = None, die_on: int | None = None, kill: tuple[int, int] | None = None) -> int:
         """``die_on``: exit on that apply call; ``kill=(pid, k)``: SIGKILL ``pid`` on apply call ``k``."""
         self.cut, self.die_on, self.kill = cut, die_on, kill
-        self.received, self.buckets = {}, 0
+        self.received: dict[str, torch.Tensor] = {}
+        self.buckets = 0
         return self.rank
 
     def weight_slices(self, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Slice]:
