@@ -16,7 +16,7 @@ from .._data import (
     is_tensordict,
     slice_rows,
 )
-from .._spi import plan_forward
+from .._spi import plan_forward, trimmed_rows
 from .._wire import RowBuffers
 from ._call_context import current_call
 from ._modes import Dispatch, set_builtin
@@ -138,31 +138,22 @@ def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
 
 def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PerRank:
     """Chunk DataProto/future arguments ``n`` ways; broadcast everything else."""
-    out_args = []
+    out: list[list[Any]] = []
     split = False
-    for a in args:
-        chunks = _chunk_value(wg, a, n)
+    for value in (*args, *kwargs.values()):
+        chunks = _chunk_value(wg, value, n)
         split = split or chunks is not None
-        out_args.append(chunks if chunks is not None else [a] * n)
-    out_kwargs = {}
-    for k, v in kwargs.items():
-        chunks = _chunk_value(wg, v, n)
-        split = split or chunks is not None
-        out_kwargs[k] = chunks if chunks is not None else [v] * n
-    if not split and (args or kwargs):
-        _refuse_nothing_to_split(args, kwargs)
-    return tuple(out_args), out_kwargs
-
-
-def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A DataProto mode given no DataProto would concatenate n copies of the answer: a type error."""
-    got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
-    raise DispatchTypeError(
-        f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
-        f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
-        "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "
-        "argument whole"
-    )
+        out.append(chunks if chunks is not None else [value] * n)
+    if not split and out:
+        # A DataProto mode given no DataProto would concatenate n copies of the answer: a type error.
+        got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+        raise DispatchTypeError(
+            f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
+            f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
+            "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "
+            "argument whole"
+        )
+    return tuple(out[: len(args)]), dict(zip(kwargs, out[len(args) :], strict=True))
 
 
 def dispatch_dp_compute_proto(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
@@ -184,11 +175,7 @@ def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
     """Drop the rows that padding produced, never whole worker results."""
     if pad_size <= 0 or not (isinstance(result, (DataProto, torch.Tensor)) or is_tensordict(result)):
         return result
-    total = len(result)
-    if padded_len and total % padded_len == 0:
-        keep = total // padded_len * (padded_len - pad_size)
-    else:
-        keep = total - pad_size
+    keep = trimmed_rows(len(result), pad_size, padded_len)
     if keep < 0:
         return result
     return slice_rows(result, 0, keep) if is_tensordict(result) else result[:keep]

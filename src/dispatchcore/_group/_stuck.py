@@ -122,15 +122,13 @@ def ended_early(
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):
+        instead = None
         if cancel_after is not None and cancel_on_ranks(site, handle, call, "it outlived its timeout"):
-            exc = timeout_error(call.method, cancel_after, list(exc.ranks))
+            exc = instead = timeout_error(call.method, cancel_after, list(exc.ranks))
             exc.add_note("on_timeout='cancel': the call was cancelled on its ranks; the group takes calls again")
-            note_stacks(site, exc)
-            _mark(trace, list(exc.ranks), "timed out")
-            return exc
         note_stacks(site, exc)
         _mark(trace, list(exc.ranks), "timed out")
-        return None
+        return instead
     if isinstance(exc, KeyboardInterrupt):
         cancel_on_ranks(site, handle, call, "the driver was interrupted")
         return None

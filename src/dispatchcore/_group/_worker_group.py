@@ -100,7 +100,12 @@ class WorkerGroup(Generic[W]):
         check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = check_timeout("call_timeout", call_timeout)
         methods = registered_methods(worker_cls)
-        _refuse_collisions(worker_cls, methods)
+        clashes = sorted(set(methods) & _GROUP_ATTRS)
+        if clashes:
+            raise RegistrationError(
+                f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
+                f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
+            )
         self._closed = True  # until the executor is up
         group_name = backend_options.pop("name", None) or f"{worker_cls.__name__}-{os.getpid()}-{next(_names)}"
         spec = GroupSpec(
@@ -373,15 +378,6 @@ class WorkerGroup(Generic[W]):
 
 
 _GROUP_ATTRS = frozenset(n for n in dir(WorkerGroup) if not n.startswith("__"))
-
-
-def _refuse_collisions(worker_cls: type, methods: Mapping[str, Registration]) -> None:
-    clashes = sorted(set(methods) & _GROUP_ATTRS)
-    if clashes:
-        raise RegistrationError(
-            f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
-            f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
-        )
 
 
 @atexit.register
