@@ -32,19 +32,15 @@ class _LazyRows(Protocol):
     def bring_unreachable_rows(self, executor: Any) -> None: ...
 
 
-def _world(wg: Any) -> int:
-    return int(wg.world_size)
-
-
 def broadcast(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """Every rank gets every argument whole (the same object: shipped once)."""
-    n = _world(wg)
+    n = int(wg.world_size)
     return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
 
 
 def dispatch_all_to_all(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """verl's rule: split when every argument is a world-size list, else broadcast."""
-    n = _world(wg)
+    n = int(wg.world_size)
     values = list(args) + list(kwargs.values())
     if values and all(isinstance(v, list) and len(v) == n for v in values):
         return tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()}
@@ -61,7 +57,7 @@ def collect_rank_zero(wg: Any, outputs: list[Any]) -> Any:
 
 def dispatch_dp_compute(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """Element i of each list/tuple argument goes to rank i."""
-    n = _world(wg)
+    n = int(wg.world_size)
     for where, v in [(f"argument {i}", a) for i, a in enumerate(args)] + [
         (f"keyword {k!r}", v) for k, v in kwargs.items()
     ]:
@@ -157,7 +153,7 @@ def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def dispatch_dp_compute_proto(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
-    return split_dataprotos(wg, _world(wg), args, kwargs)
+    return split_dataprotos(wg, int(wg.world_size), args, kwargs)
 
 
 def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
@@ -166,7 +162,7 @@ def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> P
             "Dispatch.DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument, got "
             f"{type(args[0]).__name__ if args else 'no arguments'}"
         )
-    n = _world(wg)
+    n = int(wg.world_size)
     rest_args, rest_kwargs = split_dataprotos(wg, n, args[1:], kwargs)
     return ([args[0]] * n, *rest_args), rest_kwargs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
-from typing import Any, Generic, Never, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Never, ParamSpec, TypeVar
 
 from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
@@ -47,33 +47,13 @@ class MethodProxy(Generic[P, D_co]):
         self._site = site
         self._name = name
         self._registration = registration
-        self._timeout = timeout
+        self._timeout = site.call_timeout if timeout is DEFAULT else timeout
         self._lazy = lazy
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
         result: D_co = run_call(self, args, kwargs, self._lazy)
         return result
 
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | None = ...,
-        lazy: bool | None = ...,
-        on_timeout: str | None = ...,
-        blocking: None = ...,
-        **unknown: Never,
-    ) -> MethodProxy[P, D_co]: ...
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | None = ...,
-        lazy: bool | None = ...,
-        on_timeout: str | None = ...,
-        blocking: bool,
-        **unknown: Never,
-    ) -> MethodProxy[P, Any]: ...
     def options(
         self,
         *,
@@ -163,7 +143,7 @@ def run_call(
 ) -> Any:
     """Run ``proxy``'s method on its site's ranks; the collected result, or a future of it."""
     group, site, name, registration = proxy._group, proxy._site, proxy._name, proxy._registration
-    timeout = site.call_timeout if proxy._timeout is DEFAULT else proxy._timeout
+    timeout = proxy._timeout
     spec = _begin(proxy)
     trace = CallTrace.begin(site.shared.label, site.prefix, name)
     cancels = proxy._on_timeout == "cancel" and timeout is not None
@@ -235,7 +215,7 @@ def start_stream(
 ) -> CallStream:
     """Plan and submit the call as :func:`run_call` does; its parts as ranks finish (see ``_stream``)."""
     group, site, name = proxy._group, proxy._site, proxy._name
-    timeout = site.call_timeout if proxy._timeout is DEFAULT else proxy._timeout
+    timeout = proxy._timeout
     spec = _begin(proxy)
     planned = plan_call(group, site, name, proxy._registration, spec, args, kwargs, None, proxy._lazy)
     if planned.unwrap:

@@ -30,7 +30,6 @@ from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
-from ._roles import role_view
 from ._site import CallSite, SharedRanks
 from ._submit import Submitted, ledger_sender, submit
 
@@ -192,7 +191,16 @@ class WorkerGroup(Generic[W]):
 
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
         """Role ``name``'s group, typed (and checked) ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor)``."""
-        return cast("WorkerGroup[R]", role_view(self, name, role_cls))
+        if not isinstance(role_cls, type):
+            raise DispatchError(f"wg.role({name!r}, cls) needs the role's worker class as cls, got {role_cls!r}")
+        view = self.spawn([name])[name]
+        hosted: type = view.worker_cls
+        if not issubclass(hosted, role_cls):
+            raise DispatchError(
+                f"role {name!r} of {self._worker_cls.__name__} hosts {hosted.__qualname__}, not "
+                f"{role_cls.__qualname__}: pass wg.role({name!r}, {hosted.__name__}) (or a base class of it)"
+            )
+        return cast("WorkerGroup[R]", view)
 
     # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:

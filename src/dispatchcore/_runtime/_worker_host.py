@@ -216,10 +216,8 @@ class WorkerHost:
             return False, RemoteFailure.capture(self.rank, label, exc)
 
     def _method_context(self) -> tuple[Any, int, int]:
-        """The collective context a method runs in (built once, and again if the executor relinked)."""
-        context = self._collective_context
-        if context is None or context[0] is not self.collective:
-            context = self._collective_context = (self.collective, self.rank, self.world_size)
+        """The collective context a method runs in (made again when the executor relinked)."""
+        context = self._collective_context = (self.collective, self.rank, self.world_size)
         return context
 
     def _await(self, awaitable: Any, running: RunningCall) -> Any:
