@@ -130,10 +130,7 @@ def register(
     dispatch_mode: Any = ...,
     execute_mode: Any = ...,
     blocking: bool = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsAs[Any]: ...
 
 

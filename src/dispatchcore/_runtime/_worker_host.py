@@ -149,7 +149,12 @@ class WorkerHost:
         except CallInterrupted:  # an interrupt that landed just as the method returned
             return False, _cancelled(self.rank, method, "as it returned")
         finally:
-            _leave(running)
+            while True:  # leave the gate, even if an interrupt that landed as the method returned fires in here
+                try:
+                    GATE.leave(running)
+                    break
+                except CallInterrupted:
+                    continue
 
     def cancel(self, call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) -> bool:
         """Stop call ``call_id`` wherever it runs in this process (see :func:`cancel_in_process`)."""
@@ -241,18 +246,7 @@ class WorkerHost:
         self._loop = None
 
 
-def _leave(running: RunningCall) -> None:
-    """Leave the gate, even if an interrupt that landed as the method returned fires in here."""
-    while True:
-        try:
-            GATE.leave(running)
-            return
-        except CallInterrupted:
-            continue
-
-
 def _cancelled(rank: int, method: str, when: str) -> RemoteFailure:
-    """The failure a rank reports for a call cancelled ``when``."""
     return RemoteFailure(rank, method, "CallInterrupted", f"the call was cancelled {when}", "")
 
 
