@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError, did_you_mean
@@ -38,19 +36,12 @@ def check_on_rank_death(value: Any, backend: str, executor_cls: type[Executor]) 
     )
 
 
-@dataclass(frozen=True)
-class SetupStep:
-    """One successful setup call: the method and each rank's arguments (copied)."""
-
-    method: str
-    by_rank: Mapping[int, tuple[tuple[Any, ...], dict[str, Any]]]
-
-
 class SetupLog:
     """The setup calls of one group (all its role views), in the order they succeeded."""
 
     def __init__(self) -> None:
-        self._steps: list[SetupStep] = []
+        #: Each successful setup call: the method and each rank's arguments (copied).
+        self._steps: list[tuple[str, dict[int, tuple[tuple[Any, ...], dict[str, Any]]]]] = []
         self._lock = threading.Lock()
 
     def record(self, call: Call) -> None:
@@ -60,13 +51,13 @@ class SetupLog:
             for rank, args, kwargs in zip(call.ranks, call.args, call.kwargs, strict=True)
         }
         with self._lock:
-            self._steps.append(SetupStep(call.method, by_rank))
+            self._steps.append((call.method, by_rank))
 
     def for_rank(self, rank: int) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         """What a new ``rank`` replays: ``(method, args, kwargs)`` in order, skipping calls it was not in."""
         with self._lock:
             steps = list(self._steps)
-        return [(s.method, *s.by_rank[rank]) for s in steps if rank in s.by_rank]
+        return [(method, *by_rank[rank]) for method, by_rank in steps if rank in by_rank]
 
 
 #: Default of ``WorkerGroup(cancel_grace=...)``: how long ranks asked to stop may take to leave a call.
