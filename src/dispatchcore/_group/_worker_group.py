@@ -148,12 +148,11 @@ class WorkerGroup(Generic[W]):
     def on_bound(self, parent: WorkerGroup[Any] | None) -> None:
         """Runs once a group or a view (``parent``: its group, else ``None``) has its proxies bound; for adapters."""
 
-    @classmethod
-    def _view_of(cls, parent: WorkerGroup[Any], site: CallSite, worker_cls: type) -> WorkerGroup[Any]:
-        """A view: a group over ``site`` (some of ``parent``'s ranks, or one of its roles)."""
-        view: WorkerGroup[Any] = cls.__new__(cls)
-        methods = parent._methods if worker_cls is parent._worker_cls else registered_methods(worker_cls)
-        view._attach(site, worker_cls, methods, parent._parent or parent)
+    def _view(self, site: CallSite, worker_cls: type | None = None) -> WorkerGroup[Any]:
+        """A view: a group over ``site`` (some of these ranks, or one role of them: ``worker_cls``)."""
+        view: WorkerGroup[Any] = type(self).__new__(type(self))
+        methods = self._methods if worker_cls is None else registered_methods(worker_cls)
+        view._attach(site, worker_cls or self._worker_cls, methods, self._parent or self)
         return view
 
     # -- construction helpers -------------------------------------------------
@@ -187,7 +186,7 @@ class WorkerGroup(Generic[W]):
         if unknown:
             raise DispatchKeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
         site = self._site
-        return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
+        return {role: self._view(site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
         """Role ``name``'s group, typed (and checked) ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor)``."""
@@ -205,11 +204,11 @@ class WorkerGroup(Generic[W]):
     # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
         """A view (dispatching for its own size) calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[3]``."""
-        return self._view_of(self, self._site.over(select_by_index(self._site.ranks, index)), self._worker_cls)
+        return self._view(self._site.over(select_by_index(self._site.ranks, index)))
 
     def ranks(self, ranks: Iterable[int]) -> WorkerGroup[W]:
         """A view calling only ``ranks`` (distinct numbers of this group), in the order given."""
-        return self._view_of(self, self._site.over(select_ranks(self._site.ranks, ranks)), self._worker_cls)
+        return self._view(self._site.over(select_ranks(self._site.ranks, ranks)))
 
     @property
     def rank_ids(self) -> tuple[int, ...]:

@@ -176,9 +176,8 @@ class WorkerHost:
             try:
                 fn = self._bound[method] = getattr(self.worker, method)
             except AttributeError as exc:
-                cls = type(self.worker).__name__
                 failure = RemoteFailure.capture(self.rank, method, exc)
-                failure.message = f"{cls} has no method {method!r}"
+                failure.message = f"{type(self.worker).__name__} has no method {method!r}"
                 return False, failure
         try:
             args, kwargs = resolve_lazy_arguments(
