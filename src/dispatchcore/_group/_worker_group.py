@@ -155,7 +155,6 @@ class WorkerGroup(Generic[W]):
         view._attach(site, worker_cls or self._worker_cls, methods, self._parent or self)
         return view
 
-    # -- construction helpers -------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], worker_cls: type[W], **kwargs: Any) -> WorkerGroup[W]:
         """Build from any mapping with ``backend``, ``world_size`` and a per-backend section; keyword arguments win."""
@@ -201,7 +200,6 @@ class WorkerGroup(Generic[W]):
             )
         return cast("WorkerGroup[R]", view)
 
-    # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
         """A view (dispatching for its own size) calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[3]``."""
         return self._view(self._site.over(select_by_index(self._site.ranks, index)))
@@ -215,14 +213,9 @@ class WorkerGroup(Generic[W]):
         """The ranks of the whole group this group calls, in order (``0..world_size-1`` unless a view)."""
         return self._site.ranks
 
-    # -- typed calls ---------------------------------------------------------------
     @property
     def call(self) -> type[W]:
-        """The registered methods, typed for checkers: ``wg.call.update_actor(batch)``.
-
-        The same proxies as ``wg.update_actor``, typed as the worker class so a
-        checker reads each driver signature off its ``@register`` declaration.
-        """
+        """The registered methods, typed as the worker class for checkers: ``wg.call.update_actor(batch)``."""
         return cast("type[W]", MethodNamespace(self))
 
     # -- for executors' adapters (public, so they need nothing private) -------------
@@ -279,7 +272,6 @@ class WorkerGroup(Generic[W]):
         """Raise :class:`DispatchError` if the group is shut down or broken."""
         self._site.check_open(self)
 
-    # -- calling by name -------------------------------------------------------
     def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
         site = self._site
         site.check_open(self)
@@ -318,7 +310,6 @@ class WorkerGroup(Generic[W]):
                 self._mesh_cache[mesh_name] = cached
         return cached
 
-    # -- attributes and lifetime ----------------------------------------------
     @property
     def world_size(self) -> int:
         return self._site.world_size
