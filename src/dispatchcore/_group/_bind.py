@@ -59,19 +59,18 @@ class CallBinder:
         sent = f"{n_args} positional argument{'s' * (n_args != 1)}"
         if keywords:
             sent += f" and keyword{'s' * (len(keywords) != 1)} {', '.join(map(repr, keywords))}"
+        # The signature as the driver calls it: without ``self``, without annotations (often strings).
+        params = list(self._signature.parameters.values())
+        shown = inspect.Signature(
+            [p.replace(annotation=p.empty) for p in params[_self_param(params, bool(self._self_args)) :]]
+        )
         error = CallSignatureError(
-            f"call {self._called!r} does not fit {self._owner}{self._shown_signature()}: {reason}; after "
+            f"call {self._called!r} does not fit {self._owner}{shown}: {reason}; after "
             f"dispatch mode {mode_name} each rank would receive {sent}. Nothing was sent to the ranks"
         )
         error.method = self._owner
         error.parameter = parameter
         return error
-
-    def _shown_signature(self) -> inspect.Signature:
-        """The signature as the driver calls it: without ``self``, without annotations (often strings)."""
-        params = list(self._signature.parameters.values())
-        shown = [p.replace(annotation=p.empty) for p in params[_self_param(params, bool(self._self_args)) :]]
-        return inspect.Signature(shown)
 
 
 def bind_call(

@@ -296,8 +296,7 @@ class WorkerGroup(Generic[W]):
 
     def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
         """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked once (a view's dp ranks numbered from 0)."""
-        with self._lock:
-            cached = self._mesh_cache.get(mesh_name)
+        cached = self._mesh_cache.get(mesh_name)  # a dict read needs no lock; the write below takes it
         if cached is None:
             answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
             cached = [(int(dp), bool(c)) for dp, c in answers]
