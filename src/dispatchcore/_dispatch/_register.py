@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     )
 
 F = TypeVar("F", bound=Callable[..., Any])
-# For the typed overloads of ``register`` (see ``_typed_method``).
 S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")

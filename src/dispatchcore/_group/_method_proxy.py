@@ -6,6 +6,7 @@ Each proxy class is named after its method, so tracebacks read ``update_actor``;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import types
 from typing import Any, Generic, Never, ParamSpec, TypeVar
@@ -177,8 +178,7 @@ def run_call(
     if registration.blocking:
         return resolve(None)
 
-    def cancel() -> bool:
-        return cancel_on_ranks(site, handle, call, "it was cancelled")
+    cancel = functools.partial(cancel_on_ranks, site, handle, call, "it was cancelled")
 
     if spec.returns_dataproto:
         ctx = planned.context
@@ -233,7 +233,5 @@ def start_stream(
     def on_error(exc: BaseException) -> None:
         ended_early(site, handle, call, exc, submitted.trace, cancel_after=timeout)
 
-    def on_close() -> bool:
-        return cancel_on_ranks(site, handle, call, "its stream was left early")
-
+    on_close = functools.partial(cancel_on_ranks, site, handle, call, "its stream was left early")
     return CallStream(site.shared.ledger, planned, submitted, ordered, timeout, on_error, on_close)

@@ -253,8 +253,7 @@ class WorkerGroup(Generic[W]):
         if not ranks or bad:
             raise DispatchValueError(f"replace_rank needs rank numbers in 0..{size - 1}, got {list(ranks)}")
         wanted = tuple(sorted({site.ranks[r] for r in ranks}))  # a view's ranks are positions in it
-        root = self._parent or self
-        return site.shared.membership.replace(root, wanted)
+        return site.shared.membership.replace(self._parent or self, wanted)
 
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
         """Where each rank is now: the Python stack of the thread running its methods, by rank.
@@ -300,8 +299,7 @@ class WorkerGroup(Generic[W]):
         if cached is None:
             answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
             cached = [(int(dp), bool(c)) for dp, c in answers]
-            root = self._parent or self
-            if self._site.world_size < root.world_size:
+            if self._site.world_size < (self._parent or self).world_size:
                 # A view over some dp ranks splits over those only, renumbered 0..k-1.
                 present = {dp: i for i, dp in enumerate(sorted({dp for dp, _ in cached}))}
                 cached = [(present[dp], c) for dp, c in cached]

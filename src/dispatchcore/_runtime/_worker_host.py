@@ -226,17 +226,14 @@ class WorkerHost:
 
     def _await(self, awaitable: Any, running: RunningCall) -> Any:
         """Run a coroutine method to its end on the private loop, as a task :meth:`cancel` can cancel."""
-        loop = self._event_loop()
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
         task = loop.create_task(_await(awaitable))
         running.loop, running.task = loop, task
         if running.requested:  # cancelled between the call and here
             task.cancel()
         return loop.run_until_complete(task)
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop
 
     def close(self) -> None:
         """Close the private event loop, if one was made."""
