@@ -16,7 +16,7 @@ from .._data import (
     is_tensordict,
     slice_rows,
 )
-from .._spi import plan_forward
+from .._spi import plan_forward, trimmed_rows
 from .._wire import RowBuffers
 from ._call_context import current_call
 from ._modes import Dispatch, set_builtin
@@ -32,19 +32,15 @@ class _LazyRows(Protocol):
     def bring_unreachable_rows(self, executor: Any) -> None: ...
 
 
-def _world(wg: Any) -> int:
-    return int(wg.world_size)
-
-
 def broadcast(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """Every rank gets every argument whole (the same object: shipped once)."""
-    n = _world(wg)
+    n = int(wg.world_size)
     return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
 
 
 def dispatch_all_to_all(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """verl's rule: split when every argument is a world-size list, else broadcast."""
-    n = _world(wg)
+    n = int(wg.world_size)
     values = list(args) + list(kwargs.values())
     if values and all(isinstance(v, list) and len(v) == n for v in values):
         return tuple(list(a) for a in args), {k: list(v) for k, v in kwargs.items()}
@@ -61,7 +57,7 @@ def collect_rank_zero(wg: Any, outputs: list[Any]) -> Any:
 
 def dispatch_dp_compute(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
     """Element i of each list/tuple argument goes to rank i."""
-    n = _world(wg)
+    n = int(wg.world_size)
     for where, v in [(f"argument {i}", a) for i, a in enumerate(args)] + [
         (f"keyword {k!r}", v) for k, v in kwargs.items()
     ]:
@@ -138,35 +134,26 @@ def _note_padding(ctx: Any, pad_size: int, padded_len: int) -> None:
 
 def split_dataprotos(wg: Any, n: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PerRank:
     """Chunk DataProto/future arguments ``n`` ways; broadcast everything else."""
-    out_args = []
+    out: list[list[Any]] = []
     split = False
-    for a in args:
-        chunks = _chunk_value(wg, a, n)
+    for value in (*args, *kwargs.values()):
+        chunks = _chunk_value(wg, value, n)
         split = split or chunks is not None
-        out_args.append(chunks if chunks is not None else [a] * n)
-    out_kwargs = {}
-    for k, v in kwargs.items():
-        chunks = _chunk_value(wg, v, n)
-        split = split or chunks is not None
-        out_kwargs[k] = chunks if chunks is not None else [v] * n
-    if not split and (args or kwargs):
-        _refuse_nothing_to_split(args, kwargs)
-    return tuple(out_args), out_kwargs
-
-
-def _refuse_nothing_to_split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A DataProto mode given no DataProto would concatenate n copies of the answer: a type error."""
-    got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
-    raise DispatchTypeError(
-        f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
-        f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
-        "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "
-        "argument whole"
-    )
+        out.append(chunks if chunks is not None else [value] * n)
+    if not split and out:
+        # A DataProto mode given no DataProto would concatenate n copies of the answer: a type error.
+        got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+        raise DispatchTypeError(
+            f"call {current_call().method!r} splits DataProto arguments over the ranks, but none of its arguments "
+            f"is a DataProto, DataProtoFuture or TensorDict (got {', '.join(got)}). Pass the batch as a DataProto, "
+            "e.g. DataProto.from_dict({...}), or register the method with Dispatch.ONE_TO_ALL to send every "
+            "argument whole"
+        )
+    return tuple(out[: len(args)]), dict(zip(kwargs, out[len(args) :], strict=True))
 
 
 def dispatch_dp_compute_proto(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
-    return split_dataprotos(wg, _world(wg), args, kwargs)
+    return split_dataprotos(wg, int(wg.world_size), args, kwargs)
 
 
 def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> PerRank:
@@ -175,7 +162,7 @@ def dispatch_dp_compute_proto_with_func(wg: Any, *args: Any, **kwargs: Any) -> P
             "Dispatch.DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument, got "
             f"{type(args[0]).__name__ if args else 'no arguments'}"
         )
-    n = _world(wg)
+    n = int(wg.world_size)
     rest_args, rest_kwargs = split_dataprotos(wg, n, args[1:], kwargs)
     return ([args[0]] * n, *rest_args), rest_kwargs
 
@@ -184,11 +171,7 @@ def trim_padding(result: Any, pad_size: int, padded_len: int) -> Any:
     """Drop the rows that padding produced, never whole worker results."""
     if pad_size <= 0 or not (isinstance(result, (DataProto, torch.Tensor)) or is_tensordict(result)):
         return result
-    total = len(result)
-    if padded_len and total % padded_len == 0:
-        keep = total // padded_len * (padded_len - pad_size)
-    else:
-        keep = total - pad_size
+    keep = trimmed_rows(len(result), pad_size, padded_len)
     if keep < 0:
         return result
     return slice_rows(result, 0, keep) if is_tensordict(result) else result[:keep]

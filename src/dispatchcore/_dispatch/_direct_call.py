@@ -39,13 +39,10 @@ class DirectCall:
         self.method = method
         self.spec = resolve_mode(mode)
         self.group = group
+        self.world_size = int(group.world_size)
         self.context = context
         self.args: tuple[list[Any], ...] = ()
         self.kwargs: dict[str, list[Any]] = {}
-
-    @property
-    def world_size(self) -> int:
-        return int(self.group.world_size)
 
     def inputs(self, rank: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The positional and keyword arguments rank ``rank`` receives."""

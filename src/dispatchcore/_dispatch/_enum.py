@@ -57,10 +57,6 @@ class _DynamicEnum(metaclass=_DynamicEnumMeta):
         cls._members[name] = member
         return member
 
-    @classmethod
-    def _remove(cls, name: str) -> None:
-        cls._members.pop(name, None)
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__}.{self.name}: {self.value}>"
 

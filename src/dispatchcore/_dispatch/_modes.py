@@ -115,7 +115,7 @@ def unregister_dispatch_mode(name: str) -> None:
         if name not in _table:
             raise RegistrationError(f"no dispatch mode {name!r} to unregister")
         del _table[name]
-        Dispatch._remove(name)
+        Dispatch._members.pop(name, None)
 
 
 def validate_mode(mode: Any) -> None:

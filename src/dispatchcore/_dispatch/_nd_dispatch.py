@@ -34,8 +34,8 @@ def mesh_layout(mesh_name: str, info: list[tuple[int, bool]]) -> tuple[int, list
                 "exactly one rank per dp rank may register is_collect=True"
             )
         collectors[dp] = position
-    if sorted(collectors) != list(range(dp_size)):
-        lacking = sorted(set(range(dp_size)) - set(collectors))
+    lacking = sorted(set(range(dp_size)) - set(collectors))
+    if lacking:
         raise DispatchError(f"mesh {mesh_name!r}: no rank collects dp_rank(s) {lacking}")
     return dp_size, [collectors[dp] for dp in range(dp_size)]
 

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     )
 
 F = TypeVar("F", bound=Callable[..., Any])
-# For the typed overloads of ``register`` (see ``_typed_method``).
 S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -130,10 +129,7 @@ def register(
     dispatch_mode: Any = ...,
     execute_mode: Any = ...,
     blocking: bool = ...,
-    materialize_futures: bool = ...,
-    setup: bool = ...,
-    retry: bool = ...,
-    lazy: bool | None = ...,
+    **flags: Unpack[_Flags],
 ) -> CollectsAs[Any]: ...
 
 

@@ -29,13 +29,6 @@ class Registration:
     lazy: bool | None = None
 
 
-def registration_of(obj: Any) -> Registration | None:
-    """The :class:`Registration` of a function, or ``None`` if undecorated."""
-    target = getattr(obj, "__func__", obj)
-    found = getattr(target, REGISTRATION_ATTR, None)
-    return found if isinstance(found, Registration) else None
-
-
 def registered_methods(worker_cls: type) -> dict[str, Registration]:
     """Every ``@register`` method of ``worker_cls`` (inherited ones included)."""
     found: dict[str, Registration] = {}
@@ -46,7 +39,7 @@ def registered_methods(worker_cls: type) -> dict[str, Registration]:
             attr = inspect.getattr_static(worker_cls, name)
         except AttributeError:
             continue
-        registration = registration_of(attr)
-        if registration is not None:
+        registration = getattr(getattr(attr, "__func__", attr), REGISTRATION_ATTR, None)
+        if isinstance(registration, Registration):
             found[name] = registration
     return found

@@ -41,43 +41,36 @@ class CallBinder:
         shape = (n_args, *keywords) if keywords else n_args
         if shape in self._fits:
             return
-        self._bind(n_args, tuple(keywords), mode_name)
+        try:
+            self._signature.bind(*[None] * (n_args + self._self_args), **dict.fromkeys(keywords))
+        except TypeError as exc:
+            raise self._error(str(exc), n_args, tuple(keywords), mode_name) from None
         if len(self._fits) < _MAX_SHAPES:
             self._fits.add(shape)
-
-    def _bind(self, n_args: int, keywords: tuple[str, ...], mode_name: str) -> None:
-        placeholders = [None] * (n_args + self._self_args)
-        try:
-            self._signature.bind(*placeholders, **dict.fromkeys(keywords))
-        except TypeError as exc:
-            raise self._error(str(exc), n_args, keywords, mode_name) from None
 
     def _error(self, reason: str, n_args: int, keywords: tuple[str, ...], mode_name: str) -> CallSignatureError:
         found = _QUOTED.search(reason)
         parameter = found.group(1) if found else None
         if parameter is not None and "unexpected keyword" in reason:
-            close = difflib.get_close_matches(parameter, self._parameter_names(), n=1)
+            names = [p.name for p in self._signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+            close = difflib.get_close_matches(parameter, names, n=1)
             if close:
                 reason += f" (did you mean {close[0]!r}?)"
         sent = f"{n_args} positional argument{'s' * (n_args != 1)}"
         if keywords:
             sent += f" and keyword{'s' * (len(keywords) != 1)} {', '.join(map(repr, keywords))}"
+        # The signature as the driver calls it: without ``self``, without annotations (often strings).
+        params = list(self._signature.parameters.values())
+        shown = inspect.Signature(
+            [p.replace(annotation=p.empty) for p in params[_self_param(params, bool(self._self_args)) :]]
+        )
         error = CallSignatureError(
-            f"call {self._called!r} does not fit {self._owner}{self._shown_signature()}: {reason}; after "
+            f"call {self._called!r} does not fit {self._owner}{shown}: {reason}; after "
             f"dispatch mode {mode_name} each rank would receive {sent}. Nothing was sent to the ranks"
         )
         error.method = self._owner
         error.parameter = parameter
         return error
-
-    def _parameter_names(self) -> list[str]:
-        return [p.name for p in self._signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-
-    def _shown_signature(self) -> inspect.Signature:
-        """The signature as the driver calls it: without ``self``, without annotations (often strings)."""
-        params = list(self._signature.parameters.values())
-        shown = [p.replace(annotation=p.empty) for p in params[_self_param(params, bool(self._self_args)) :]]
-        return inspect.Signature(shown)
 
 
 def bind_call(

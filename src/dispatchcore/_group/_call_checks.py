@@ -10,10 +10,6 @@ from .._runtime import unpicklable_call_error
 from .._spi import Call, CallHandle, Executor
 
 
-def _kind(value: Any) -> str:
-    return type(value).__name__
-
-
 def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` from a dispatch function's return value (its outer shape checked), else a DispatchError."""
     if (
@@ -22,9 +18,9 @@ def per_rank_values(dispatched: Any, mode_name: str, method: str) -> tuple[tuple
         or not isinstance(dispatched[0], (tuple, list))
         or not isinstance(dispatched[1], Mapping)
     ):
-        got = _kind(dispatched)
+        got = type(dispatched).__name__
         if isinstance(dispatched, (tuple, list)):
-            got += f" of {len(dispatched)} ({', '.join(_kind(v) for v in dispatched[:3])})"
+            got += f" of {len(dispatched)} ({', '.join(type(v).__name__ for v in dispatched[:3])})"
         raise DispatchError(
             f"dispatch function of mode {mode_name!r} returned a {got} for call {method!r}; it must return "
             "(args, kwargs): a tuple with one per-rank list per positional argument and a dict of per-rank lists"
@@ -50,7 +46,7 @@ def submit_call(executor: Executor, call: Call, backend: str) -> CallHandle:
             raise named from exc
         raise DispatchError(
             f"backend {backend!r} could not send the arguments of call {call.method!r} to its ranks "
-            f"({_kind(exc)}: {exc}). Arguments must survive pickling to reach another process: pass plain "
+            f"({type(exc).__name__}: {exc}). Arguments must survive pickling to reach another process: pass plain "
             "data, tensors, numpy arrays or DataProto, not locks, open files, sockets or generators"
         ) from exc
 

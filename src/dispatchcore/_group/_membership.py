@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError, did_you_mean
@@ -38,19 +36,12 @@ def check_on_rank_death(value: Any, backend: str, executor_cls: type[Executor]) 
     )
 
 
-@dataclass(frozen=True)
-class SetupStep:
-    """One successful setup call: the method and each rank's arguments (copied)."""
-
-    method: str
-    by_rank: Mapping[int, tuple[tuple[Any, ...], dict[str, Any]]]
-
-
 class SetupLog:
     """The setup calls of one group (all its role views), in the order they succeeded."""
 
     def __init__(self) -> None:
-        self._steps: list[SetupStep] = []
+        #: Each successful setup call: the method and each rank's arguments (copied).
+        self._steps: list[tuple[str, dict[int, tuple[tuple[Any, ...], dict[str, Any]]]]] = []
         self._lock = threading.Lock()
 
     def record(self, call: Call) -> None:
@@ -60,53 +51,13 @@ class SetupLog:
             for rank, args, kwargs in zip(call.ranks, call.args, call.kwargs, strict=True)
         }
         with self._lock:
-            self._steps.append(SetupStep(call.method, by_rank))
+            self._steps.append((call.method, by_rank))
 
     def for_rank(self, rank: int) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         """What a new ``rank`` replays: ``(method, args, kwargs)`` in order, skipping calls it was not in."""
         with self._lock:
             steps = list(self._steps)
-        return [(s.method, *s.by_rank[rank]) for s in steps if rank in s.by_rank]
-
-
-def run_replacement(
-    group: Any, ranks: tuple[int, ...], generation: int, stragglers: Stragglers | None = None
-) -> MembershipChange:
-    """Replace ``ranks`` of root ``group``: new ranks, setup replay, hook; ``WorkerDiedError`` if another dies."""
-    executor = group.executor
-    n = group.world_size
-    env = dict(executor.replace_ranks(ranks))
-    if stragglers is not None:
-        stragglers.forget(ranks)
-    survivors = [r for r in range(n) if r not in ranks]
-    change = MembershipChange(
-        replaced=ranks,
-        world_size=n,
-        source_rank=survivors[0] if survivors else ranks[0],
-        generation=generation,
-        env=env,
-    )
-    log: SetupLog = group.setup_log
-    all_ranks = tuple(range(n))
-    call = Call(
-        REJOIN_CALL,
-        all_ranks,
-        [(change, log.for_rank(r) if r in ranks else []) for r in all_ranks],
-        [{} for _ in all_ranks],
-        timeout=group.call_timeout,
-        instructions=_REJOIN,
-    )
-    try:
-        # Through the group's submit path; the stragglers were settled above (``Membership._with_stuck``).
-        group._submit_call(call, settled=True).result(group.call_timeout)
-    except WorkerError as exc:
-        raise DispatchError(
-            f"rank(s) {list(ranks)} were restarted, but rank {exc.rank} failed to rejoin "
-            f"(setup replay or on_membership_change): {exc.exc_type}: {exc.exc_message}. "
-            "The group stays broken; shut it down and create a new one"
-        ) from exc
-    executor.mark_usable()
-    return change
+        return [(method, *by_rank[rank]) for method, by_rank in steps if rank in by_rank]
 
 
 #: Default of ``WorkerGroup(cancel_grace=...)``: how long ranks asked to stop may take to leave a call.
@@ -127,15 +78,46 @@ class Membership:
     def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
         """Replace ``ranks`` of ``group`` now, and any rank stuck in an ended call (the rejoin never waits on it)."""
         with self._lock:
-            self.generation += 1
-            return run_replacement(group, self._with_stuck(group, ranks), self.generation, self.stragglers)
+            return self._replace(group, ranks)
 
-    def _with_stuck(self, group: Any, ranks: tuple[int, ...]) -> tuple[int, ...]:
-        if not self.stragglers:
-            return ranks
-        others = [r for r in range(group.world_size) if r not in ranks]
-        stuck = self.stragglers.settle(others, self.cancel_grace)
-        return tuple(sorted({*ranks, *stuck}))
+    def _replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
+        """New ranks for ``ranks`` (and the stuck ones), setup replay, hook; ``WorkerDiedError`` if another dies."""
+        self.generation += 1
+        if self.stragglers:
+            others = [r for r in range(group.world_size) if r not in ranks]
+            ranks = tuple(sorted({*ranks, *self.stragglers.settle(others, self.cancel_grace)}))
+        executor = group.executor
+        n = group.world_size
+        env = dict(executor.replace_ranks(ranks))
+        self.stragglers.forget(ranks)
+        survivors = [r for r in range(n) if r not in ranks]
+        change = MembershipChange(
+            replaced=ranks,
+            world_size=n,
+            source_rank=survivors[0] if survivors else ranks[0],
+            generation=self.generation,
+            env=env,
+        )
+        all_ranks = tuple(range(n))
+        call = Call(
+            REJOIN_CALL,
+            all_ranks,
+            [(change, self.setup_log.for_rank(r) if r in ranks else []) for r in all_ranks],
+            [{} for _ in all_ranks],
+            timeout=group.call_timeout,
+            instructions=_REJOIN,
+        )
+        try:
+            # Through the group's submit path; the stragglers were settled above.
+            group._submit_call(call, settled=True).result(group.call_timeout)
+        except WorkerError as exc:
+            raise DispatchError(
+                f"rank(s) {list(ranks)} were restarted, but rank {exc.rank} failed to rejoin "
+                f"(setup replay or on_membership_change): {exc.exc_type}: {exc.exc_message}. "
+                "The group stays broken; shut it down and create a new one"
+            ) from exc
+        executor.mark_usable()
+        return change
 
     def recover(self, group: Any, dead: int, seen: int) -> None:
         """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
@@ -144,9 +126,8 @@ class Membership:
                 return
             pending = (dead,)
             for _ in range(group.world_size):
-                self.generation += 1
                 try:
-                    run_replacement(group, self._with_stuck(group, pending), self.generation, self.stragglers)
+                    self._replace(group, pending)
                     return
                 except WorkerDiedError as again:
                     pending = (again.rank,)

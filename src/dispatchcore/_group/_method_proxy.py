@@ -6,17 +6,17 @@ Each proxy class is named after its method, so tracebacks read ``update_actor``;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import types
-from typing import Any, Generic, Never, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Never, ParamSpec, TypeVar
 
 from .._base import DispatchAttributeError, DispatchError, WorkerDiedError, did_you_mean
 from .._dispatch import CallFuture, DataProtoFuture, DispatchSpec, Registration, resolve_mode
-from .._spi import CallHandle, remaining
+from .._spi import remaining
 from ._call_options import DEFAULT, check_call_options
 from ._collect import collect
 from ._plan import plan_call
-from ._planned import PlannedCall
 from ._retry import should_retry
 from ._site import CallSite
 from ._stream import CallStream
@@ -48,37 +48,13 @@ class MethodProxy(Generic[P, D_co]):
         self._site = site
         self._name = name
         self._registration = registration
-        self._timeout = timeout
+        self._timeout = site.call_timeout if timeout is DEFAULT else timeout
         self._lazy = lazy
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
-        site = self._site
-        timeout = site.call_timeout if self._timeout is DEFAULT else self._timeout
-        result: D_co = run_call(
-            self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy, self._on_timeout
-        )
+        result: D_co = run_call(self, args, kwargs, self._lazy)
         return result
 
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | None = ...,
-        lazy: bool | None = ...,
-        on_timeout: str | None = ...,
-        blocking: None = ...,
-        **unknown: Never,
-    ) -> MethodProxy[P, D_co]: ...
-    @overload
-    def options(
-        self,
-        *,
-        timeout: float | None = ...,
-        lazy: bool | None = ...,
-        on_timeout: str | None = ...,
-        blocking: bool,
-        **unknown: Never,
-    ) -> MethodProxy[P, Any]: ...
     def options(
         self,
         *,
@@ -110,11 +86,7 @@ class MethodProxy(Generic[P, D_co]):
         the loop early cancels the call on the ranks still running it.
         """
         ordered = bool(kwargs.pop("ordered", False))
-        site = self._site
-        timeout = site.call_timeout if self._timeout is DEFAULT else self._timeout
-        return start_stream(
-            self._group, site, self._name, self._registration, args, kwargs, timeout, self._lazy, ordered
-        )
+        return start_stream(self, args, kwargs, ordered)
 
     @property
     def registration(self) -> Registration:
@@ -164,21 +136,18 @@ class MethodNamespace:
 
 
 def run_call(
-    group: Any,
-    site: CallSite,
-    name: str,
-    registration: Registration,
+    proxy: MethodProxy[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    timeout: float | None,
     lazy: bool | None,
-    on_timeout: str = "raise",
     retried: bool = False,
 ) -> Any:
-    """Run registered method ``name`` on ``site``'s ranks; the collected result, or a future of it."""
-    spec = _begin(group, site, name, registration)
+    """Run ``proxy``'s method on its site's ranks; the collected result, or a future of it."""
+    group, site, name, registration = proxy._group, proxy._site, proxy._name, proxy._registration
+    timeout = proxy._timeout
+    spec = _begin(proxy)
     trace = CallTrace.begin(site.shared.label, site.prefix, name)
-    cancels = on_timeout == "cancel" and timeout is not None
+    cancels = proxy._on_timeout == "cancel" and timeout is not None
     # A call that cancels on timeout has no bound of its own: the handle would break the group at it.
     planned = plan_call(group, site, name, registration, spec, args, kwargs, None if cancels else timeout, lazy)
     call, handle = planned.call, send(group, site, planned.call, trace, True)
@@ -191,7 +160,7 @@ def run_call(
             ended_early(site, handle, call, exc, trace)
             if not should_retry(group, site, exc, registration, call.method, planned.generation, retried):
                 raise
-            again = run_call(group, site, name, registration, args, kwargs, timeout, planned.lazy, on_timeout, True)
+            again = run_call(proxy, args, kwargs, planned.lazy, True)
             return again if registration.blocking else again.get()
         except BaseException as exc:
             past = cancels and deadline is not None and time.monotonic() >= deadline
@@ -199,13 +168,17 @@ def run_call(
             if instead is not None:
                 raise instead from None
             raise
-        return _finish(group, site, registration, planned, handle, results, trace)
+        del planned.read_sources[:]  # the call is over: the rows it read may be freed
+        if registration.setup:
+            site.shared.membership.setup_log.record(call)
+        if trace is not None:
+            results = trace.executed(call, results)
+        return collect(group, site, planned, results, handle.row_buffers, trace)
 
     if registration.blocking:
         return resolve(None)
 
-    def cancel() -> bool:
-        return cancel_on_ranks(site, handle, call, "it was cancelled")
+    cancel = functools.partial(cancel_on_ranks, site, handle, call, "it was cancelled")
 
     if spec.returns_dataproto:
         ctx = planned.context
@@ -223,33 +196,28 @@ def run_call(
     return CallFuture(resolve, handle.done, cancel)
 
 
-def _begin(group: Any, site: CallSite, name: str, registration: Registration) -> DispatchSpec:
+def _begin(proxy: MethodProxy[..., Any]) -> DispatchSpec:
     """What every call checks first: the mode can be called, the group is open, stragglers settled (before planning)."""
-    spec = resolve_mode(registration.dispatch_mode)
+    name, site = proxy._name, proxy._site
+    spec = resolve_mode(proxy._registration.dispatch_mode)
     if spec.direct:
         raise DispatchError(
             f"{name!r} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: call it on the workers "
             "directly, not through the WorkerGroup"
         )
-    site.check_open(group)
-    clear_stragglers(group, site)
+    site.check_open(proxy._group)
+    clear_stragglers(proxy._group, site)
     return spec
 
 
 def start_stream(
-    group: Any,
-    site: CallSite,
-    name: str,
-    registration: Registration,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    timeout: float | None,
-    lazy: bool | None,
-    ordered: bool,
+    proxy: MethodProxy[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], ordered: bool
 ) -> CallStream:
-    """Plan and submit ``name`` as :func:`run_call` does; its parts as ranks finish (see ``_stream``)."""
-    spec = _begin(group, site, name, registration)
-    planned = plan_call(group, site, name, registration, spec, args, kwargs, None, lazy)
+    """Plan and submit the call as :func:`run_call` does; its parts as ranks finish (see ``_stream``)."""
+    group, site, name = proxy._group, proxy._site, proxy._name
+    timeout = proxy._timeout
+    spec = _begin(proxy)
+    planned = plan_call(group, site, name, proxy._registration, spec, args, kwargs, None, proxy._lazy)
     if planned.unwrap:
         raise DispatchError(f"{name!r} runs on rank 0 only (Execute.RANK_ZERO): there is nothing to stream")
     call = planned.call
@@ -265,25 +233,5 @@ def start_stream(
     def on_error(exc: BaseException) -> None:
         ended_early(site, handle, call, exc, submitted.trace, cancel_after=timeout)
 
-    def on_close() -> bool:
-        return cancel_on_ranks(site, handle, call, "its stream was left early")
-
+    on_close = functools.partial(cancel_on_ranks, site, handle, call, "its stream was left early")
     return CallStream(site.shared.ledger, planned, submitted, ordered, timeout, on_error, on_close)
-
-
-def _finish(
-    group: Any,
-    site: CallSite,
-    registration: Registration,
-    planned: PlannedCall,
-    handle: CallHandle,
-    results: list[Any],
-    trace: CallTrace | None,
-) -> Any:
-    """After the ranks answered: free what the call read, record setup, trace, collect."""
-    del planned.read_sources[:]  # the call is over: the rows it read may be freed
-    if registration.setup:
-        site.shared.membership.setup_log.record(planned.call)
-    if trace is not None:
-        results = trace.executed(planned.call, results)
-    return collect(group, site, planned, results, handle.row_buffers, trace)

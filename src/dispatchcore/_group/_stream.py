@@ -67,20 +67,18 @@ class CallStream(Iterator[StreamPart]):
             raise
         index = self._order.index(position)
         self._left.remove(position)
-        outcome = self._handle_outcome(position)
-        part = self._part(position, index, outcome)
-        if not self._left:
-            self._done = True
-            self._release()
-        return part
-
-    def _handle_outcome(self, position: int) -> Any:
         found = self._handle.position_outcome(position)
         assert found is not None and found[0]  # noqa: S101 - _next_position returns answered ranks only
         value = found[1]
         if self._trace is not None:
-            return self._trace.rank_done(self._planned.call.ranks[position], value)
-        return value.value if isinstance(value, TimedResult) else value
+            value = self._trace.rank_done(self._planned.call.ranks[position], value)
+        elif isinstance(value, TimedResult):
+            value = value.value
+        part = self._part(position, index, value)
+        if not self._left:
+            self._done = True
+            self._release()
+        return part
 
     def _next_position(self) -> int:
         """The next rank to hand out: the first answered one (or the next in order); raises its error."""
@@ -135,8 +133,7 @@ class CallStream(Iterator[StreamPart]):
 
     def close(self) -> None:
         """Leave the stream: the call is cancelled on the ranks still running it."""
-        if not self._done:
-            self.cancel()
+        self.cancel()
 
     def _release(self) -> None:
         del self._planned.read_sources[:]

@@ -41,23 +41,6 @@ def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = 
         error.add_note(stacks_note(stacks))
 
 
-def left_running(site: CallSite, handle: CallHandle, call: Call, why: str, error: BaseException | None) -> list[int]:
-    """``call`` ended (``why``) with ranks still in it: note where they are on ``error``, ask them to stop."""
-    shared = site.shared
-    stragglers = shared.membership.stragglers
-    running = unfinished_ranks(handle, call)
-    if not running:
-        return []
-    if error is not None:
-        error.add_note(
-            f"rank(s) {running} had not finished {call.method!r} when {why}; they were asked to stop "
-            f"(the next call waits up to cancel_grace={shared.membership.cancel_grace:g} s for them to leave it)"
-        )
-        note_stacks(site, error, running)
-    stragglers.track(site.executor, handle, call, why)
-    return running
-
-
 def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None = None) -> None:
     """Before a call on ``ranks`` (default: ``site``'s): no rank of it may still be in an earlier, ended call."""
     shared = site.shared
@@ -122,15 +105,14 @@ def ended_early(
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):
+        instead = None
         if cancel_after is not None and cancel_on_ranks(site, handle, call, "it outlived its timeout"):
-            exc = timeout_error(call.method, cancel_after, list(exc.ranks))
+            exc = instead = timeout_error(call.method, cancel_after, list(exc.ranks))
             exc.add_note("on_timeout='cancel': the call was cancelled on its ranks; the group takes calls again")
-            note_stacks(site, exc)
-            _mark(trace, list(exc.ranks), "timed out")
-            return exc
         note_stacks(site, exc)
-        _mark(trace, list(exc.ranks), "timed out")
-        return None
+        if trace is not None and exc.ranks:
+            trace.unfinished(list(exc.ranks), "timed out")
+        return instead
     if isinstance(exc, KeyboardInterrupt):
         cancel_on_ranks(site, handle, call, "the driver was interrupted")
         return None
@@ -140,11 +122,14 @@ def ended_early(
         why = f"rank {exc.rank} raised {exc.exc_type}"
     else:
         return None
-    _mark(trace, left_running(site, handle, call, why, exc), why)
+    running = unfinished_ranks(handle, call)
+    if running:
+        exc.add_note(
+            f"rank(s) {running} had not finished {call.method!r} when {why}; they were asked to stop "
+            f"(the next call waits up to cancel_grace={site.shared.membership.cancel_grace:g} s for them to leave it)"
+        )
+        note_stacks(site, exc, running)
+        site.shared.membership.stragglers.track(site.executor, handle, call, why)
+        if trace is not None:
+            trace.unfinished(running, why)
     return None
-
-
-def _mark(trace: Any, ranks: list[int], why: str) -> None:
-    """Mark on the trace (a ``CallTrace``, or ``None``) the ranks a call left running when it ended."""
-    if trace is not None and ranks:
-        trace.unfinished(ranks, why)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._base import DispatchError
@@ -23,16 +23,14 @@ CALL_BOUND: Any = object()
 BEGIN: Any = object()
 
 
+@dataclass(slots=True, eq=False)
 class Submitted:
     """A sent call: its executor's handle, and the pipeline's way to wait for it."""
 
-    __slots__ = ("call", "handle", "site", "trace")
-
-    def __init__(self, call: Call, handle: CallHandle, site: CallSite, trace: CallTrace | None) -> None:
-        self.call = call
-        self.handle = handle
-        self.site = site
-        self.trace = trace
+    call: Call
+    handle: CallHandle
+    site: CallSite
+    trace: CallTrace | None
 
     def result(self, timeout: float | None = CALL_BOUND) -> list[Any]:
         """Each rank's value; an error ends the call the pipeline's way (stacks noted, ranks asked to stop)."""

@@ -30,7 +30,6 @@ from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
-from ._roles import role_view
 from ._site import CallSite, SharedRanks
 from ._submit import Submitted, ledger_sender, submit
 
@@ -100,7 +99,12 @@ class WorkerGroup(Generic[W]):
         check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = check_timeout("call_timeout", call_timeout)
         methods = registered_methods(worker_cls)
-        _refuse_collisions(worker_cls, methods)
+        clashes = sorted(set(methods) & _GROUP_ATTRS)
+        if clashes:
+            raise RegistrationError(
+                f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
+                f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
+            )
         self._closed = True  # until the executor is up
         group_name = backend_options.pop("name", None) or f"{worker_cls.__name__}-{os.getpid()}-{next(_names)}"
         spec = GroupSpec(
@@ -144,15 +148,13 @@ class WorkerGroup(Generic[W]):
     def on_bound(self, parent: WorkerGroup[Any] | None) -> None:
         """Runs once a group or a view (``parent``: its group, else ``None``) has its proxies bound; for adapters."""
 
-    @classmethod
-    def _view_of(cls, parent: WorkerGroup[Any], site: CallSite, worker_cls: type) -> WorkerGroup[Any]:
-        """A view: a group over ``site`` (some of ``parent``'s ranks, or one of its roles)."""
-        view: WorkerGroup[Any] = cls.__new__(cls)
-        methods = parent._methods if worker_cls is parent._worker_cls else registered_methods(worker_cls)
-        view._attach(site, worker_cls, methods, parent._parent or parent)
+    def _view(self, site: CallSite, worker_cls: type | None = None) -> WorkerGroup[Any]:
+        """A view: a group over ``site`` (some of these ranks, or one role of them: ``worker_cls``)."""
+        view: WorkerGroup[Any] = type(self).__new__(type(self))
+        methods = self._methods if worker_cls is None else registered_methods(worker_cls)
+        view._attach(site, worker_cls or self._worker_cls, methods, self._parent or self)
         return view
 
-    # -- construction helpers -------------------------------------------------
     @classmethod
     def from_config(cls, config: Mapping[str, Any], worker_cls: type[W], **kwargs: Any) -> WorkerGroup[W]:
         """Build from any mapping with ``backend``, ``world_size`` and a per-backend section; keyword arguments win."""
@@ -183,34 +185,37 @@ class WorkerGroup(Generic[W]):
         if unknown:
             raise DispatchKeyError(f"unknown role(s) {unknown}; this colocated class hosts {sorted(roles)}")
         site = self._site
-        return {role: self._view_of(self, site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
+        return {role: self._view(site.over(prefix=f"{site.prefix}{role}_"), roles[role]) for role in wanted}
 
     def role(self, name: str, role_cls: type[R]) -> WorkerGroup[R]:
         """Role ``name``'s group, typed (and checked) ``WorkerGroup[role_cls]``: ``wg.role("actor", Actor)``."""
-        return cast("WorkerGroup[R]", role_view(self, name, role_cls))
+        if not isinstance(role_cls, type):
+            raise DispatchError(f"wg.role({name!r}, cls) needs the role's worker class as cls, got {role_cls!r}")
+        view = self.spawn([name])[name]
+        hosted: type = view.worker_cls
+        if not issubclass(hosted, role_cls):
+            raise DispatchError(
+                f"role {name!r} of {self._worker_cls.__name__} hosts {hosted.__qualname__}, not "
+                f"{role_cls.__qualname__}: pass wg.role({name!r}, {hosted.__name__}) (or a base class of it)"
+            )
+        return cast("WorkerGroup[R]", view)
 
-    # -- sub-group views -----------------------------------------------------------
     def __getitem__(self, index: int | slice) -> WorkerGroup[W]:
         """A view (dispatching for its own size) calling only the ranks ``index`` selects: ``wg[0:2]``, ``wg[3]``."""
-        return self._view_of(self, self._site.over(select_by_index(self._site.ranks, index)), self._worker_cls)
+        return self._view(self._site.over(select_by_index(self._site.ranks, index)))
 
     def ranks(self, ranks: Iterable[int]) -> WorkerGroup[W]:
         """A view calling only ``ranks`` (distinct numbers of this group), in the order given."""
-        return self._view_of(self, self._site.over(select_ranks(self._site.ranks, ranks)), self._worker_cls)
+        return self._view(self._site.over(select_ranks(self._site.ranks, ranks)))
 
     @property
     def rank_ids(self) -> tuple[int, ...]:
         """The ranks of the whole group this group calls, in order (``0..world_size-1`` unless a view)."""
         return self._site.ranks
 
-    # -- typed calls ---------------------------------------------------------------
     @property
     def call(self) -> type[W]:
-        """The registered methods, typed for checkers: ``wg.call.update_actor(batch)``.
-
-        The same proxies as ``wg.update_actor``, typed as the worker class so a
-        checker reads each driver signature off its ``@register`` declaration.
-        """
+        """The registered methods, typed as the worker class for checkers: ``wg.call.update_actor(batch)``."""
         return cast("type[W]", MethodNamespace(self))
 
     # -- for executors' adapters (public, so they need nothing private) -------------
@@ -248,8 +253,7 @@ class WorkerGroup(Generic[W]):
         if not ranks or bad:
             raise DispatchValueError(f"replace_rank needs rank numbers in 0..{size - 1}, got {list(ranks)}")
         wanted = tuple(sorted({site.ranks[r] for r in ranks}))  # a view's ranks are positions in it
-        root = self._parent or self
-        return site.shared.membership.replace(root, wanted)
+        return site.shared.membership.replace(self._parent or self, wanted)
 
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
         """Where each rank is now: the Python stack of the thread running its methods, by rank.
@@ -267,7 +271,6 @@ class WorkerGroup(Generic[W]):
         """Raise :class:`DispatchError` if the group is shut down or broken."""
         self._site.check_open(self)
 
-    # -- calling by name -------------------------------------------------------
     def _raw_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank_zero: bool) -> list[Any]:
         site = self._site
         site.check_open(self)
@@ -292,13 +295,11 @@ class WorkerGroup(Generic[W]):
 
     def mesh_ranks(self, mesh_name: str) -> list[tuple[int, bool]]:
         """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked once (a view's dp ranks numbered from 0)."""
-        with self._lock:
-            cached = self._mesh_cache.get(mesh_name)
+        cached = self._mesh_cache.get(mesh_name)  # a dict read needs no lock; the write below takes it
         if cached is None:
             answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
             cached = [(int(dp), bool(c)) for dp, c in answers]
-            root = self._parent or self
-            if self._site.world_size < root.world_size:
+            if self._site.world_size < (self._parent or self).world_size:
                 # A view over some dp ranks splits over those only, renumbered 0..k-1.
                 present = {dp: i for i, dp in enumerate(sorted({dp for dp, _ in cached}))}
                 cached = [(present[dp], c) for dp, c in cached]
@@ -306,7 +307,6 @@ class WorkerGroup(Generic[W]):
                 self._mesh_cache[mesh_name] = cached
         return cached
 
-    # -- attributes and lifetime ----------------------------------------------
     @property
     def world_size(self) -> int:
         return self._site.world_size
@@ -373,15 +373,6 @@ class WorkerGroup(Generic[W]):
 
 
 _GROUP_ATTRS = frozenset(n for n in dir(WorkerGroup) if not n.startswith("__"))
-
-
-def _refuse_collisions(worker_cls: type, methods: Mapping[str, Registration]) -> None:
-    clashes = sorted(set(methods) & _GROUP_ATTRS)
-    if clashes:
-        raise RegistrationError(
-            f"{worker_cls.__name__} registers method(s) {clashes} whose names clash with "
-            f"WorkerGroup.{clashes[0]}; rename the worker method(s)"
-        )
 
 
 @atexit.register

@@ -78,7 +78,10 @@ class RankCallHandle(CallHandle):
                 self._failures[position] = value
                 if self._gather_until is None and self._pending > 1:
                     self._gather_until = time.monotonic() + FAIL_FAST_GATHER_S
-                    _fail_fast_timer(self._event)
+                    # The call ends FAIL_FAST_GATHER_S after a rank raised, whatever the others do.
+                    timer = threading.Timer(FAIL_FAST_GATHER_S, self._event.set)
+                    timer.daemon = True
+                    timer.start()
             self._finish(position)
 
     def rank_died(self, position: int, detail: str) -> None:
@@ -254,10 +257,3 @@ class RankCallHandle(CallHandle):
         if self._failures:
             raise first_failure(self._failures, self.call.ranks)
         return self._results
-
-
-def _fail_fast_timer(event: Latch) -> None:
-    """End the call :data:`FAIL_FAST_GATHER_S` after a rank raised, whatever the others do."""
-    timer = threading.Timer(FAIL_FAST_GATHER_S, event.set)
-    timer.daemon = True
-    timer.start()

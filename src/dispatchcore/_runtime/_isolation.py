@@ -21,8 +21,6 @@ _IMMUTABLE_ITEMS = frozenset({type(None), bool, int, float, complex, str, bytes}
 #: Passed by reference, as pickle does for importable callables.
 _BY_REFERENCE = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
 
-_copiers: dict[type, Callable[[Any], Any]] = {}
-
 
 def isolated_copy(obj: Any) -> Any:
     """A copy sharing no mutable memory with ``obj`` (callables stay shared)."""
@@ -111,16 +109,14 @@ def _copy_dataproto(data: DataProto) -> DataProto:
     return out
 
 
-_copiers.update(
-    {
-        torch.Tensor: _copy_tensor,
-        np.ndarray: _copy_array,
-        dict: lambda d: {isolated_copy(k): isolated_copy(v) for k, v in d.items()},
-        list: lambda seq: [isolated_copy(v) for v in seq],
-        tuple: lambda seq: tuple(isolated_copy(v) for v in seq),
-        set: lambda s: {isolated_copy(v) for v in s},
-        frozenset: lambda s: frozenset(isolated_copy(v) for v in s),
-        TensorBatch: _copy_batch,
-        DataProto: _copy_dataproto,
-    }
-)
+_copiers: dict[type, Callable[[Any], Any]] = {
+    torch.Tensor: _copy_tensor,
+    np.ndarray: _copy_array,
+    dict: lambda d: {isolated_copy(k): isolated_copy(v) for k, v in d.items()},
+    list: lambda seq: [isolated_copy(v) for v in seq],
+    tuple: lambda seq: tuple(isolated_copy(v) for v in seq),
+    set: lambda s: {isolated_copy(v) for v in s},
+    frozenset: lambda s: frozenset(isolated_copy(v) for v in s),
+    TensorBatch: _copy_batch,
+    DataProto: _copy_dataproto,
+}

@@ -52,14 +52,11 @@ def thread_stacks(method_thread: int | None, all_threads: bool = False) -> str:
         wanted += [ident for ident in frames if ident != method_thread]
     parts = []
     for ident in wanted:
-        frame = frames.get(ident) if ident is not None else None
+        frame = frames.get(ident)
         title = f"thread {names.get(ident, '?')!r} ({ident})" + (
             " running the worker's methods" if ident == method_thread else ""
         )
-        if frame is None:
-            parts.append(f"{title}: not running")
-            continue
-        parts.append(f"{title}:\n" + format_user_stack(frame).rstrip())
+        parts.append(f"{title}: not running" if frame is None else f"{title}:\n" + format_user_stack(frame).rstrip())
     return "\n\n".join(parts) if parts else "no thread runs the worker's methods"
 
 

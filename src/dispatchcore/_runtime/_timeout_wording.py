@@ -7,20 +7,16 @@ from .._base import DispatchTimeoutError
 
 def timeout_error(method: str, timeout: float | None, waiting_on: list[int]) -> DispatchTimeoutError:
     """The one wording of a call timeout (or of ``__init__`` past ``start_timeout``), naming the ranks still running."""
-    ranks = tuple(waiting_on)
     if method == "__init__":
-        return DispatchTimeoutError(
+        message = (
             f"workers did not finish __init__ within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
-            "Raise the bound with WorkerGroup(..., start_timeout=...)",
-            method=method,
-            ranks=ranks,
+            "Raise the bound with WorkerGroup(..., start_timeout=...)"
         )
-    return DispatchTimeoutError(
-        f"call {method!r} did not finish within {timeout:g} s; still waiting on "
-        f"rank(s) {waiting_on}. Raise the bound with "
-        f"wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
-        if timeout is not None
-        else f"call {method!r} timed out waiting on rank(s) {waiting_on}",
-        method=method,
-        ranks=ranks,
-    )
+    elif timeout is not None:
+        message = (
+            f"call {method!r} did not finish within {timeout:g} s; still waiting on rank(s) {waiting_on}. "
+            f"Raise the bound with wg.{method}.options(timeout=...) or WorkerGroup(call_timeout=...)"
+        )
+    else:
+        message = f"call {method!r} timed out waiting on rank(s) {waiting_on}"
+    return DispatchTimeoutError(message, method=method, ranks=tuple(waiting_on))

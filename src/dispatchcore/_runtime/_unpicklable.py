@@ -55,7 +55,7 @@ def unpicklable_call_error(
     call: Call, worker_cls: type | None, exc: BaseException, *, in_process: bool = False
 ) -> UnpicklableError | None:
     """The error naming which argument of ``call`` cannot be pickled, or ``None`` if every one pickles."""
-    names = _parameter_names(worker_cls, call.method, skip_self=True)
+    names = _parameter_names(worker_cls, call.method)
     for label, expr, value in _call_values(call, names):
         culprit = find_unpicklable(value, expr, share_callables=in_process)
         if culprit is not None:
@@ -89,7 +89,7 @@ def check_spec_picklable(spec: GroupSpec) -> None:
         raise unpicklable_spec_error(spec, exc) from exc
 
 
-def _parameter_names(cls: type | None, method: str, *, skip_self: bool) -> list[str]:
+def _parameter_names(cls: type | None, method: str) -> list[str]:
     """The names of ``cls.method``'s positional parameters (``self`` left out); ``[]`` when unknown."""
     fn = getattr(cls, method, None) if cls is not None else None
     if fn is None:
@@ -99,7 +99,7 @@ def _parameter_names(cls: type | None, method: str, *, skip_self: bool) -> list[
     except (TypeError, ValueError):
         return []
     static = isinstance(inspect.getattr_static(cls, method, None), staticmethod)
-    if skip_self and params and not static and params[0].kind in _POSITIONAL:
+    if params and not static and params[0].kind in _POSITIONAL:
         params = params[1:]
     return [p.name for p in params if p.kind in _POSITIONAL]
 
@@ -108,7 +108,7 @@ def _spec_values(spec: GroupSpec) -> Iterator[tuple[str, str, Any]]:
     """``(label, path name, value)`` for the worker class and each init argument."""
     cls = spec.worker_cls
     yield f"worker class {cls.__name__}", cls.__name__, cls
-    names = _parameter_names(cls, "__init__", skip_self=True)
+    names = _parameter_names(cls, "__init__")
     for i, value in enumerate(spec.init_args):
         if i < len(names):
             yield f"init argument {names[i]!r}", names[i], value

@@ -149,7 +149,12 @@ class WorkerHost:
         except CallInterrupted:  # an interrupt that landed just as the method returned
             return False, _cancelled(self.rank, method, "as it returned")
         finally:
-            _leave(running)
+            while True:  # leave the gate, even if an interrupt that landed as the method returned fires in here
+                try:
+                    GATE.leave(running)
+                    break
+                except CallInterrupted:
+                    continue
 
     def cancel(self, call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) -> bool:
         """Stop call ``call_id`` wherever it runs in this process (see :func:`cancel_in_process`)."""
@@ -171,9 +176,8 @@ class WorkerHost:
             try:
                 fn = self._bound[method] = getattr(self.worker, method)
             except AttributeError as exc:
-                cls = type(self.worker).__name__
                 failure = RemoteFailure.capture(self.rank, method, exc)
-                failure.message = f"{cls} has no method {method!r}"
+                failure.message = f"{type(self.worker).__name__} has no method {method!r}"
                 return False, failure
         try:
             args, kwargs = resolve_lazy_arguments(
@@ -216,25 +220,20 @@ class WorkerHost:
             return False, RemoteFailure.capture(self.rank, label, exc)
 
     def _method_context(self) -> tuple[Any, int, int]:
-        """The collective context a method runs in (built once, and again if the executor relinked)."""
-        context = self._collective_context
-        if context is None or context[0] is not self.collective:
-            context = self._collective_context = (self.collective, self.rank, self.world_size)
+        """The collective context a method runs in (made again when the executor relinked)."""
+        context = self._collective_context = (self.collective, self.rank, self.world_size)
         return context
 
     def _await(self, awaitable: Any, running: RunningCall) -> Any:
         """Run a coroutine method to its end on the private loop, as a task :meth:`cancel` can cancel."""
-        loop = self._event_loop()
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
         task = loop.create_task(_await(awaitable))
         running.loop, running.task = loop, task
         if running.requested:  # cancelled between the call and here
             task.cancel()
         return loop.run_until_complete(task)
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-        return self._loop
 
     def close(self) -> None:
         """Close the private event loop, if one was made."""
@@ -243,18 +242,7 @@ class WorkerHost:
         self._loop = None
 
 
-def _leave(running: RunningCall) -> None:
-    """Leave the gate, even if an interrupt that landed as the method returned fires in here."""
-    while True:
-        try:
-            GATE.leave(running)
-            return
-        except CallInterrupted:
-            continue
-
-
 def _cancelled(rank: int, method: str, when: str) -> RemoteFailure:
-    """The failure a rank reports for a call cancelled ``when``."""
     return RemoteFailure(rank, method, "CallInterrupted", f"the call was cancelled {when}", "")
 
 

@@ -2,7 +2,7 @@
 
 from ._call import PLAIN, Call, Instructions, Operation, UniqueValues, call_instructions
 from ._executor_base import CallHandle, Executor, GroupSpec, remaining
-from ._forward_plan import assemble_chunk, plan_forward
+from ._forward_plan import assemble_chunk, plan_forward, trimmed_rows
 from ._hookspecs import hookimpl, hookspec
 from ._plugins import (
     available_backends,
@@ -46,4 +46,5 @@ __all__ = [
     "registry",
     "remaining",
     "replaces_ranks",
+    "trimmed_rows",
 ]

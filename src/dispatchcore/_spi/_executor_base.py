@@ -150,6 +150,4 @@ class Executor(ABC):
 
 def remaining(deadline: float | None) -> float | None:
     """Seconds left until ``deadline`` (a ``time.monotonic()`` value)."""
-    if deadline is None:
-        return None
-    return max(0.0, deadline - time.monotonic())
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

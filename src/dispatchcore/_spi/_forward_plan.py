@@ -6,6 +6,7 @@ The core owns padding and chunking; the executor only moves the rows each :class
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Mapping, Sequence
 
 from .._data import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProto, DataProtoConfig, merge_meta_info
@@ -49,9 +50,7 @@ def plan_forward(
     if pad and not allow:
         return None
     size = (total + pad) // chunks
-    starts = [0]
-    for n in rows:
-        starts.append(starts[-1] + n)
+    starts = [0, *itertools.accumulate(rows)]
     plans = []
     for j in range(chunks):
         lo, hi = j * size, (j + 1) * size

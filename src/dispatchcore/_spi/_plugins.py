@@ -44,8 +44,7 @@ class BackendInfo:
         """The ``pip install`` line that brings this backend's extra, if known."""
         if self.extra is None:
             return None
-        dist = self.distribution or PROJECT
-        return f'pip install "{dist}[{self.extra}]"'
+        return f'pip install "{self.distribution or PROJECT}[{self.extra}]"'
 
     @property
     def status(self) -> str:

@@ -28,18 +28,15 @@ def rank_environment(
     clash = sorted(set(extra or {}) & set(RANK_ENV_KEYS))
     if clash:
         raise DispatchValueError(f"worker environment may not set {clash}: the executor sets them per rank")
-    env = {str(k): str(v) for k, v in (extra or {}).items()}
-    env.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank if local_rank is None else local_rank),
-            "LOCAL_WORLD_SIZE": str(world_size if local_world_size is None else local_world_size),
-            "MASTER_ADDR": str(master_addr),
-            "MASTER_PORT": str(master_port),
-        }
-    )
-    return env
+    return {
+        **{str(k): str(v) for k, v in (extra or {}).items()},
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "LOCAL_WORLD_SIZE": str(world_size if local_world_size is None else local_world_size),
+        "MASTER_ADDR": str(master_addr),
+        "MASTER_PORT": str(master_port),
+    }
 
 
 def cpu_thread_environment(ranks_on_host: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
