@@ -226,15 +226,15 @@ class DataProto:
         sl = slice(start, end, step)
         if step is not None and step <= 0:
             return self._take(np.arange(len(self))[sl])
-        batch = self.batch[sl] if self.batch is not None else None
-        non_tensor = {k: v[sl] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor, dict(self.meta_info))
+        return self._rows_at(sl, sl)
 
     def _take(self, index: np.ndarray) -> Self:
         """Rows at ``index`` (int array) as a gathered copy."""
-        idx_t, idx_np = as_index(index)
-        batch = self.batch[idx_t] if self.batch is not None else None
-        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
+        return self._rows_at(*as_index(index))
+
+    def _rows_at(self, tensor_index: Any, numpy_index: Any) -> Self:
+        batch = self.batch[tensor_index] if self.batch is not None else None
+        non_tensor = {k: v[numpy_index] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor, dict(self.meta_info))
 
     def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
@@ -248,9 +248,7 @@ class DataProto:
             raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
         if self.batch is not None and self.batch.device is not None and self.batch.device.type != "cpu":
             idx_t = idx_t.to(self.batch.device)
-        batch = self.batch[idx_t] if self.batch is not None else None
-        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor, dict(self.meta_info))
+        return self._rows_at(idx_t, idx_np)
 
     def chunk(self, chunks: int) -> list[Self]:
         """``chunks`` equal parts (views), padding first when enabled; else a length that does not divide raises."""

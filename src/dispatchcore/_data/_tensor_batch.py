@@ -229,25 +229,17 @@ class TensorBatch:
 
     def _index_rows(self, index: Any) -> TensorBatch:
         if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
-            out = TensorBatch.__new__(TensorBatch)
-            out._batch_size = torch.Size([len(range(*index.indices(self._batch_size[0])))])
-            out._tensors = {k: v[index] for k, v in self._tensors.items()}
-            return out
+            rows = torch.Size([len(range(*index.indices(self._batch_size[0])))])
+            return _made(rows, {k: v[index] for k, v in self._tensors.items()})
         index = _check_row_index(index)
         if not self._batch_size:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = probe[index].shape
-        out._tensors = {k: v[index] for k, v in self._tensors.items()}
-        return out
+        return _made(probe[index].shape, {k: v[index] for k, v in self._tensors.items()})
 
     def _with(self, tensors: dict[str, torch.Tensor]) -> TensorBatch:
-        out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = self._batch_size
-        out._tensors = tensors
-        return out
+        return _made(self._batch_size, tensors)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorBatch, ...]:
         """Views of ``chunks`` row ranges (sizes as ``torch.chunk``)."""
@@ -341,10 +333,8 @@ class TensorBatch:
                 )
         first_size = items[0]._batch_size
         rows = sum([b._batch_size[0] if b._batch_size else 0 for b in items])
-        out = cls.__new__(cls)
-        out._batch_size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
-        out._tensors = {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys}
-        return out
+        size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
+        return _made(size, {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys})
 
     @classmethod
     def stack(cls, batches: Iterable[TensorBatch], dim: int = 0) -> TensorBatch:
@@ -353,11 +343,8 @@ class TensorBatch:
         items = list(batches)
         if not items:
             raise BatchSizeError("TensorBatch.stack got an empty list; nothing to stack")
-        keys = list(items[0].keys())
-        out = cls.__new__(cls)
-        out._batch_size = torch.Size([len(items), *items[0].batch_size])
-        out._tensors = {k: torch.stack([b[k] for b in items], dim=0) for k in keys}
-        return out
+        size = torch.Size([len(items), *items[0].batch_size])
+        return _made(size, {k: torch.stack([b[k] for b in items], dim=0) for k in items[0].keys()})
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -395,6 +382,14 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
     """Inverse of :func:`batch_state`."""
     out = TensorBatch.__new__(TensorBatch)
     out.__setstate__(state)
+    return out
+
+
+def _made(batch_size: torch.Size, tensors: dict[str, torch.Tensor]) -> TensorBatch:
+    """A TensorBatch of tensors already checked against ``batch_size``."""
+    out = TensorBatch.__new__(TensorBatch)
+    out._batch_size = batch_size
+    out._tensors = tensors
     return out
 
 
