@@ -30,7 +30,7 @@ from dispatchcore._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
 from .._wire import RowBuffers, cat_rows
 
-__all__ = ["TensorBatch", "is_tensordict"]
+__all__ = ["TensorBatch", "is_tensordict", "made_batch"]
 
 _MISSING: Any = object()
 
@@ -230,16 +230,16 @@ class TensorBatch:
     def _index_rows(self, index: Any) -> TensorBatch:
         if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
             rows = torch.Size([len(range(*index.indices(self._batch_size[0])))])
-            return _made(rows, {k: v[index] for k, v in self._tensors.items()})
+            return made_batch(rows, {k: v[index] for k, v in self._tensors.items()})
         index = _check_row_index(index)
         if not self._batch_size:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        return _made(probe[index].shape, {k: v[index] for k, v in self._tensors.items()})
+        return made_batch(probe[index].shape, {k: v[index] for k, v in self._tensors.items()})
 
     def _with(self, tensors: dict[str, torch.Tensor]) -> TensorBatch:
-        return _made(self._batch_size, tensors)
+        return made_batch(self._batch_size, tensors)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorBatch, ...]:
         """Views of ``chunks`` row ranges (sizes as ``torch.chunk``)."""
@@ -334,7 +334,7 @@ class TensorBatch:
         first_size = items[0]._batch_size
         rows = sum([b._batch_size[0] if b._batch_size else 0 for b in items])
         size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
-        return _made(size, {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys})
+        return made_batch(size, {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys})
 
     @classmethod
     def stack(cls, batches: Iterable[TensorBatch], dim: int = 0) -> TensorBatch:
@@ -344,7 +344,7 @@ class TensorBatch:
         if not items:
             raise BatchSizeError("TensorBatch.stack got an empty list; nothing to stack")
         size = torch.Size([len(items), *items[0].batch_size])
-        return _made(size, {k: torch.stack([b[k] for b in items], dim=0) for k in items[0].keys()})
+        return made_batch(size, {k: torch.stack([b[k] for b in items], dim=0) for k in items[0].keys()})
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -385,7 +385,7 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
     return out
 
 
-def _made(batch_size: torch.Size, tensors: dict[str, torch.Tensor]) -> TensorBatch:
+def made_batch(batch_size: torch.Size, tensors: dict[str, torch.Tensor]) -> TensorBatch:
     """A TensorBatch of tensors already checked against ``batch_size``."""
     out = TensorBatch.__new__(TensorBatch)
     out._batch_size = batch_size
