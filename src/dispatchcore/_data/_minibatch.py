@@ -11,6 +11,7 @@ import torch
 from dispatchcore._base._errors import BatchSizeError
 from dispatchcore._data._rows_like import RowItem, RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
+from dispatchcore._data._tensordict_interop import column_from_rows
 
 __all__ = ["collate_rows", "iterate_minibatches"]
 
@@ -32,10 +33,7 @@ def iterate_minibatches(
             f"make_iterator needs mini_batch_size dividing the length: {len(data)} % {mini_batch_size} != 0"
         )
     kwargs = dict(dataloader_kwargs or {})
-    generator = None
-    if seed is not None:
-        generator = torch.Generator()
-        generator.manual_seed(seed)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     rows: Any = range(len(data))  # a map-style dataset of row numbers
     loader: DataLoader[int] = DataLoader(
         rows,
@@ -74,7 +72,4 @@ def _stack_column(values: list[Any]) -> np.ndarray:
         return np.stack(values)
     if values and all(isinstance(v, np.generic) and not isinstance(v, np.object_) for v in values):
         return np.array(values)
-    column = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        column[i] = value
-    return column
+    return column_from_rows(values, np.dtype(object), ())
