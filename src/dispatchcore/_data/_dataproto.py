@@ -212,11 +212,7 @@ class DataProto:
                 raise DispatchIndexError(f"row {item} is out of range for a DataProto of length {length}")
             row = int(item) % length
             batch = self.batch[row] if self.batch is not None else None
-            return DataProtoItem(
-                batch=batch,
-                non_tensor_batch={k: v[row] for k, v in self.non_tensor_batch.items()},
-                meta_info=self.meta_info,
-            )
+            return DataProtoItem(batch, {k: v[row] for k, v in self.non_tensor_batch.items()}, self.meta_info)
         if isinstance(item, list | tuple | np.ndarray | torch.Tensor):
             return self.select_idxs(item)
         raise DispatchTypeError(f"indexing a DataProto with {type(item).__name__} is not supported")
@@ -239,13 +235,7 @@ class DataProto:
 
     def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
         """Rows picked by an int index or bool mask (list, numpy array or tensor)."""
-        idx_t, idx_np = as_index(idxs)
-        length = len(self)
-        if idx_np.dtype == bool:
-            if idx_np.shape[0] != length:
-                raise DispatchIndexError(f"bool mask has {idx_np.shape[0]} entries for a DataProto of length {length}")
-        elif idx_np.size and not (-length <= idx_np.min() and idx_np.max() < length):
-            raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
+        idx_t, idx_np = as_index(idxs, len(self))
         if self.batch is not None and self.batch.device is not None and self.batch.device.type != "cpu":
             idx_t = idx_t.to(self.batch.device)
         return self._rows_at(idx_t, idx_np)
@@ -459,8 +449,7 @@ class DataProto:
     def load_from_disk(filepath: str | os.PathLike[str]) -> DataProto:
         """Read a DataProto written by :meth:`save_to_disk`."""
         with open(filepath, "rb") as f:
-            loaded: DataProto = pickle.load(f)
-            return loaded
+            return cast(DataProto, pickle.load(f))
 
     def __getstate__(self) -> dict[str, Any]:
         """Tensors as their own bytes (numpy arrays, out of band under protocol 5), only this view's rows."""

@@ -5,6 +5,7 @@ The subset of TensorDict verl code uses, with its meanings (``len`` is rows, row
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import (
     Callable,
     ItemsView,
@@ -263,11 +264,8 @@ class TensorBatch:
             return tuple(self[b : b + split_size] for b in bounds)
         if sum(split_size) != n:
             raise BatchSizeError(f"split sizes {split_size} do not sum to the batch length {n}")
-        out, start = [], 0
-        for size in split_size:
-            out.append(self[start : start + size])
-            start += size
-        return tuple(out)
+        bounds = [0, *itertools.accumulate(split_size)]
+        return tuple(self[start:stop] for start, stop in itertools.pairwise(bounds))
 
     def unbind(self, dim: int = 0) -> tuple[TensorBatch, ...]:
         """One row item per row."""
