@@ -90,9 +90,7 @@ class DataProto:
             listed = ", ".join(f"{k}: {'scalar' if n is None else n}" for k, n in lengths.items())
             raise BatchSizeError(f"DataProto.from_dict: columns must share their first dim; got {listed}")
         batch = TensorBatch(tensors) if tensors else None
-        meta = dict(meta_info or {})
-        if auto_padding:
-            meta[AUTO_PADDING_KEY] = True
+        meta = {**(meta_info or {}), AUTO_PADDING_KEY: True} if auto_padding else dict(meta_info or {})
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     @classmethod

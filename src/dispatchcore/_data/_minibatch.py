@@ -11,7 +11,6 @@ import torch
 from dispatchcore._base._errors import BatchSizeError
 from dispatchcore._data._rows_like import RowItem, RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
-from dispatchcore._data._tensordict_interop import column_from_rows
 
 __all__ = ["collate_rows", "iterate_minibatches"]
 
@@ -72,4 +71,7 @@ def _stack_column(values: list[Any]) -> np.ndarray:
         return np.stack(values)
     if values and all(isinstance(v, np.generic) and not isinstance(v, np.object_) for v in values):
         return np.array(values)
-    return column_from_rows(values, np.dtype(object), ())
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column

@@ -403,10 +403,9 @@ def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
     raw, dtype, shape, device = args[:4]
     if raw is not None:
         return rebuild_tensor(*args)
-    t = torch.empty(shape, dtype=dtype)
-    if device is not None:
-        t = rebuild_tensor(np.zeros(0, dtype=np.uint8), torch.uint8, (0,), device).new_empty(shape, dtype=dtype)
-    return t
+    if device is None:
+        return torch.empty(shape, dtype=dtype)
+    return rebuild_tensor(np.zeros(0, dtype=np.uint8), torch.uint8, (0,), device).new_empty(shape, dtype=dtype)
 
 
 def _dim0(dim: int) -> None:

@@ -13,7 +13,7 @@ from dispatchcore._base._errors import DispatchImportError, DispatchTypeError, D
 from dispatchcore._data._rows_like import RowsLike
 from dispatchcore._data._tensor_batch import TensorBatch
 
-__all__ = ["column_from_rows", "from_tensordict", "to_tensordict"]
+__all__ = ["from_tensordict", "to_tensordict"]
 
 D = TypeVar("D", bound=RowsLike)
 
@@ -47,7 +47,7 @@ def from_tensordict(
             raise DispatchTypeError(f"from_tensordict: unsupported entry {key!r} of type {type(value).__name__}")
     layouts = meta.pop(_COLUMN_LAYOUT_KEY, None) or {}
     non_tensors = {
-        key: column_from_rows(values, *layouts.get(key, (np.dtype(object), ()))) for key, values in rows.items()
+        key: _column_from_rows(values, *layouts.get(key, (np.dtype(object), ()))) for key, values in rows.items()
     }
     size = list(tensor_dict.batch_size[:1])
     batch = TensorBatch(tensors, batch_size=size) if tensors else None
@@ -85,7 +85,7 @@ def to_tensordict(data: RowsLike) -> Any:
     return out
 
 
-def column_from_rows(rows: list[Any], dtype: np.dtype[Any], row_shape: tuple[int, ...]) -> np.ndarray:
+def _column_from_rows(rows: list[Any], dtype: np.dtype[Any], row_shape: tuple[int, ...]) -> np.ndarray:
     """A column of ``rows``; object rows are set one by one so numpy never unpacks a list row."""
     column = np.empty((len(rows), *row_shape), dtype=dtype)
     if column.dtype == object:

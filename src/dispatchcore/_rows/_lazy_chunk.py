@@ -83,13 +83,8 @@ class LazyChunk:
         return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=self.meta_info)
 
     def local_bytes(self) -> int:
-        total = 0
-        for plan in self.plans.values():
-            for segment in plan.segments:
-                if not isinstance(segment.source, RequestSlot):
-                    source = segment.source
-                    total += source.numel() * source.element_size() if hasattr(source, "numel") else source.nbytes
-        return total
+        sources = [s.source for p in self.plans.values() for s in p.segments if not isinstance(s.source, RequestSlot)]
+        return sum(s.numel() * s.element_size() if hasattr(s, "numel") else s.nbytes for s in sources)
 
 
 def read_rows(requests: Sequence[RowRequest], fetch: RowFetcher | None) -> list[DataProto]:
