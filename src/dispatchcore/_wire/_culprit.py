@@ -53,9 +53,7 @@ def find_unpicklable(obj: Any, name: str = "value", *, share_callables: bool = F
     """``None`` if ``obj`` pickles (as :func:`dumps` would), else its :class:`Culprit`; ``name`` spells ``obj``."""
     search = _Search(share_callables)
     error = search.fails(obj)
-    if error is None:
-        return None
-    return search.descend(obj, error, [name], by_value=False)
+    return None if error is None else search.descend(obj, error, [name], by_value=False)
 
 
 class _Search:
