@@ -142,8 +142,7 @@ class LocalExecutor(Executor):
         """Weight transfers' buckets are views in this process, which every local rank reads."""
         return ("local", os.getpid())
 
-    def can_receive_tensors(self, address: Any) -> bool:
-        return bool(address == ("local", os.getpid()))
+    can_receive_tensors = can_fetch_rows
 
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """Read straight off each rank's thread in this process (a thread's frame is visible to all)."""

@@ -23,7 +23,7 @@ from ._errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ._hints import did_you_mean, nearest
+from ._hints import did_you_mean
 from ._latch import Latch
 from ._options import check_options
 
@@ -50,5 +50,4 @@ __all__ = [
     "WorkerError",
     "check_options",
     "did_you_mean",
-    "nearest",
 ]

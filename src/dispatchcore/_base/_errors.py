@@ -133,8 +133,7 @@ class WorkerError(DispatchError, RuntimeError):
         super().__init__(rank, method, remote_traceback, exc_type, exc_message)
 
     def __str__(self) -> str:
-        head = f"worker rank {self.rank} raised {self.exc_type}: {self.exc_message}"
-        head += f" (in method {self.method!r})"
+        head = f"worker rank {self.rank} raised {self.exc_type}: {self.exc_message} (in method {self.method!r})"
         tb = self.remote_traceback.rstrip()
         if not tb:
             return head

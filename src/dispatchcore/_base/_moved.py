@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
-from types import ModuleType
 
 #: Old module path -> the module that holds its names now.
 MOVED = {
@@ -16,24 +12,7 @@ MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old path and hands back the new module itself (one module object, two names)."""
-
-    def find_spec(
-        self, fullname: str, path: object = None, target: object = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(MOVED[spec.name])
-
-    def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the new module is already imported."""
-
-
 def install() -> None:
-    """Make the old paths importable (idempotent; called when ``dispatchcore`` is imported)."""
-    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-        sys.meta_path.append(_MovedModules())
+    """Make the old paths importable as the new modules themselves (called when ``dispatchcore`` is imported)."""
+    for old, new in MOVED.items():
+        sys.modules.setdefault(old, importlib.import_module(new))

@@ -34,8 +34,8 @@ def as_column(key: str, value: Any) -> np.ndarray:
     raise DispatchTypeError(f"non_tensor_batch[{key!r}] must be a numpy array or list, got {type(value).__name__}")
 
 
-def as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
-    """An index list/array/tensor as a matching (torch, numpy) pair."""
+def as_index(idxs: Any, length: int | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """An index list/array/tensor as a matching (torch, numpy) pair; with ``length``, checked against it."""
     if isinstance(idxs, list | tuple):
         arr = np.asarray(idxs) if len(idxs) else np.zeros(0, dtype=np.int64)
     elif isinstance(idxs, np.ndarray):
@@ -50,4 +50,8 @@ def as_index(idxs: Any) -> tuple[torch.Tensor, np.ndarray]:
         raise DispatchTypeError(f"row index must hold ints or bools, got dtype {arr.dtype}")
     if arr.dtype != bool:
         arr = arr.astype(np.int64, copy=False)
+    if length is not None and arr.dtype == bool and arr.shape[0] != length:
+        raise DispatchIndexError(f"bool mask has {arr.shape[0]} entries for a DataProto of length {length}")
+    if length is not None and arr.dtype != bool and arr.size and not (-length <= arr.min() and arr.max() < length):
+        raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
     return torch.from_numpy(np.ascontiguousarray(arr)), arr

@@ -90,9 +90,7 @@ class DataProto:
             listed = ", ".join(f"{k}: {'scalar' if n is None else n}" for k, n in lengths.items())
             raise BatchSizeError(f"DataProto.from_dict: columns must share their first dim; got {listed}")
         batch = TensorBatch(tensors) if tensors else None
-        meta = dict(meta_info or {})
-        if auto_padding:
-            meta[AUTO_PADDING_KEY] = True
+        meta = {**(meta_info or {}), AUTO_PADDING_KEY: True} if auto_padding else dict(meta_info or {})
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     @classmethod
@@ -212,11 +210,7 @@ class DataProto:
                 raise DispatchIndexError(f"row {item} is out of range for a DataProto of length {length}")
             row = int(item) % length
             batch = self.batch[row] if self.batch is not None else None
-            return DataProtoItem(
-                batch=batch,
-                non_tensor_batch={k: v[row] for k, v in self.non_tensor_batch.items()},
-                meta_info=self.meta_info,
-            )
+            return DataProtoItem(batch, {k: v[row] for k, v in self.non_tensor_batch.items()}, self.meta_info)
         if isinstance(item, list | tuple | np.ndarray | torch.Tensor):
             return self.select_idxs(item)
         raise DispatchTypeError(f"indexing a DataProto with {type(item).__name__} is not supported")
@@ -226,31 +220,23 @@ class DataProto:
         sl = slice(start, end, step)
         if step is not None and step <= 0:
             return self._take(np.arange(len(self))[sl])
-        batch = self.batch[sl] if self.batch is not None else None
-        non_tensor = {k: v[sl] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor, dict(self.meta_info))
+        return self._rows_at(sl, sl)
 
     def _take(self, index: np.ndarray) -> Self:
         """Rows at ``index`` (int array) as a gathered copy."""
-        idx_t, idx_np = as_index(index)
-        batch = self.batch[idx_t] if self.batch is not None else None
-        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
+        return self._rows_at(*as_index(index))
+
+    def _rows_at(self, tensor_index: Any, numpy_index: Any) -> Self:
+        batch = self.batch[tensor_index] if self.batch is not None else None
+        non_tensor = {k: v[numpy_index] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor, dict(self.meta_info))
 
     def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> Self:
         """Rows picked by an int index or bool mask (list, numpy array or tensor)."""
-        idx_t, idx_np = as_index(idxs)
-        length = len(self)
-        if idx_np.dtype == bool:
-            if idx_np.shape[0] != length:
-                raise DispatchIndexError(f"bool mask has {idx_np.shape[0]} entries for a DataProto of length {length}")
-        elif idx_np.size and not (-length <= idx_np.min() and idx_np.max() < length):
-            raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
+        idx_t, idx_np = as_index(idxs, len(self))
         if self.batch is not None and self.batch.device is not None and self.batch.device.type != "cpu":
             idx_t = idx_t.to(self.batch.device)
-        batch = self.batch[idx_t] if self.batch is not None else None
-        non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
-        return self._new(batch, non_tensor, dict(self.meta_info))
+        return self._rows_at(idx_t, idx_np)
 
     def chunk(self, chunks: int) -> list[Self]:
         """``chunks`` equal parts (views), padding first when enabled; else a length that does not divide raises."""
@@ -461,8 +447,7 @@ class DataProto:
     def load_from_disk(filepath: str | os.PathLike[str]) -> DataProto:
         """Read a DataProto written by :meth:`save_to_disk`."""
         with open(filepath, "rb") as f:
-            loaded: DataProto = pickle.load(f)
-            return loaded
+            return cast(DataProto, pickle.load(f))
 
     def __getstate__(self) -> dict[str, Any]:
         """Tensors as their own bytes (numpy arrays, out of band under protocol 5), only this view's rows."""

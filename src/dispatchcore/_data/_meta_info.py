@@ -69,8 +69,7 @@ def _flat_equal(a: Any, b: Any) -> bool:
             return False
         return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
     try:
-        result = a == b
-        return bool(result)
+        return bool(a == b)
     except Exception:
         return False
 

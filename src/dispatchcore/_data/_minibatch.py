@@ -32,10 +32,7 @@ def iterate_minibatches(
             f"make_iterator needs mini_batch_size dividing the length: {len(data)} % {mini_batch_size} != 0"
         )
     kwargs = dict(dataloader_kwargs or {})
-    generator = None
-    if seed is not None:
-        generator = torch.Generator()
-        generator.manual_seed(seed)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     rows: Any = range(len(data))  # a map-style dataset of row numbers
     loader: DataLoader[int] = DataLoader(
         rows,

@@ -13,7 +13,7 @@ import torch
 
 from dispatchcore._base._errors import BatchSizeError, DispatchTypeError, DispatchValueError
 from dispatchcore._data._rows_like import AUTO_PADDING_KEY, PADDING_ROWS_KEY, RowsLike, check_positive
-from dispatchcore._data._tensor_batch import TensorBatch
+from dispatchcore._data._tensor_batch import made_batch
 
 __all__ = [
     "AUTO_PADDING_KEY",
@@ -148,9 +148,7 @@ def _even_views(data: D, n: int, size: int) -> list[D]:
     row_size = torch.Size([size])
     out: list[D] = []
     for i in range(n):
-        part = TensorBatch.__new__(TensorBatch)
-        part._batch_size = row_size
-        part._tensors = {k: pieces[i] for k, pieces in columns}
+        part = made_batch(row_size, {k: pieces[i] for k, pieces in columns})
         rows = {k: a[i * size : (i + 1) * size] for k, a in arrays.items()} if arrays else {}
         out.append(data._new(part, rows, dict(meta)))
     return out

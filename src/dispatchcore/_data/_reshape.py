@@ -27,12 +27,8 @@ def repeat_rows(data: D, repeat_times: int = 2, interleave: bool = True) -> D:
     """Each row ``repeat_times`` times: ``aabb`` (interleave) or ``abab``."""
     if repeat_times < 0:
         raise DispatchValueError(f"repeat_times must be >= 0, got {repeat_times}")
-    length = len(data)
-    if interleave:
-        index = np.repeat(np.arange(length), repeat_times)
-    else:
-        index = np.tile(np.arange(length), repeat_times)
-    return data._take(index)
+    rows = np.arange(len(data))
+    return data._take(np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times))
 
 
 def repeat_rows_per_sample(data: D, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> D:

@@ -5,6 +5,7 @@ The subset of TensorDict verl code uses, with its meanings (``len`` is rows, row
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import (
     Callable,
     ItemsView,
@@ -30,7 +31,7 @@ from dispatchcore._wire._tensor_pickle import rebuild_tensor, reduce_tensor
 
 from .._wire import RowBuffers, cat_rows
 
-__all__ = ["TensorBatch", "is_tensordict"]
+__all__ = ["TensorBatch", "is_tensordict", "made_batch"]
 
 _MISSING: Any = object()
 
@@ -229,25 +230,17 @@ class TensorBatch:
 
     def _index_rows(self, index: Any) -> TensorBatch:
         if type(index) is slice and len(self._batch_size) == 1:  # fast path (every chunk): a view per tensor
-            out = TensorBatch.__new__(TensorBatch)
-            out._batch_size = torch.Size([len(range(*index.indices(self._batch_size[0])))])
-            out._tensors = {k: v[index] for k, v in self._tensors.items()}
-            return out
+            rows = torch.Size([len(range(*index.indices(self._batch_size[0])))])
+            return made_batch(rows, {k: v[index] for k, v in self._tensors.items()})
         index = _check_row_index(index)
         if not self._batch_size:
             raise DispatchIndexError("cannot index rows of a TensorBatch with no batch dims")
         # Shape of the result's batch dims, computed on a stride-0 stand-in.
         probe = torch.zeros((), dtype=torch.uint8).expand(self._batch_size)
-        out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = probe[index].shape
-        out._tensors = {k: v[index] for k, v in self._tensors.items()}
-        return out
+        return made_batch(probe[index].shape, {k: v[index] for k, v in self._tensors.items()})
 
     def _with(self, tensors: dict[str, torch.Tensor]) -> TensorBatch:
-        out = TensorBatch.__new__(TensorBatch)
-        out._batch_size = self._batch_size
-        out._tensors = tensors
-        return out
+        return made_batch(self._batch_size, tensors)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorBatch, ...]:
         """Views of ``chunks`` row ranges (sizes as ``torch.chunk``)."""
@@ -271,11 +264,8 @@ class TensorBatch:
             return tuple(self[b : b + split_size] for b in bounds)
         if sum(split_size) != n:
             raise BatchSizeError(f"split sizes {split_size} do not sum to the batch length {n}")
-        out, start = [], 0
-        for size in split_size:
-            out.append(self[start : start + size])
-            start += size
-        return tuple(out)
+        bounds = [0, *itertools.accumulate(split_size)]
+        return tuple(self[start:stop] for start, stop in itertools.pairwise(bounds))
 
     def unbind(self, dim: int = 0) -> tuple[TensorBatch, ...]:
         """One row item per row."""
@@ -341,10 +331,8 @@ class TensorBatch:
                 )
         first_size = items[0]._batch_size
         rows = sum([b._batch_size[0] if b._batch_size else 0 for b in items])
-        out = cls.__new__(cls)
-        out._batch_size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
-        out._tensors = {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys}
-        return out
+        size = torch.Size([rows, *first_size[1:]] if len(first_size) > 1 else [rows])
+        return made_batch(size, {k: cat_rows([b._tensors[k] for b in items], row_buffers) for k in keys})
 
     @classmethod
     def stack(cls, batches: Iterable[TensorBatch], dim: int = 0) -> TensorBatch:
@@ -353,11 +341,8 @@ class TensorBatch:
         items = list(batches)
         if not items:
             raise BatchSizeError("TensorBatch.stack got an empty list; nothing to stack")
-        keys = list(items[0].keys())
-        out = cls.__new__(cls)
-        out._batch_size = torch.Size([len(items), *items[0].batch_size])
-        out._tensors = {k: torch.stack([b[k] for b in items], dim=0) for k in keys}
-        return out
+        size = torch.Size([len(items), *items[0].batch_size])
+        return made_batch(size, {k: torch.stack([b[k] for b in items], dim=0) for k in items[0].keys()})
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -398,6 +383,14 @@ def batch_from_state(state: dict[str, Any]) -> TensorBatch:
     return out
 
 
+def made_batch(batch_size: torch.Size, tensors: dict[str, torch.Tensor]) -> TensorBatch:
+    """A TensorBatch of tensors already checked against ``batch_size``."""
+    out = TensorBatch.__new__(TensorBatch)
+    out._batch_size = batch_size
+    out._tensors = tensors
+    return out
+
+
 def _tensor_args(t: torch.Tensor, protocol5: bool = False) -> tuple[Any, ...]:
     """``reduce_tensor``'s arguments; empty tensors carry no bytes (their byte views may have stride 0)."""
     if t.numel() == 0:
@@ -410,10 +403,9 @@ def _rebuild(args: tuple[Any, ...]) -> torch.Tensor:
     raw, dtype, shape, device = args[:4]
     if raw is not None:
         return rebuild_tensor(*args)
-    t = torch.empty(shape, dtype=dtype)
-    if device is not None:
-        t = rebuild_tensor(np.zeros(0, dtype=np.uint8), torch.uint8, (0,), device).new_empty(shape, dtype=dtype)
-    return t
+    if device is None:
+        return torch.empty(shape, dtype=dtype)
+    return rebuild_tensor(np.zeros(0, dtype=np.uint8), torch.uint8, (0,), device).new_empty(shape, dtype=dtype)
 
 
 def _dim0(dim: int) -> None:

@@ -25,14 +25,6 @@ def _is_jagged(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
 
 
-def _rows(data: Any) -> int:
-    if len(data.batch_size) == 0:
-        raise BatchSizeError(
-            "a TensorDict passed to a DP dispatch mode needs a batch dimension (batch_size=[rows]), got batch_size=[]"
-        )
-    return int(data.batch_size[0])
-
-
 def _jagged_rows(nt: Any, start: int, stop: int) -> torch.Tensor:
     """Rows ``[start, stop)`` of a jagged tensor, with their own compact values (not a view of the whole)."""
     ragged = nt._ragged_idx  # the public constructor takes it back as jagged_dim
@@ -83,7 +75,11 @@ def slice_rows(data: Any, start: int, stop: int) -> Any:
 
 def chunk_tensordict(data: Any, chunks: int) -> list[Any]:
     """``chunks`` TensorDicts of equal row counts, in order; the length must divide."""
-    rows = _rows(data)
+    if len(data.batch_size) == 0:
+        raise BatchSizeError(
+            "a TensorDict passed to a DP dispatch mode needs a batch dimension (batch_size=[rows]), got batch_size=[]"
+        )
+    rows = int(data.batch_size[0])
     if chunks < 1 or rows % chunks:
         raise BatchSizeError(
             f"a TensorDict of {rows} rows cannot be split into {chunks} equal chunks; TensorDicts are not "

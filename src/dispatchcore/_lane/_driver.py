@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._base import DispatchError, DispatchTimeoutError
 from .._runtime import RankCallHandle, RemoteFailure
 from .._spi import Call
 from .._wire import RowBuffers, Serialized
@@ -109,12 +108,7 @@ class LaneDriver:
         dead = self._rank_dead or (lambda rank: None)
         with open_lane(self.host) as door:
             launch(door.address)
-            try:
-                links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
-            except TimeoutError as exc:
-                raise DispatchTimeoutError(str(exc)) from exc
-            except RuntimeError as exc:
-                raise DispatchError(str(exc)) from exc
+            links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
         for rank in ranks:
             old = self._ranks.get(rank)
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])

@@ -13,7 +13,7 @@ from typing import ClassVar
 from .._base import DispatchError
 from .._runtime import unpicklable_spec_error
 from .._spi import LOOPBACK, Call, Executor, GroupSpec
-from .._wire import Serialized, dumps
+from .._wire import dumps
 from ._address import LaneAddress
 from ._driver import LaneCallHandle, LaneDriver
 from ._envelope import BulkPath
@@ -28,8 +28,10 @@ class LaneExecutor(Executor):
     def __init__(self, spec: GroupSpec, *, bulk: BulkPath | None = None) -> None:
         super().__init__(spec)
         self._closed = False
-        #: The worker class and init arguments as every rank gets them: pickled before any process starts.
-        self._boot = _pickle_spec(spec)
+        try:  # the worker class and init arguments as every rank gets them: pickled before any process starts
+            self._boot = dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
+        except Exception as exc:
+            raise unpicklable_spec_error(spec, exc) from exc
         self.lane = LaneDriver(
             self.lane_host,
             death_timeout=spec.death_timeout,
@@ -89,11 +91,3 @@ class LaneExecutor(Executor):
         atexit.unregister(self.shutdown)
         self.lane.close()
         self.stop_ranks()
-
-
-def _pickle_spec(spec: GroupSpec) -> Serialized:
-    """The worker class and init arguments, pickled; the core's one error naming what cannot be."""
-    try:
-        return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
-    except Exception as exc:
-        raise unpicklable_spec_error(spec, exc) from exc

@@ -46,10 +46,7 @@ def unframe_object(message: bytearray | Placed) -> Any:
     """The object :func:`frame_object` framed; its buffers are views of ``message`` (writable, private)."""
     targets = message.targets if isinstance(message, Placed) else {}
     view = memoryview(message.body if isinstance(message, Placed) else message)
-    (count,) = _COUNT.unpack_from(view, 0)
-    offset = _COUNT.size
-    sizes = [_SIZE.unpack_from(view, offset + i * _SIZE.size)[0] for i in range(count)]
-    offset += count * _SIZE.size
+    offset, sizes = frame_table(view) or (0, [])  # a whole message: its table is all here
     parts = []
     for i, size in enumerate(sizes):
         parts.append(targets[i] if i in targets else view[offset : offset + size])

@@ -6,6 +6,7 @@ A socket per peer: a ping to 2 ranks and back took 120 us through store queues, 
 from __future__ import annotations
 
 import collections
+import contextlib
 import socket
 import struct
 import threading
@@ -117,10 +118,8 @@ class LaneLink:
 
     def close(self) -> None:
         """End the link; a thread waiting in :meth:`recv` on it wakes with ``ConnectionError``."""
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
 
 

@@ -16,7 +16,7 @@ from .._wire import dumps
 from .._wire._allocator import fill_thread_cache
 from ._address import LaneAddress
 from ._door import connect_lane
-from ._envelope import BulkPath, Part, claimed, inline, is_bulk, open_part, open_values, to_part
+from ._envelope import BulkPath, claimed, inline, is_bulk, open_part, open_values, to_part
 from ._link import LaneLink
 from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 from ._rows import row_layout
@@ -104,16 +104,15 @@ class LaneRank:
         """The DONE message for call ``cid`` and its frame note (``_rows``); an unpicklable result fails the call."""
         if value is None:
             return (DONE, cid, ok, None), b""
-        if ok and claimed(self._bulk, value):  # a value only the executor's bulk path can hand over
-            ok, part = self._by_bulk(value, method)
-            return (DONE, cid, ok, part), b""
+        as_is = ok and claimed(self._bulk, value)  # a value only the executor's bulk path can hand over
+        if not as_is:
+            try:
+                pickled = dumps(value)
+            except BaseException as exc:  # noqa: BLE001
+                failure = RemoteFailure.unpicklable(self.rank, method, "result", exc, in_process=False, value=value)
+                return (DONE, cid, False, inline(dumps(failure))), b""
         try:
-            pickled = dumps(value)
-        except BaseException as exc:  # noqa: BLE001
-            failure = RemoteFailure.unpicklable(self.rank, method, "result", exc, in_process=False, value=value)
-            return (DONE, cid, False, inline(dumps(failure))), b""
-        try:
-            part = to_part(pickled, self._bulk)
+            part = (None, self._bulk.put(value, ())) if as_is else to_part(pickled, self._bulk)  # type: ignore[union-attr]
         except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
             return (DONE, cid, False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))), b""
         if not ok or is_bulk(part):
@@ -122,13 +121,6 @@ class LaneRank:
         first = 2 + isinstance(part[0], pickle.PickleBuffer)
         layout = row_layout(value, pickled.buffers, first)
         return (DONE, cid, ok, part), (cid.to_bytes(8, "little") + layout if layout else b"")
-
-    def _by_bulk(self, value: Any, method: str) -> tuple[bool, Part]:
-        """A claimed result, moved as it is by the bulk path."""
-        try:
-            return True, (None, self._bulk.put(value, ()))  # type: ignore[union-attr]
-        except BaseException as exc:  # noqa: BLE001 - the executor's bulk path failed: so did the call
-            return False, inline(dumps(RemoteFailure.capture(self.rank, method, exc)))
 
     def _serve_control(self, control: LaneLink, method_thread: int) -> None:
         """Pings, cancels and stacks, beside whatever call runs; the driver's end when the link ends."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import selectors
@@ -39,10 +40,8 @@ class LinkReader:
         self._wake()
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already woken (the buffer is full), or stopped
             self._waker.send(b"\0")
-        except OSError:  # already woken (the buffer is full), or stopped
-            pass
 
     def _loop(self) -> None:
         selector = selectors.DefaultSelector()
@@ -61,10 +60,8 @@ class LinkReader:
             self._wakee.close()
 
     def _take_added(self, selector: selectors.BaseSelector) -> bool:
-        try:
+        with contextlib.suppress(BlockingIOError):
             self._wakee.recv(4096)
-        except BlockingIOError:
-            pass
         while not self._added.empty():
             added = self._added.get()
             if added is None:

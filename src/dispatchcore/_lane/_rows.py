@@ -63,8 +63,10 @@ class RowPlan:
         layout: tuple[Slot, ...] = pickle.loads(note)  # noqa: S301 - a rank that proved the lane's token
         with self._lock:
             if self._keys is None:
+                allocate = self._buffers.allocate
                 self._keys = {
-                    key: (dtype, shape[1:], shape[0], self._allocate(shape, dtype)) for _, key, dtype, shape in layout
+                    key: (dtype, shape[1:], shape[0], allocate((shape[0] * self._positions, *shape[1:]), dtype))
+                    for _, key, dtype, shape in layout
                 }
             keys = self._keys
         targets: dict[int, memoryview] = {}
@@ -87,9 +89,6 @@ class RowPlan:
         with self._lock:
             self._views[position] = views
         return targets
-
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self._buffers.allocate((shape[0] * self._positions, *shape[1:]), dtype)
 
     def adopt(self, position: int, value: Any) -> None:
         """Swap the tensors unpickled over ``position``'s rows for the buffer's own views (so they join uncopied)."""

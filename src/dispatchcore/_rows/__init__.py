@@ -5,13 +5,12 @@ ledger, ``LazyDataProto``.  Imports the layers below, never dispatch, workers or
 from ._lazy_chunk import RowFetcher, resolve_lazy_arguments, send_lazy_arguments
 from ._lazy_dataproto import LazyDataProto
 from ._ledger import DEFAULT_BUDGET, RowLedger
-from ._records import ROWS_CALL, HeldRows, RowAccess, RowRequest
+from ._records import HeldRows, RowAccess, RowRequest
 from ._remote import RemoteRows
 from ._store import ROW_STORE, free_kept_rows, holds_kept_rows, kept_results, take_kept_rows
 
 __all__ = [
     "DEFAULT_BUDGET",
-    "ROWS_CALL",
     "ROW_STORE",
     "HeldRows",
     "LazyDataProto",

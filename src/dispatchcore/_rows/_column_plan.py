@@ -18,26 +18,11 @@ from .._wire import NUMPY_ALLOC_BYTES, cat_rows, numpy_tensor
 Index = slice | np.ndarray
 
 
-def index_length(index: Index) -> int:
-    return index.stop - index.start if isinstance(index, slice) else len(index)
-
-
 def compact(index: np.ndarray) -> Index:
     """An int array as a slice when it is one consecutive increasing run."""
     if len(index) and int(index[-1]) - int(index[0]) == len(index) - 1 and bool(np.all(np.diff(index) == 1)):
         return slice(int(index[0]), int(index[-1]) + 1)
     return index
-
-
-def compose(index: Index, sub: Index) -> Index:
-    """Rows ``sub`` (relative) of the rows ``index`` picks."""
-    if isinstance(index, slice):
-        if isinstance(sub, slice):
-            return slice(index.start + sub.start, index.start + sub.stop)
-        return compact(sub + index.start)
-    if isinstance(sub, slice):
-        return compact(index[sub.start : sub.stop])
-    return compact(index[sub])
 
 
 def index_key(index: Index) -> tuple[Any, ...]:
@@ -55,10 +40,17 @@ class Segment:
     index: Index
 
     def __len__(self) -> int:
-        return index_length(self.index)
+        index = self.index
+        return index.stop - index.start if isinstance(index, slice) else len(index)
 
     def narrow(self, sub: Index) -> Segment:
-        return Segment(self.source, compose(self.index, sub))
+        """Rows ``sub`` (relative) of this segment's rows."""
+        index = self.index
+        if isinstance(index, slice):
+            if isinstance(sub, slice):
+                return Segment(self.source, slice(index.start + sub.start, index.start + sub.stop))
+            return Segment(self.source, compact(sub + index.start))
+        return Segment(self.source, compact(index[sub.start : sub.stop] if isinstance(sub, slice) else index[sub]))
 
 
 def local_rows(segment: Segment) -> Any:

@@ -5,9 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
-
 from .._data import DataProto
 from ._column_plan import ColumnPlan, Segment, index_key, local_rows
 from ._records import ColumnSpec
@@ -45,11 +42,7 @@ def assemble_column(
             return part.batch[name] if spec.tensor else part.non_tensor_batch[name]
         return local_rows(segment)
 
-    if not plan.segments:
-        if spec.tensor:
-            return torch.empty((length, *spec.shape), dtype=spec.dtype, device=spec.device)
-        return np.empty((length, *spec.shape), dtype=spec.dtype)
-    return plan.assemble(rows_of)
+    return plan.assemble(rows_of) if plan.segments else spec.empty(length, spec.device)
 
 
 def fetch_on_driver(requests: Sequence[tuple[RemoteRows, Any]], timeout: float | None) -> list[DataProto]:

@@ -77,28 +77,14 @@ class LazyChunk:
                     return part.batch[name] if self.specs[name].tensor else part.non_tensor_batch[name]
                 return segment.source
 
-            column = plan.assemble(rows_of, owned) if plan.segments else _empty(self.specs[name], self.length)
+            column = plan.assemble(rows_of, owned) if plan.segments else self.specs[name].empty(self.length)
             (tensors if self.specs[name].tensor else arrays)[name] = column
         batch = TensorBatch(tensors, batch_size=[self.length]) if self.has_batch else None
         return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=self.meta_info)
 
     def local_bytes(self) -> int:
-        total = 0
-        for plan in self.plans.values():
-            for segment in plan.segments:
-                if not isinstance(segment.source, RequestSlot):
-                    source = segment.source
-                    total += source.numel() * source.element_size() if hasattr(source, "numel") else source.nbytes
-        return total
-
-
-def _empty(spec: ColumnSpec, length: int) -> Any:
-    import numpy as np
-    import torch
-
-    if spec.tensor:
-        return torch.empty((length, *spec.shape), dtype=spec.dtype)
-    return np.empty((length, *spec.shape), dtype=spec.dtype)
+        sources = [s.source for p in self.plans.values() for s in p.segments if not isinstance(s.source, RequestSlot)]
+        return sum(s.numel() * s.element_size() if hasattr(s, "numel") else s.nbytes for s in sources)
 
 
 def read_rows(requests: Sequence[RowRequest], fetch: RowFetcher | None) -> list[DataProto]:

@@ -179,23 +179,16 @@ class LazyDataProto(DataProto):
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> LazyDataProto:
         rng = range(self._length)[slice(start, end, step)]
-        if rng.step == 1:
-            return self._rows(slice(rng.start, rng.stop), len(rng))
-        return self._rows(np.asarray(rng, dtype=np.int64), len(rng))
+        rows = slice(rng.start, rng.stop) if rng.step == 1 else np.asarray(rng, dtype=np.int64)
+        return self._rows(rows, len(rng))
 
     def _take(self, index: np.ndarray) -> LazyDataProto:
         return self._rows(np.asarray(index, dtype=np.int64), len(index))
 
     def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> LazyDataProto:
-        _, index = as_index(idxs)
+        _, index = as_index(idxs, self._length)
         if index.dtype == bool:
-            if index.shape[0] != self._length:
-                raise DispatchIndexError(
-                    f"bool mask has {index.shape[0]} entries for a DataProto of length {self._length}"
-                )
             index = np.flatnonzero(index)
-        elif index.size and not (-self._length <= index.min() and index.max() < self._length):
-            raise DispatchIndexError(f"row index out of range for a DataProto of length {self._length}")
         index = np.where(index < 0, index + self._length, index).astype(np.int64)
         return self._take(index)
 
@@ -238,11 +231,9 @@ class LazyDataProto(DataProto):
         non_tensor_batch_keys: Iterable[str] | None = None,
         meta_info_keys: Iterable[str] | None = None,
     ) -> LazyDataProto:
-        batch_keys, nt_keys, meta_keys = (
-            list(batch_keys or ()),
-            list(non_tensor_batch_keys or ()),
-            list(meta_info_keys or ()),
-        )
+        batch_keys = list(batch_keys or ())
+        nt_keys = list(non_tensor_batch_keys or ())
+        meta_keys = list(meta_info_keys or ())
         for names, where, pool in (
             (batch_keys, "batch", self.tensor_keys()),
             (nt_keys, "non_tensor_batch", self.array_keys()),

@@ -6,6 +6,7 @@ next call or read that reaches its rank.  Past a rank's budget a result is refus
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -117,10 +118,8 @@ class RowLedger:
             return
         for rank, keys in taken.items():
             call = Call(ROWS_CALL, (rank,), [(RowAccess((), tuple(keys)),)], [{}], None, True, _ROWS, True)
-            try:
+            with contextlib.suppress(Exception):  # a gone rank took its rows with it
                 self._send(executor, call)
-            except Exception:  # noqa: BLE001, S112 - a gone rank took its rows with it
-                continue
 
     def _send(self, executor: Executor, call: Call) -> Any:
         return executor.submit(call) if self.send is None else self.send(call)

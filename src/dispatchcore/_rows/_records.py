@@ -27,6 +27,12 @@ class ColumnSpec:
             return cls(True, value.dtype, tuple(value.shape[1:]), str(value.device))
         return cls(False, value.dtype, tuple(value.shape[1:]))
 
+    def empty(self, length: int, device: str = "cpu") -> Any:
+        """An uninitialised column of ``length`` rows of this type."""
+        if self.tensor:
+            return torch.empty((length, *self.shape), dtype=self.dtype, device=device)
+        return np.empty((length, *self.shape), dtype=self.dtype)
+
     def row_bytes(self) -> int:
         """Bytes one row takes (object columns count their pointers only)."""
         count = 1

@@ -45,13 +45,9 @@ def payload_bytes(data: Any) -> int:
     """Bytes of a DataProto's tensors and numpy columns (0 for anything else)."""
     if not isinstance(data, DataProto) or data.is_lazy:
         return 0
-    total = 0
     batch = data._batch
-    if batch is not None:
-        total += sum(t.nbytes for t in batch._tensors.values())
-    for column in data.non_tensor_batch.values():
-        total += column.nbytes
-    return total
+    tensors = sum(t.nbytes for t in batch._tensors.values()) if batch is not None else 0
+    return tensors + sum(column.nbytes for column in data.non_tensor_batch.values())
 
 
 def count_sent(values: Iterable[Any]) -> None:

@@ -23,23 +23,15 @@ _MMAP_THRESHOLD_CAP = 512 << 20
 _INT_MAX = (1 << 31) - 1
 
 
-def kept_bytes(environ: Mapping[str, str] | None = None) -> int:
-    """Freed bytes a rank keeps for reuse: ``DISPATCHCORE_KEEP_FREED_MB``, else min(1 GiB, RAM / 16)."""
-    return reuse_limit_bytes("DISPATCHCORE_KEEP_FREED_MB", "0 lets freed memory go at once", environ)
-
-
-def user_tuned_malloc(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the environment already tunes glibc's malloc (then it is left as the user set it)."""
-    env = os.environ if environ is None else environ
-    return any(name.startswith("MALLOC_") and name.endswith("_") for name in env) or "malloc" in env.get(
-        "GLIBC_TUNABLES", ""
-    )
-
-
 def keep_freed_memory(environ: Mapping[str, str] | None = None) -> bool:
     """In this (rank) process: keep freed memory for reuse; whether it was applied (safe to call again)."""
-    keep = kept_bytes(environ)
-    if keep == 0 or user_tuned_malloc(environ) or platform.libc_ver()[0] != "glibc":
+    # Freed bytes kept for reuse: DISPATCHCORE_KEEP_FREED_MB, else min(1 GiB, RAM / 16).
+    keep = reuse_limit_bytes("DISPATCHCORE_KEEP_FREED_MB", "0 lets freed memory go at once", environ)
+    env = os.environ if environ is None else environ  # a malloc the user tuned is left as they set it
+    tuned = any(name.startswith("MALLOC_") and name.endswith("_") for name in env) or "malloc" in env.get(
+        "GLIBC_TUNABLES", ""
+    )
+    if keep == 0 or tuned or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(None)

@@ -97,13 +97,6 @@ def _root_of(name: str, file: str) -> str | None:
     return stem[: -len(tail)] if stem.endswith(tail) else None
 
 
-def _under_root(name: str, file: str) -> bool:
-    roots = startup_roots()
-    if _root_of(name, file) in roots:  # the common case, without touching the file system
-        return True
-    return _root_of(name, os.path.realpath(file)) in roots
-
-
 def importable_by_name(module: ModuleType) -> bool:
     """Whether a fresh rank process imports ``module`` by its name (a submodule its parent made: as the parent)."""
     name = module.__name__
@@ -112,7 +105,9 @@ def importable_by_name(module: ModuleType) -> bool:
     file = getattr(module, "__file__", None)
     if name.partition(".")[0] in sys.stdlib_module_names or not isinstance(file, str):
         return True
-    if file.startswith(installed_prefixes()) or _under_root(name, file):
+    if file.startswith(installed_prefixes()) or _root_of(name, file) in startup_roots():
+        return True
+    if _root_of(name, os.path.realpath(file)) in startup_roots():  # the file system asked only now
         return True
     parent = sys.modules.get(name.rpartition(".")[0])
     if parent is not None and importable_by_name(parent):

@@ -53,9 +53,7 @@ def find_unpicklable(obj: Any, name: str = "value", *, share_callables: bool = F
     """``None`` if ``obj`` pickles (as :func:`dumps` would), else its :class:`Culprit`; ``name`` spells ``obj``."""
     search = _Search(share_callables)
     error = search.fails(obj)
-    if error is None:
-        return None
-    return search.descend(obj, error, [name], by_value=False)
+    return None if error is None else search.descend(obj, error, [name], by_value=False)
 
 
 class _Search:
@@ -66,7 +64,8 @@ class _Search:
 
     def fails(self, obj: Any) -> BaseException | None:
         """What pickling ``obj`` raises, or ``None``."""
-        if type(obj) in _ALWAYS or _plain_data(obj):
+        kind = type(obj)  # tensors and non-object arrays always pickle: skipped, which keeps big containers cheap
+        if kind in _ALWAYS or kind is torch.Tensor or (kind is np.ndarray and obj.dtype != object):
             return None
         self.tries += 1
         try:
@@ -99,14 +98,6 @@ class _Search:
             if self.tries >= _MAX_TRIES:
                 return None
         return None
-
-
-def _plain_data(obj: Any) -> bool:
-    """Tensors and non-object arrays: bytes that always pickle (skipped, which keeps big containers cheap)."""
-    kind = type(obj)
-    if kind is torch.Tensor:
-        return True
-    return kind is np.ndarray and obj.dtype != object
 
 
 def _step(segments: list[str], text: str) -> list[str]:

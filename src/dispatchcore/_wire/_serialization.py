@@ -32,10 +32,6 @@ _BY_REFERENCE = (
 )
 
 
-def _is_plain_tensor(obj: Any) -> bool:
-    return type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized
-
-
 #: Payloads up to this many bytes ride inline with a control message.
 INLINE_LIMIT = 64 * 1024
 
@@ -49,7 +45,8 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
         self._shared_ids: dict[int, int] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if _is_plain_tensor(obj) and obj.device.type != "meta":
+        plain = type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized
+        if plain and obj.device.type != "meta":
             return reduce_tensor(obj)
         return super().reducer_override(obj)
 
@@ -167,11 +164,8 @@ def loads(payload: Serialized, *, copy: bool = True) -> Any:
     ``copy=True`` gives the result private, writable memory (isolation);
     ``copy=False`` wraps the buffers as they are (zero-copy, shared).
     """
-    if copy:
-        # A numpy copy is ~3x faster than bytearray() for large buffers; large ones reuse pooled memory.
-        buffers: list[Any] = [_private_copy(b) for b in payload.buffers]
-    else:
-        buffers = list(payload.buffers)
+    # A numpy copy is ~3x faster than bytearray() for large buffers; large ones reuse pooled memory.
+    buffers = [_private_copy(b) for b in payload.buffers] if copy else list(payload.buffers)
     return _Unpickler(io.BytesIO(payload.data), buffers, payload.shared).load()
 
 

@@ -15,9 +15,7 @@ import torch
 
 def tensor_array(t: torch.Tensor) -> np.ndarray:
     """A flat uint8 numpy view of ``t``'s own elements (copying only if needed); pickles under any protocol."""
-    if t.device.type != "cpu":
-        t = t.detach().to("cpu")
-    t = t.detach()
+    t = t.detach().cpu()
     if t.numel() == 0:
         return np.empty(0, dtype=np.uint8)
     if not t.is_contiguous():
@@ -25,22 +23,6 @@ def tensor_array(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
     return t.reshape(-1).view(torch.uint8).numpy()
-
-
-def _tensor_bytes(t: torch.Tensor) -> pickle.PickleBuffer:
-    """:func:`tensor_array` as a bare buffer (protocol 5 only: out of band, and no numpy in the stream)."""
-    return pickle.PickleBuffer(tensor_array(t))  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
-
-
-def _flat_bytes(raw: Any, readonly: bool) -> torch.Tensor:
-    """A uint8 tensor over any buffer (numpy array, bytearray, memoryview, ...), without copying."""
-    if readonly:
-        # Read-only shared memory (Ray's object store) or bytes: torch only warns.  Executors that keep
-        # isolation copy before this point; here the memory is wrapped as is.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(raw, dtype=torch.uint8)
-    return torch.frombuffer(raw, dtype=torch.uint8)
 
 
 def rebuild_tensor(
@@ -54,27 +36,28 @@ def rebuild_tensor(
     view = memoryview(raw)
     if view.nbytes == 0:
         t = torch.empty(shape, dtype=dtype)
+    elif view.readonly:
+        # Read-only shared memory (Ray's object store) or bytes: torch only warns.  Executors that keep
+        # isolation copy before this point; here the memory is wrapped as is.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
     else:
-        t = _flat_bytes(raw, view.readonly).view(dtype).reshape(shape)
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
     if device is not None and device != "cpu":
-        t = t.to(_receiving_device(device))
+        on_cuda = device.startswith("cuda") and torch.cuda.is_available()  # lands on this rank's current device
+        t = t.to(torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device(device))
     if requires_grad:
         t.requires_grad_(True)
     return t
 
 
-def _receiving_device(device: str) -> torch.device:
-    """CUDA tensors land on the receiving rank's current device."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(device)
-
-
 def reduce_tensor(t: torch.Tensor, *, protocol5: bool = True) -> tuple[Any, tuple[Any, ...]]:
     """``__reduce__`` value of a tensor as its own bytes, never its storage (``protocol5``: a bare pickle buffer)."""
     device = None if t.device.type == "cpu" else str(t.device)
+    raw = tensor_array(t)  # protocol 5: a bare buffer, out of band and no numpy in the stream
     return rebuild_tensor, (
-        _tensor_bytes(t) if protocol5 else tensor_array(t),
+        pickle.PickleBuffer(raw) if protocol5 else raw,  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
         t.dtype,
         tuple(t.shape),
         device,
