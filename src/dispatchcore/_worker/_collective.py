@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from .._base import DispatchError, DispatchTimeoutError
-from ._rank_context import call_cancelled
+from ._rank_context import call_cancelled, current_call
 
 #: The reductions every path supports.
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
@@ -58,9 +58,16 @@ class CollectiveLink:
         """A process group over the group's ranks built on the executor's store, or ``None`` (no store)."""
         return None
 
+    def store(self, timeout: float) -> Any | None:
+        """A store every rank of the group reaches, or ``None``."""
+        return None
+
     def rebuild(self, generation: int) -> None:
         """After a replacement: later collectives use a fresh group (every rank agrees on ``generation``)."""
         self.generation = generation
+
+    def abort(self, group: Any = None) -> None:
+        """The call ended early: free ranks waiting in a collective (from any thread)."""
 
     def missing_group_error(self) -> DispatchError:
         """What to do when there is neither a default group nor a store."""
@@ -114,6 +121,10 @@ class ThreadCollective(CollectiveLink):
                     self._arrived -= 1
                 raise
 
+    def abort(self, group: Any = None) -> None:
+        with self._cond:
+            self._cond.notify_all()  # the cancelled waiters raise at once instead of at their next slice
+
     def exchange(self, rank: int, value: Any, timeout: float) -> list[Any]:
         """Every rank's ``value``, in rank order.
 
@@ -126,14 +137,27 @@ class ThreadCollective(CollectiveLink):
 
 
 class StoreCollective(CollectiveLink):
-    """Ranks in processes of their own, reaching one store (given, or at ``address`` and connected on first use)."""
+    """Ranks in processes of their own, reaching one store (given, or at ``address`` and connected on first use).
+
+    Its gloo group is abortable (see ``docs/process-groups.md``): this link
+    holds the only reference, so dropping it closes the group's connections
+    and a peer blocked in a collective on it raises at once.  An abort sets
+    ``<generation>.<epoch>/aborted`` in the store; every rank's watcher thread
+    then drops its group too (idle ranks included), and the next collective
+    builds one on the first epoch not aborted, which every rank agrees on.
+    """
 
     def __init__(self, backend: str, store: Any = None, address: tuple[str, int] | None = None) -> None:
         super().__init__(backend)
         self._store = store
         self._address = address
         self._group: Any = None
-        self._built_for = -1
+        self.epoch = 0
+        #: Store clients of their own: the abort signal (from a cancel's thread) and the watcher's blocking wait.
+        self._signal: Any = None
+        self._building = False
+        #: The call whose first collective checked that the group was not aborted meanwhile.
+        self._checked: Any = None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -158,26 +182,119 @@ class StoreCollective(CollectiveLink):
         host, _, port = value.rpartition(":")
         return cls(backend, address=(host, int(port)))
 
-    def own_group(self, rank: int, world_size: int, timeout: float) -> Any | None:
-        import torch.distributed as dist
+    def store(self, timeout: float) -> Any | None:
+        """The executor's store (connected on first use), or ``None``."""
+        if self._store is None and self._address is not None:
+            import torch.distributed as dist
 
+            host, port = self._address
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+        return self._store
+
+    def own_group(self, rank: int, world_size: int, timeout: float) -> Any | None:
         with self._lock:
-            if self._group is None or self._built_for != self.generation:
-                if self._store is None and self._address is not None:
-                    host, port = self._address
-                    self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
-                if self._store is None:
-                    return None
-                prefix = f"dispatchcore-collective/{self.generation}/"
-                span = timedelta(seconds=timeout)
-                self._group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, self._store), rank, world_size, span)
-                self._built_for = self.generation
-            return self._group
+            store = self.store(timeout)
+            if store is None:
+                return None
+            if self._signal is None:
+                self._signal = store.clone()
+                threading.Thread(target=self._watch, args=(store.clone(),), daemon=True).start()
+            flag = current_call()
+            if self._group is not None and flag is not self._checked:
+                self._checked = flag  # once per call: an abort this rank's watcher has not seen yet
+                if store.check([self._key("aborted")]):
+                    self._drop()
+            if self._group is not None:
+                return self._group
+            while store.check([self._key("aborted")]):
+                self.epoch += 1
+            epoch, prefix = self.epoch, self._key("")
+            self._building = True
+        try:
+            group = _build_interruptibly(store, prefix, rank, world_size, timeout)
+        except BaseException:
+            self.abort()  # other ranks may have joined this epoch's build: nobody reuses it
+            raise
+        with self._lock:
+            self._building = False
+            if self.epoch != epoch:
+                raise DispatchError("the group's collectives were aborted while it was being built")
+            self._group, self._checked = group, flag
+            return group
+
+    def abort(self, group: Any = None) -> None:
+        """Drop this rank's group and tell every rank to drop theirs (``group``: only if it is still the current one).
+
+        Safe from any thread: a rank blocked in a collective on it is freed by
+        its peers' groups closing.
+        """
+        with self._lock:
+            if group is not None and group is not self._group:
+                return
+            if self._group is None and not self._building:
+                return
+            key = self._key("aborted")
+            self._drop()
+            signal = self._signal
+        signal.set(key, b"1")
 
     def rebuild(self, generation: int) -> None:
         with self._lock:
+            key = self._key("aborted")
             super().rebuild(generation)
+            self.epoch = 0
             self._group = None
+            signal = self._signal
+        if signal is not None:
+            signal.set(key, b"1")  # wakes the watcher, which waits on the old generation's key
+
+    def _key(self, name: str) -> str:
+        return f"dispatchcore-collective/{self.generation}.{self.epoch}/{name}"
+
+    def _drop(self) -> None:
+        self._group, self._building = None, False
+        self.epoch += 1
+
+    def _watch(self, store: Any) -> None:
+        """Drop this rank's group when another rank aborts it (a thread: the rank may be idle)."""
+        while True:
+            with self._lock:
+                key = self._key("aborted")
+            try:
+                store.wait([key], timedelta(days=1))
+            except Exception:  # noqa: BLE001 - the store is gone: the group is shutting down
+                return
+            with self._lock:
+                if self._key("aborted") == key:
+                    self._drop()
+
+
+def _build_interruptibly(store: Any, prefix: str, rank: int, world_size: int, timeout: float) -> Any:
+    """A gloo group on ``prefix`` of ``store``; building waits for every rank, so it runs on a thread of its
+    own while this one waits in Python, where a cancel (or its interrupt) can end the wait."""
+    import torch.distributed as dist
+
+    built: list[Any] = []
+
+    def build() -> None:
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, timedelta(seconds=timeout))
+            built.append(group)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            built.append(exc)
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        if call_cancelled():
+            raise DispatchError("the call was cancelled while its rank built the group's collectives")
+        if time.monotonic() > deadline:
+            raise DispatchTimeoutError(f"building a collective group waited {timeout:.0f}s for the other ranks")
+        thread.join(0.05)
+    if isinstance(built[0], BaseException):
+        raise built[0]
+    return built[0]
 
 
 def reduce_in_order(values: Sequence[Any], op: str) -> Any:

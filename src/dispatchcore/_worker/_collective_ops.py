@@ -11,6 +11,7 @@ initialize a default group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from .._base import DispatchError
@@ -22,7 +23,7 @@ from ._collective import (
     pickled,
     reduce_in_order,
 )
-from ._rank_context import current_collective
+from ._rank_context import call_cancelled, current_collective
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,16 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
         link.meet(timeout)  # every rank has read every tensor before any is overwritten
         tensor.copy_(total)
         return tensor
-    group, is_default = _process_group(link, rank, world_size, timeout)
     import torch.distributed as dist
 
-    reduce_op = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX"}[op]
-    if is_default:
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, reduce_op))
+    reduce_op = getattr(dist.ReduceOp, {"sum": "SUM", "avg": "SUM", "product": "PRODUCT"}.get(op, op.upper()))
+    group = _process_group(link, rank, world_size, timeout)
+    if group is None:
+        _wait(link, None, dist.all_reduce(tensor, op=reduce_op, async_op=True), timeout)
     else:
         options = dist.AllreduceOptions()
-        options.reduceOp = getattr(dist.ReduceOp, reduce_op)
-        group.allreduce([tensor], options).wait()
+        options.reduceOp, options.timeout = reduce_op, timedelta(seconds=timeout)
+        _wait(link, group, group.allreduce([tensor], options), timeout)
     if op == "avg":
         tensor /= world_size
     return tensor
@@ -89,15 +90,15 @@ def broadcast(tensor: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) 
             tensor.copy_(values[src])
         link.meet(timeout)  # src's tensor is not written before every rank has copied it
         return tensor
-    group, is_default = _process_group(link, rank, world_size, timeout)
     import torch.distributed as dist
 
-    if is_default:
-        dist.broadcast(tensor, src=src)
+    group = _process_group(link, rank, world_size, timeout)
+    if group is None:
+        _wait(link, None, dist.broadcast(tensor, src=src, async_op=True), timeout)
     else:
         options = dist.BroadcastOptions()
-        options.rootRank = src
-        group.broadcast([tensor], options).wait()
+        options.rootRank, options.timeout = src, timedelta(seconds=timeout)
+        _wait(link, group, group.broadcast([tensor], options), timeout)
     return tensor
 
 
@@ -148,14 +149,30 @@ def _current() -> tuple[CollectiveLink, int, int]:
     return link, rank, world_size
 
 
-def _process_group(link: CollectiveLink, rank: int, world_size: int, timeout: float) -> tuple[Any, bool]:
-    """(group, whether it is the user's default group) for ranks in processes of their own."""
+def _process_group(link: CollectiveLink, rank: int, world_size: int, timeout: float) -> Any | None:
+    """The library's group for ranks in processes of their own; ``None``: the default group spans this group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() == world_size and dist.get_rank() == rank:
-            return None, True
+            return None
     group = link.own_group(rank, world_size, timeout)
     if group is None:
         raise link.missing_group_error()
-    return group, False
+    return group
+
+
+def _wait(link: CollectiveLink, group: Any, work: Any, timeout: float) -> None:
+    """Wait for a collective; a failure (a peer's group closed by an abort, a timeout) aborts the library's group
+    on every rank, so the others leave it too and the next collective runs on a new one."""
+    try:
+        if group is None:
+            work.wait(timedelta(seconds=timeout))  # the default group: the timeout it was built with is not ours
+        else:
+            work.wait()
+    except Exception as exc:
+        if group is not None:
+            link.abort(group)
+        if call_cancelled():
+            raise DispatchError("the call was cancelled while its rank waited in a collective") from exc
+        raise
