@@ -36,6 +36,8 @@ from ._rank_context import call_cancelled, current_call
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 #: How long a rank waits for the others in one collective (seconds) unless told otherwise.
 DEFAULT_TIMEOUT_S = 300.0
+#: The default process group ``collective.init_process_group`` made in this process: (link, generation, mesh).
+LIBRARY_DEFAULT: list[tuple[CollectiveLink, int, Any]] = []
 #: Environment variable through which a process executor tells its ranks where its collective store is.
 STORE_ENV = "DISPATCHCORE_COLLECTIVE_STORE"
 
@@ -295,6 +297,13 @@ def _build_interruptibly(store: Any, prefix: str, rank: int, world_size: int, ti
     if isinstance(built[0], BaseException):
         raise built[0]
     return built[0]
+
+
+def made_default_group() -> bool:
+    """Whether torch's default group in this process is the one ``collective.init_process_group`` made."""
+    import torch.distributed as dist
+
+    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][2].get_group() is dist.group.WORLD
 
 
 def reduce_in_order(values: Sequence[Any], op: str) -> Any:

@@ -20,6 +20,7 @@ from ._collective import (
     REDUCE_OPS,
     CollectiveLink,
     ThreadCollective,
+    made_default_group,
     pickled,
     reduce_in_order,
 )
@@ -42,7 +43,7 @@ class RankInfo:
 
 def rank_info() -> RankInfo:
     """Where the worker method running on this thread runs; raises outside one."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     return RankInfo(link.backend, link.shares_process, rank, world_size, link.generation)
 
 
@@ -56,7 +57,7 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
     """
     if op not in REDUCE_OPS:
         raise DispatchError(f"op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return tensor
     if isinstance(link, ThreadCollective):
@@ -81,7 +82,7 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
 
 def broadcast(tensor: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Overwrite ``tensor`` on every rank with rank ``src``'s (group ranks); returns it."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return tensor
     if isinstance(link, ThreadCollective):
@@ -104,7 +105,7 @@ def broadcast(tensor: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) 
 
 def broadcast_object(obj: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Rank ``src``'s ``obj`` on every rank (picklable objects; the others' ``obj`` is ignored)."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return obj
     if isinstance(link, ThreadCollective):
@@ -128,7 +129,7 @@ def broadcast_object(obj: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT
 
 def barrier(*, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Return once every rank of the calling worker's group has reached it."""
-    link, _rank, world_size = _current()
+    link, _rank, world_size = current_rank()
     if world_size == 1:
         return
     if isinstance(link, ThreadCollective):
@@ -139,7 +140,8 @@ def barrier(*, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     all_reduce(torch.zeros(1), timeout=timeout)  # gloo's barrier needs a registered group; a 1-element reduce does not
 
 
-def _current() -> tuple[CollectiveLink, int, int]:
+def current_rank() -> tuple[CollectiveLink, int, int]:
+    """(link, rank, world size) of the worker method running on this thread; raises outside one."""
     found = current_collective()
     if found is None:
         raise DispatchError(
@@ -153,7 +155,7 @@ def _process_group(link: CollectiveLink, rank: int, world_size: int, timeout: fl
     """The library's group for ranks in processes of their own; ``None``: the default group spans this group."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and not made_default_group():
         if dist.get_world_size() == world_size and dist.get_rank() == rank:
             return None
     group = link.own_group(rank, world_size, timeout)

@@ -22,6 +22,6 @@ group is yours to rebuild in ``on_membership_change``).  :func:`rank_info`
 tells a worker its backend and rank without an attribute on the worker.
 """
 
-from .._worker import RankInfo, all_reduce, barrier, broadcast, broadcast_object, rank_info
+from .._worker import RankInfo, all_reduce, barrier, broadcast, broadcast_object, init_process_group, rank_info
 
-__all__ = ["RankInfo", "all_reduce", "barrier", "broadcast", "broadcast_object", "rank_info"]
+__all__ = ["RankInfo", "all_reduce", "barrier", "broadcast", "broadcast_object", "init_process_group", "rank_info"]
