@@ -17,7 +17,9 @@ a :class:`CollectiveLink` (``host.collective``):
 
 The user's default group, when one is initialized over exactly this group's
 ranks, always wins on process backends: collectives then interleave in the
-order the user expects with the user's own.
+order the user expects with the user's own.  The one
+``collective.init_process_group`` made does not: the library's own group
+stays abortable (``docs/process-groups.md``).
 """
 
 from __future__ import annotations
