@@ -47,7 +47,9 @@ class Trainer(Worker):
         return again is self.mesh, self.mesh.size(), int(summed.item())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def train_step(self) -> float:
+    def train_step(self, failing_rank: int = -1) -> float:
+        if self.rank == failing_rank:
+            raise ValueError("a bad batch")
         torch.manual_seed(1)
         batch = torch.randn(4, 8)
         loss = self.model(batch).pow(2).mean()
@@ -55,6 +57,11 @@ class Trainer(Worker):
         self.optimizer.step()
         self.optimizer.zero_grad()
         return float(loss.detach())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights(self) -> tuple[int, list[float]]:
+        """This process and the full weights (gathered over the group)."""
+        return os.getpid(), [float(value.full_tensor().sum()) for value in self.model.state_dict().values()]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def checkpoint_round_trip(self, path: str) -> bool:
@@ -87,6 +94,22 @@ def test_fsdp2_trains_and_checkpoints_over_the_groups_process_group(tmp_path: Pa
         assert first[0] == first[1] and second[0] == second[1]
         assert second[0] < first[0]
         assert wg.checkpoint_round_trip(str(tmp_path / "checkpoint")) == [True, True]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_before_an_fsdp2_step_frees_the_others_from_its_all_gather() -> None:
+    """Rank 0 waits in FSDP2's all-gather for rank 1, which raised: the abort frees it, nothing is lost."""
+    with WorkerGroup(Trainer, 2, backend="torchrun", cancel_grace=600) as wg:
+        wg.setup()
+        first = wg.train_step()
+        before = wg.weights()
+        with pytest.raises(WorkerError) as raised:
+            wg.train_step(failing_rank=1)
+        assert raised.value.rank == 1
+        assert wg.weights() == before
+        again = wg.train_step()
+        assert again[0] == again[1] < first[0]
 
 
 @pytest.mark.slow
