@@ -98,9 +98,14 @@ def test_fsdp2_trains_and_checkpoints_over_the_groups_process_group(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_rank_that_raises_before_an_fsdp2_step_frees_the_others_from_its_all_gather() -> None:
+@pytest.mark.parametrize("backend", ["torchrun", "ray"])
+def test_a_rank_that_raises_before_an_fsdp2_step_frees_the_others_from_its_all_gather(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
     """Rank 0 waits in FSDP2's all-gather for rank 1, which raised: the abort frees it, nothing is lost."""
-    with WorkerGroup(Trainer, 2, backend="torchrun", cancel_grace=600) as wg:
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    with WorkerGroup(Trainer, 2, backend=backend, cancel_grace=600) as wg:
         wg.setup()
         first = wg.train_step()
         before = wg.weights()
