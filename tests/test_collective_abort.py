@@ -70,6 +70,17 @@ class Replica(Worker):
                 time.sleep(0.01)
         collective.all_reduce(torch.ones(1))
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reduce_without_rank_1(self, timeout: float) -> str:
+        """Rank 1 skips the all-reduce: the others' ``timeout=`` ends it."""
+        if self.rank == 1:
+            return "skipped"
+        try:
+            collective.all_reduce(torch.ones(1), timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - what the caller sees is the test's subject
+            return type(exc).__name__
+        return "finished"
+
 
 def _group(backend: str, request: pytest.FixtureRequest, **options: Any) -> WorkerGroup[Any]:
     if backend == "ray":
@@ -142,3 +153,12 @@ def test_a_cancelled_local_step_releases_the_ranks_waiting_in_memory() -> None:
             future.get()
         assert [state[1:] for state in wg.state()] == [(0, 0.0)] * 3
         assert wg.step() == [8.0] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_collectives_own_timeout_bounds_it_and_the_next_one_works() -> None:
+    with WorkerGroup(Replica, 3, backend="torchrun", cancel_grace=GRACE_S) as wg:
+        assert wg.step() == [8.0] * 3
+        assert wg.reduce_without_rank_1(1.0) == ["DispatchTimeoutError", "skipped", "DispatchTimeoutError"]
+        assert wg.step() == [16.0] * 3

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .._base import DispatchError
+from .._base import DispatchError, DispatchTimeoutError
 from ._collective import (
     DEFAULT_TIMEOUT_S,
     REDUCE_OPS,
@@ -177,4 +177,6 @@ def _wait(link: CollectiveLink, group: Any, work: Any, timeout: float) -> None:
             link.abort(group)
         if call_cancelled():
             raise DispatchError("the call was cancelled while its rank waited in a collective") from exc
+        if "Timed out" in str(exc):  # gloo's words; as a local rank's timeout reads
+            raise DispatchTimeoutError(f"a collective waited {timeout:g}s for the other ranks of its group") from exc
         raise
