@@ -8,8 +8,9 @@ in this order:
 1. sets the call's :class:`~dispatchcore._worker.CancelFlag`, which
    ``Worker.cancelled()`` reads, so a method that checks it can stop where
    it chooses;
-2. aborts the call's ``dispatchcore.collective`` group on every rank of
-   the group, idle ones included, so a rank blocked in one of its
+2. aborts the communicators the library made for the group
+   (``dispatchcore.collective``'s, ``collective.init_process_group``'s) on
+   every rank, idle ones included, so a rank blocked in one of their
    collectives raises at once (``docs/process-groups.md``);
 3. cancels an ``async def`` method's task on its loop: ``CancelledError``
    at its next ``await``;
