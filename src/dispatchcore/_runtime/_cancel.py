@@ -8,13 +8,18 @@ in this order:
 1. sets the call's :class:`~dispatchcore._worker.CancelFlag`, which
    ``Worker.cancelled()`` reads, so a method that checks it can stop where
    it chooses;
-2. cancels an ``async def`` method's task on its loop: ``CancelledError``
+2. aborts the communicators the library made for the group
+   (``dispatchcore.collective``'s, ``collective.init_process_group``'s) on
+   every rank, idle ones included, so a rank blocked in one of their
+   collectives raises at once (``docs/process-groups.md``);
+3. cancels an ``async def`` method's task on its loop: ``CancelledError``
    at its next ``await``;
-3. after ``interrupt_after`` seconds, if the same call still runs, raises
+4. after ``interrupt_after`` seconds, if the same call still runs, raises
    :class:`~dispatchcore.CallInterrupted` in the method's thread
    (``PyThreadState_SetAsyncExc``): at its next Python instruction.  Code
-   blocked in C (a collective, a sleep) sees it only when that C call
-   returns; the driver restarts such a rank after its grace period.
+   blocked in other C (a sleep, a user's own process group) sees it only
+   when that C call returns; the driver restarts such a rank after its
+   grace period.
 
 A cancel that arrives before the rank started the call (it was queued)
 makes the rank skip it.  Only the call named by its id is ever touched:
@@ -50,6 +55,7 @@ class RunningCall(CancelFlag):
     __slots__ = ("__dict__",)
 
     requested = False
+    link: Any = None
     interrupted = False
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Task[Any] | None = None
@@ -116,21 +122,23 @@ class CallGate:
                 if len(self._doomed_order) > _DOOMED_KEPT:
                     self._doomed.discard(self._doomed_order.popleft())
             found = []
-            for running in list(self._by_thread.values()):
+            for innermost in list(self._by_thread.values()):
+                running: RunningCall | None = innermost
                 while running is not None:  # a call made from inside a method: its outer calls too
                     if running.call_id == call_id:
                         running.requested = True
                         found.append(running)
                     running = running.outer
-        for running in found:
-            loop, task = running.loop, running.task
+        for stopping in found:
+            _abort_collectives(stopping)
+            loop, task = stopping.loop, stopping.task
             if loop is not None and task is not None:
                 try:
                     loop.call_soon_threadsafe(task.cancel)
                 except RuntimeError:  # the loop closed: the call is over
                     pass
                 continue
-            timer = threading.Timer(max(0.0, interrupt_after), self._interrupt, (running,))
+            timer = threading.Timer(max(0.0, interrupt_after), self._interrupt, (stopping,))
             timer.daemon = True
             timer.start()
         return len(found)
@@ -155,6 +163,15 @@ def cancel_in_process(call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) 
     skip it when it comes.
     """
     return GATE.cancel(call_id, interrupt_after)
+
+
+def _abort_collectives(running: RunningCall) -> None:
+    """Free the call's ranks blocked in a collective: its group is aborted on every rank of it."""
+    if running.link is not None:
+        try:
+            running.link.abort()
+        except Exception:  # noqa: BLE001 - the interrupt and cancel_grace still apply
+            pass
 
 
 def _set_async_exc(thread: int, exc: type[BaseException] | None) -> None:

@@ -9,6 +9,7 @@ from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
 from ._method_names import method_names
+from ._process_group import init_process_group
 from ._rank_context import (
     CancelFlag,
     call_cancelled,
@@ -40,6 +41,7 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "enter_method",
+    "init_process_group",
     "leave_method",
     "method_names",
     "rank_context",

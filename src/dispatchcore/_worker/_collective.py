@@ -8,16 +8,17 @@ a :class:`CollectiveLink` (``host.collective``):
   object shared by the group's ranks); they meet in memory and reduce in rank
   order, so every rank gets the same bits;
 * :class:`StoreCollective`: ranks in processes of their own, with a
-  ``torch.distributed`` store every rank reaches; a gloo group is built on a
-  ``PrefixStore`` of it on first use (never ``init_process_group`` or
-  ``new_group``: the default group is the user's), one per replacement
-  generation;
+  ``torch.distributed`` store every rank reaches; its communicators are
+  built on a ``PrefixStore`` of it on first use (never ``new_group``), one
+  per replacement generation and abort epoch;
 * the plain :class:`CollectiveLink`: no store to offer; only the user's own
   default group can be used, and the error says so.
 
 The user's default group, when one is initialized over exactly this group's
 ranks, always wins on process backends: collectives then interleave in the
-order the user expects with the user's own.
+order the user expects with the user's own.  The one
+``collective.init_process_group`` made does not: it forwards to the same
+link (``docs/process-groups.md``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from .._base import DispatchError, DispatchTimeoutError
-from ._rank_context import call_cancelled
+from ._rank_context import call_cancelled, current_call
 
 #: The reductions every path supports.
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 #: How long a rank waits for the others in one collective (seconds) unless told otherwise.
 DEFAULT_TIMEOUT_S = 300.0
+#: The default process group ``collective.init_process_group`` made in this process: (link, mesh).
+LIBRARY_DEFAULT: list[tuple[CollectiveLink, Any]] = []
 #: Environment variable through which a process executor tells its ranks where its collective store is.
 STORE_ENV = "DISPATCHCORE_COLLECTIVE_STORE"
 
@@ -58,9 +61,16 @@ class CollectiveLink:
         """A process group over the group's ranks built on the executor's store, or ``None`` (no store)."""
         return None
 
+    def store(self, timeout: float) -> Any | None:
+        """A store every rank of the group reaches, or ``None``."""
+        return None
+
     def rebuild(self, generation: int) -> None:
         """After a replacement: later collectives use a fresh group (every rank agrees on ``generation``)."""
         self.generation = generation
+
+    def abort(self, group: Any = None) -> None:
+        """The call ended early: free ranks waiting in a collective (from any thread)."""
 
     def missing_group_error(self) -> DispatchError:
         """What to do when there is neither a default group nor a store."""
@@ -114,6 +124,10 @@ class ThreadCollective(CollectiveLink):
                     self._arrived -= 1
                 raise
 
+    def abort(self, group: Any = None) -> None:
+        with self._cond:
+            self._cond.notify_all()  # the cancelled waiters raise at once instead of at their next slice
+
     def exchange(self, rank: int, value: Any, timeout: float) -> list[Any]:
         """Every rank's ``value``, in rank order.
 
@@ -126,14 +140,28 @@ class ThreadCollective(CollectiveLink):
 
 
 class StoreCollective(CollectiveLink):
-    """Ranks in processes of their own, reaching one store (given, or at ``address`` and connected on first use)."""
+    """Ranks in processes of their own, reaching one store (given, or at ``address`` and connected on first use).
+
+    Its gloo group is abortable (see ``docs/process-groups.md``): this link
+    holds the only reference, so dropping it closes the group's connections
+    and a peer blocked in a collective on it raises at once.  An abort sets
+    ``<generation>.<epoch>/aborted`` in the store; every rank's watcher thread
+    then drops its group too (idle ranks included), and the next collective
+    builds one on the first epoch not aborted, which every rank agrees on.
+    """
 
     def __init__(self, backend: str, store: Any = None, address: tuple[str, int] | None = None) -> None:
         super().__init__(backend)
         self._store = store
         self._address = address
-        self._group: Any = None
-        self._built_for = -1
+        #: This epoch's communicators, by kind (see :meth:`communicator`); this link holds the only references.
+        self._built: dict[str, Any] = {}
+        self.epoch = 0
+        #: Store clients of their own: the abort signal (from a cancel's thread) and the watcher's blocking wait.
+        self._signal: Any = None
+        self._building = False
+        #: The call whose first collective checked that the group was not aborted meanwhile.
+        self._checked: Any = None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -158,26 +186,175 @@ class StoreCollective(CollectiveLink):
         host, _, port = value.rpartition(":")
         return cls(backend, address=(host, int(port)))
 
-    def own_group(self, rank: int, world_size: int, timeout: float) -> Any | None:
-        import torch.distributed as dist
+    def store(self, timeout: float) -> Any | None:
+        """The executor's store (connected on first use), or ``None``."""
+        if self._store is None and self._address is not None:
+            import torch.distributed as dist
 
+            host, port = self._address
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+        return self._store
+
+    def own_group(self, rank: int, world_size: int, timeout: float) -> Any | None:
+        return self.communicator("group", rank, world_size, timeout)
+
+    def communicator(self, kind: str, rank: int, world_size: int, timeout: float) -> Any | None:
+        """This epoch's communicator of ``kind`` (built on first use), or ``None`` without a store.
+
+        ``"group"``: a gloo backend for :mod:`dispatchcore.collective`;
+        ``"default"``: a ``ProcessGroup`` (gloo, and NCCL for CUDA where there
+        is a GPU) that torch's default group made by ``init_process_group`` forwards to.
+        """
         with self._lock:
-            if self._group is None or self._built_for != self.generation:
-                if self._store is None and self._address is not None:
-                    host, port = self._address
-                    self._store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
-                if self._store is None:
-                    return None
-                prefix = f"dispatchcore-collective/{self.generation}/"
-                span = timedelta(seconds=timeout)
-                self._group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, self._store), rank, world_size, span)
-                self._built_for = self.generation
-            return self._group
+            store = self.store(timeout)
+            if store is None:
+                return None
+            if self._signal is None:
+                self._signal = store.clone()
+                threading.Thread(target=self._watch, args=(store.clone(),), daemon=True).start()
+            flag = current_call()
+            dropped: dict[str, Any] = {}
+            if self._built and flag is not self._checked:
+                self._checked = flag  # once per call: an abort this rank's watcher has not seen yet
+                if store.check([self._key("aborted")]):
+                    dropped = self._drop()
+            if kind in self._built:
+                return self._built[kind]
+            while store.check([self._key("aborted")]):
+                self.epoch += 1
+            epoch, prefix = self.epoch, self._key(kind)
+            self._building = True
+        _release(dropped)
+        try:
+            built = _build_interruptibly(kind, store, prefix, rank, world_size, timeout)
+        except BaseException:
+            self.abort()  # other ranks may have joined this epoch's build: nobody reuses it
+            raise
+        with self._lock:
+            self._building = False
+            if self.epoch != epoch:
+                raise DispatchError("the group's collectives were aborted while it was being built")
+            self._built[kind], self._checked = built, flag
+            return built
+
+    def abort(self, group: Any = None) -> None:
+        """Drop this rank's communicators and tell every rank to drop theirs (``group``: only if still current).
+
+        Safe from any thread: a rank blocked in a collective on them is freed
+        by its peers' closing.
+        """
+        with self._lock:
+            if group is not None and group not in self._built.values():
+                return
+            if not self._built and not self._building:
+                return
+            key = self._key("aborted")
+            dropped = self._drop()
+            signal = self._signal
+        signal.set(key, b"1")  # first: a group with work in flight closes only once its peers closed theirs
+        _release(dropped)
 
     def rebuild(self, generation: int) -> None:
         with self._lock:
+            key = self._key("aborted")
             super().rebuild(generation)
-            self._group = None
+            dropped = self._drop()
+            self.epoch = 0
+            signal = self._signal
+        if signal is not None:
+            signal.set(key, b"1")  # wakes the watcher, which waits on the old generation's key
+        _release(dropped)
+
+    def _key(self, name: str) -> str:
+        return f"dispatchcore-collective/{self.generation}.{self.epoch}/{name}"
+
+    def _drop(self) -> dict[str, Any]:
+        """Move to the next epoch (under the lock); the communicators to release once it is let go."""
+        dropped, self._built, self._building = self._built, {}, False
+        self.epoch += 1
+        return dropped
+
+    def _watch(self, store: Any) -> None:
+        """Drop this rank's communicators when another rank aborts them (a thread: the rank may be idle)."""
+        while True:
+            with self._lock:
+                key = self._key("aborted")
+            try:
+                store.wait([key], timedelta(days=1))
+            except Exception:  # noqa: BLE001 - the store is gone: the group is shutting down
+                return
+            with self._lock:
+                dropped = self._drop() if self._key("aborted") == key else {}
+            _release(dropped)
+
+
+def _build(kind: str, store: Any, prefix: str, rank: int, world_size: int, timeout: float) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    store, span = dist.PrefixStore(prefix, store), timedelta(seconds=timeout)
+    if kind == "group":
+        return dist.ProcessGroupGloo(store, rank, world_size, span)
+    group = dist.ProcessGroup(store, rank, world_size)
+    group._register_backend(
+        torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, dist.ProcessGroupGloo(store, rank, world_size, span)
+    )
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    if torch.cuda.is_available():
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = span
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, world_size, options)
+        group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+    return group
+
+
+def _release(dropped: dict[str, Any]) -> None:
+    """Let an epoch's communicators go, outside the link's lock: gloo's destructor (which holds the GIL) waits
+    for work in flight; NCCL communicators have a real abort (ops in flight on the GPU end)."""
+    import torch
+
+    default = dropped.get("default")
+    if default is not None and torch.cuda.is_available():
+        try:
+            default._get_backend(torch.device("cuda")).abort()
+        except Exception:  # noqa: BLE001 - dropping it is all that is left
+            pass
+    dropped.clear()
+
+
+def _build_interruptibly(kind: str, store: Any, prefix: str, rank: int, world_size: int, timeout: float) -> Any:
+    """A communicator of ``kind`` on ``prefix`` of ``store``.
+
+    Building waits for every rank, so it runs on a thread of its own while
+    this one waits in Python, where a cancel (or its interrupt) ends the wait.
+    """
+    built: list[Any] = []
+
+    def build() -> None:
+        try:
+            built.append(_build(kind, store, prefix, rank, world_size, timeout))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            built.append(exc)
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        if call_cancelled():
+            raise DispatchError("the call was cancelled while its rank built the group's collectives")
+        if time.monotonic() > deadline:
+            raise DispatchTimeoutError(f"building a collective group waited {timeout:.0f}s for the other ranks")
+        thread.join(0.05)
+    if isinstance(built[0], BaseException):
+        raise built[0]
+    return built[0]
+
+
+def made_default_group() -> bool:
+    """Whether torch's default group in this process is the one ``collective.init_process_group`` made."""
+    import torch.distributed as dist
+
+    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][1].get_group() is dist.group.WORLD
 
 
 def reduce_in_order(values: Sequence[Any], op: str) -> Any:

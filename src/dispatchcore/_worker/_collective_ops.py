@@ -11,18 +11,20 @@ initialize a default group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from .._base import DispatchError
+from .._base import DispatchError, DispatchTimeoutError
 from ._collective import (
     DEFAULT_TIMEOUT_S,
     REDUCE_OPS,
     CollectiveLink,
     ThreadCollective,
+    made_default_group,
     pickled,
     reduce_in_order,
 )
-from ._rank_context import current_collective
+from ._rank_context import call_cancelled, current_collective
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class RankInfo:
 
 def rank_info() -> RankInfo:
     """Where the worker method running on this thread runs; raises outside one."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     return RankInfo(link.backend, link.shares_process, rank, world_size, link.generation)
 
 
@@ -55,7 +57,7 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
     """
     if op not in REDUCE_OPS:
         raise DispatchError(f"op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return tensor
     if isinstance(link, ThreadCollective):
@@ -63,16 +65,16 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
         link.meet(timeout)  # every rank has read every tensor before any is overwritten
         tensor.copy_(total)
         return tensor
-    group, is_default = _process_group(link, rank, world_size, timeout)
     import torch.distributed as dist
 
-    reduce_op = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX"}[op]
-    if is_default:
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, reduce_op))
+    reduce_op = getattr(dist.ReduceOp, {"sum": "SUM", "avg": "SUM", "product": "PRODUCT"}.get(op, op.upper()))
+    group = _process_group(link, rank, world_size, timeout)
+    if group is None:
+        _wait(link, None, dist.all_reduce(tensor, op=reduce_op, async_op=True), timeout)
     else:
         options = dist.AllreduceOptions()
-        options.reduceOp = getattr(dist.ReduceOp, reduce_op)
-        group.allreduce([tensor], options).wait()
+        options.reduceOp, options.timeout = reduce_op, timedelta(seconds=timeout)
+        _wait(link, group, group.allreduce([tensor], options), timeout)
     if op == "avg":
         tensor /= world_size
     return tensor
@@ -80,7 +82,7 @@ def all_reduce(tensor: Any, op: str = "sum", *, timeout: float = DEFAULT_TIMEOUT
 
 def broadcast(tensor: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Overwrite ``tensor`` on every rank with rank ``src``'s (group ranks); returns it."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return tensor
     if isinstance(link, ThreadCollective):
@@ -89,21 +91,21 @@ def broadcast(tensor: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) 
             tensor.copy_(values[src])
         link.meet(timeout)  # src's tensor is not written before every rank has copied it
         return tensor
-    group, is_default = _process_group(link, rank, world_size, timeout)
     import torch.distributed as dist
 
-    if is_default:
-        dist.broadcast(tensor, src=src)
+    group = _process_group(link, rank, world_size, timeout)
+    if group is None:
+        _wait(link, None, dist.broadcast(tensor, src=src, async_op=True), timeout)
     else:
         options = dist.BroadcastOptions()
-        options.rootRank = src
-        group.broadcast([tensor], options).wait()
+        options.rootRank, options.timeout = src, timedelta(seconds=timeout)
+        _wait(link, group, group.broadcast([tensor], options), timeout)
     return tensor
 
 
 def broadcast_object(obj: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Rank ``src``'s ``obj`` on every rank (picklable objects; the others' ``obj`` is ignored)."""
-    link, rank, world_size = _current()
+    link, rank, world_size = current_rank()
     if world_size == 1:
         return obj
     if isinstance(link, ThreadCollective):
@@ -127,7 +129,7 @@ def broadcast_object(obj: Any, src: int = 0, *, timeout: float = DEFAULT_TIMEOUT
 
 def barrier(*, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Return once every rank of the calling worker's group has reached it."""
-    link, _rank, world_size = _current()
+    link, _rank, world_size = current_rank()
     if world_size == 1:
         return
     if isinstance(link, ThreadCollective):
@@ -138,7 +140,8 @@ def barrier(*, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     all_reduce(torch.zeros(1), timeout=timeout)  # gloo's barrier needs a registered group; a 1-element reduce does not
 
 
-def _current() -> tuple[CollectiveLink, int, int]:
+def current_rank() -> tuple[CollectiveLink, int, int]:
+    """(link, rank, world size) of the worker method running on this thread; raises outside one."""
     found = current_collective()
     if found is None:
         raise DispatchError(
@@ -148,14 +151,32 @@ def _current() -> tuple[CollectiveLink, int, int]:
     return link, rank, world_size
 
 
-def _process_group(link: CollectiveLink, rank: int, world_size: int, timeout: float) -> tuple[Any, bool]:
-    """(group, whether it is the user's default group) for ranks in processes of their own."""
+def _process_group(link: CollectiveLink, rank: int, world_size: int, timeout: float) -> Any | None:
+    """The library's group for ranks in processes of their own; ``None``: the default group spans this group."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and not made_default_group():
         if dist.get_world_size() == world_size and dist.get_rank() == rank:
-            return None, True
+            return None
     group = link.own_group(rank, world_size, timeout)
     if group is None:
         raise link.missing_group_error()
-    return group, False
+    return group
+
+
+def _wait(link: CollectiveLink, group: Any, work: Any, timeout: float) -> None:
+    """Wait for a collective; a failure (a peer's group closed by an abort, a timeout) aborts the library's group
+    on every rank, so the others leave it too and the next collective runs on a new one."""
+    try:
+        if group is None:
+            work.wait(timedelta(seconds=timeout))  # the default group: the timeout it was built with is not ours
+        else:
+            work.wait()
+    except Exception as exc:
+        if group is not None:
+            link.abort(group)
+        if call_cancelled():
+            raise DispatchError("the call was cancelled while its rank waited in a collective") from exc
+        if "Timed out" in str(exc):  # gloo's words; as a local rank's timeout reads
+            raise DispatchTimeoutError(f"a collective waited {timeout:g}s for the other ranks of its group") from exc
+        raise

@@ -56,18 +56,26 @@ def current_rank_context() -> tuple[int, int]:
 
 
 class CancelFlag:
-    """Whether the call a rank is running was asked to stop (set from another thread)."""
+    """Whether the call a rank is running was asked to stop (set from another thread), and its collective link."""
 
-    __slots__ = ("requested",)
+    __slots__ = ("link", "requested")
 
     def __init__(self) -> None:
         self.requested = False
+        #: The ``CollectiveLink`` the call's collectives run on: a cancel aborts it (``_runtime/_cancel.py``).
+        self.link: Any = None
 
 
 def call_cancelled() -> bool:
     """Whether the call this thread runs was cancelled; ``False`` outside a call."""
     flag: CancelFlag | None = getattr(_context, "cancel", None)
     return flag is not None and flag.requested
+
+
+def current_call() -> CancelFlag | None:
+    """The flag of the call this thread runs (one object per call); ``None`` outside a call."""
+    flag: CancelFlag | None = getattr(_context, "cancel", None)
+    return flag
 
 
 def enter_method(flag: CancelFlag, collective: tuple[Any, int, int]) -> tuple[Any, Any]:
@@ -79,6 +87,7 @@ def enter_method(flag: CancelFlag, collective: tuple[Any, int, int]) -> tuple[An
     previous = (getattr(context, "cancel", None), getattr(context, "collective", None))
     context.cancel = flag
     context.collective = collective
+    flag.link = collective[0]
     return previous
 
 
