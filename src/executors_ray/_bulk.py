@@ -139,10 +139,7 @@ class Shelf:
 
     def entry(self, key: Any) -> _Stash:
         with self._lock:
-            entry = self._stashes.get(key)
-            if entry is None:
-                entry = self._stashes[key] = _Stash()
-            return entry
+            return self._stashes.setdefault(key, _Stash())
 
     def drop(self, key: Any) -> None:
         with self._lock:

@@ -94,10 +94,8 @@ class RowsCallHandle(RankCallHandle):
     def _accept(self, position: int, value: Any) -> None:
         """Deliver one stored answer: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``."""
         tag, payload = value
-        if tag == FAILED:
-            self.deliver(position, False, payload)
-            return
-        self.deliver(position, True, unpack(payload, copy=self._copy))
+        ok = tag != FAILED
+        self.deliver(position, ok, unpack(payload, copy=self._copy) if ok else payload)
 
     def done(self) -> bool:
         if RankCallHandle.done(self):

@@ -64,9 +64,7 @@ class RowFetcher:
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.death_timeout, fetch_local=False)
         out: list[DataProto | None] = [None] * len(requests)
         for actor_id, positions in by_actor.items():
-            first = requests[positions[0]]
-            parts = self._pull(ray, refs[actor_id], first)
-            for i, part in zip(positions, parts, strict=True):
+            for i, part in zip(positions, self._pull(ray, refs[actor_id], requests[positions[0]]), strict=True):
                 out[i] = part
         return [part for part in out if part is not None]
 

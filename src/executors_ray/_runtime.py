@@ -34,13 +34,6 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
     return ray
 
 
-def node_ip() -> str:
-    """This process's node IP as Ray sees it (MASTER_ADDR of rank 0)."""
-    import ray
-
-    return str(ray.util.get_node_ip_address())
-
-
 def ip_sort_key(ip: str) -> tuple[int, int, str]:
     """Order node IPs as numbers (10.0.0.9 before 10.0.0.10), names last."""
     try:

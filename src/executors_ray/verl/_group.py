@@ -136,8 +136,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         if ray_cls_with_init is None:
             raise DispatchTypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
         spec = ray_cls_with_init
-        if not isinstance(spec, ClassWithInitArgs):
-            spec = RayClassWithInitArgs(spec)
+        spec = spec if isinstance(spec, ClassWithInitArgs) else RayClassWithInitArgs(spec)
         self._take_verl_keywords(resource_pool, bin_pack, device_name, ray_wait_register_center_timeout, options)
         self._merge_actor_options(spec, worker_env, options)
         self.fused_worker_used = bool(getattr(spec, "fused_worker_used", False))

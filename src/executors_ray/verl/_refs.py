@@ -61,11 +61,7 @@ class RefProxy:
         refs = send(group, self._name, per_rank)
         return refs[0] if rank_zero else refs
 
-    def options(self, **kwargs: Any) -> Any:
-        """The core's proxy with these options: its bounded ``CallFuture`` instead of refs."""
-        return self._core.options(**kwargs)
-
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # ``options(...)`` too: the core's bounded ``CallFuture``, not refs
         return getattr(self._core, name)
 
     def __repr__(self) -> str:
