@@ -224,7 +224,8 @@ class RayWorkerGroup(WorkerGroup[Any]):
     def on_bound(self, parent: Any) -> None:
         """Once the core bound a group or view: verl's attributes, ref-returning proxies for non-blocking methods."""
         super().on_bound(parent)
-        self.__dict__["_verl_dispatch_info"] = {}
+        #: verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch).
+        self._dispatch_info: dict[str, list[int]] = {}
         if parent is not None:  # a view: verl's attributes are the root group's
             for key in VERL_ATTRIBUTES:
                 if key in parent.__dict__:
@@ -234,15 +235,6 @@ class RayWorkerGroup(WorkerGroup[Any]):
             proxy = getattr(self, name)
             if gives_refs(proxy.registration):
                 setattr(self, name, RefProxy(self, name, proxy.registration, proxy))
-
-    @property
-    def _dispatch_info(self) -> dict[str, list[int]]:
-        """verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch)."""
-        return self.__dict__.setdefault("_verl_dispatch_info", {})  # type: ignore[no-any-return]
-
-    @_dispatch_info.setter
-    def _dispatch_info(self, value: dict[str, list[int]]) -> None:
-        self.__dict__["_verl_dispatch_info"] = value
 
     def _query_dispatch_info(self, mesh_name: str) -> list[int]:
         """Each rank's dp rank on ``mesh_name`` (verl's name; asked once, cached by the core)."""
