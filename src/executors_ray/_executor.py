@@ -179,17 +179,15 @@ class RayExecutor(Executor):
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
         spec, actors = self.spec, self._rank_actors.actors
         for rank in ranks:
-            actor = actors[rank]
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
-                task = actor.serve_beside.options(concurrency_group=BESIDE_GROUP)
-                ref = task.remote(address, rank, self._lane_inline, self._start_timeout)
+                task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
+                self._serve_refs[rank] = task.remote(address, rank, self._lane_inline, self._start_timeout)
             else:
                 rank_env = None if env is None else env[rank]
-                task = actor.serve_lane.options(concurrency_group=LANE_GROUP)
-                ref = task.remote(
+                task = actors[rank].serve_lane.options(concurrency_group=LANE_GROUP)
+                self._serve_refs[rank] = task.remote(
                     address, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
                 )
-            self._serve_refs[rank] = ref
 
     def _rank_dead(self, rank: int) -> str | None:
         """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""
@@ -231,11 +229,8 @@ class RayExecutor(Executor):
             self._row_addresses.pop(rank, None)
             group.infos[rank] = info
         # A fresh port on rank 0's node: the old world's store may still hold the old one.
-        port = self._wait(
-            [group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
-            deadline,
-            "pick a rendezvous port",
-        )[0]["port"]
+        ask = group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)
+        port = self._wait([ask], deadline, "pick a rendezvous port")[0]["port"]
         group.infos[0] = {**group.infos[0], "port": port}
         env = self._rank_env(group.infos)
         self._open_ranks(ranks, env)

@@ -17,7 +17,7 @@ from dispatchcore import (
 from .._detached import detached_world_size
 from .._executor import OPTIONS, RayExecutor
 from .._pool import RayResourcePool
-from ._refs import RefProxy, gives_refs
+from ._refs import RefProxy, gives_refs, send
 
 _log = logging.getLogger("executors_ray.verl")
 _logged: set[str] = set()
@@ -321,26 +321,24 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank; Ray ``ObjectRef`` s to ``ray.get`` (as verl)."""
-        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids)
+        return self._plain_refs(method_name, args, kwargs, ranks=len(self.rank_ids))
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_rank_zero(method_name, *args, **kwargs)
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids[:1])[0]
+        return self._plain_refs(method_name, args, kwargs, ranks=1)[0]
 
-    def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: Any) -> list[Any]:
+    def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: int) -> list[Any]:
+        """Each of the first ``ranks`` ranks' ref; lists of one item per rank are split (verl's ALL_TO_ALL rule)."""
         self.ensure_usable()
-        executor, method = self._ray(), self.role_prefix + method
-        n = self.world_size
-        values = list(args) + list(kwargs.values())
-        split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
-        refs = []
-        for position, rank in enumerate(ranks):  # split lists are indexed by position in this (view) group
-            a = tuple(v[position] for v in args) if split else args
-            kw = {k: v[position] for k, v in kwargs.items()} if split else kwargs
-            refs.append(executor.actor(rank).call_plain.remote(method, *a, **kw))
-        return refs
+        values = [*args, *kwargs.values()]
+        split = bool(values) and all(isinstance(v, list) and len(v) == self.world_size for v in values)
+        per_rank = [
+            (tuple(v[p] for v in args), {k: v[p] for k, v in kwargs.items()}) if split else (args, kwargs)
+            for p in range(ranks)
+        ]
+        return list(send(self, method, per_rank, share=False))
 
 
 def create_colocated_worker_cls_fused(class_dict: Mapping[str, Any]) -> RayClassWithInitArgs:
