@@ -6,6 +6,7 @@ actor to actor (docs/executor-contract.md, docs/lazy-results.md).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -525,10 +526,8 @@ class RayExecutor(Executor):
 
     def _kill(self, actors: Iterable[Any]) -> None:
         for actor in actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:

@@ -61,8 +61,7 @@ class RowsCallHandle(RankCallHandle):
             if rest:  # take whatever else landed meanwhile in the same round
                 more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
                 ready += more
-            landed = set(ready)
-            self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
+            self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in ready])
             if self.streaming and not self._draining:
                 return
 

@@ -67,8 +67,8 @@ def inline_bytes(value: Any) -> int:
 def lane_host(ray: Any, infos: Sequence[dict[str, Any]]) -> str:
     """Loopback when every actor shares the driver's node; else the address Ray knows this node by."""
     here = ray.get_runtime_context().get_node_id()
-    if infos and all(info.get("node_id") == here for info in infos):
-        return LOOPBACK
-    if not infos and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
-        return LOOPBACK
-    return str(ray.util.get_node_ip_address())
+    if infos:
+        alone = all(info.get("node_id") == here for info in infos)
+    else:  # attached: one live node means the actors share the driver's
+        alone = len([n for n in ray.nodes() if n.get("Alive")]) == 1
+    return LOOPBACK if alone else str(ray.util.get_node_ip_address())

@@ -6,6 +6,7 @@ order is stable across restarts; verl's names and defaults (README, "Porting a v
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -252,10 +253,8 @@ class RayResourcePool:
         if not ray.is_initialized():
             return
         for pg in created:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
 
     def __repr__(self) -> str:
         return (

@@ -227,9 +227,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         #: verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch).
         self._dispatch_info: dict[str, list[int]] = {}
         if parent is not None:  # a view: verl's attributes are the root group's
-            for key in VERL_ATTRIBUTES:
-                if key in parent.__dict__:
-                    self.__dict__[key] = parent.__dict__[key]
+            self.__dict__.update({key: parent.__dict__[key] for key in VERL_ATTRIBUTES if key in parent.__dict__})
             self.__dict__["sub_cls_name"] = self.role_prefix[:-1]
         for name in self.method_names:
             proxy = getattr(self, name)
