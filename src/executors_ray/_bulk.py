@@ -101,8 +101,6 @@ class DriverBulk:
 
 
 class _Stash:
-    """One call value arriving by a ``stash`` task."""
-
     def __init__(self) -> None:
         self.arrived = threading.Event()
         self.as_is = False
@@ -126,7 +124,6 @@ class Shelf:
         return key
 
     def take_result(self, key: int) -> Any:
-        """A kept result, handed over once."""
         with self._lock:
             return self._kept.pop(key)
 

@@ -241,11 +241,8 @@ class RayExecutor(Executor):
 
     def spares_ready(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for the spare actors' processes; how many are up."""
-        if not self._spares:
-            return 0
         refs = [info for _, info, _ in self._spares]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        return len(ready)
+        return len(self.ray.wait(refs, num_returns=len(refs), timeout=timeout)[0]) if refs else 0
 
     def _start_actor(self, options: dict[str, Any], deadline: float = 0.0) -> tuple[Any, Any, str]:
         """A new actor, its ``describe()`` reference and name; retried until ``deadline`` while Ray frees the name."""
@@ -294,7 +291,6 @@ class RayExecutor(Executor):
         return [{**base, "name": name, "scheduling_strategy": s} for name, s in zip(names, strategies, strict=True)]
 
     def _asks(self) -> tuple[float, float]:
-        """``(num_cpus, num_gpus)`` each rank's actor asks for."""
         if self._pool is not None:
             return self._pool.actor_resources(self.options["num_gpus"])
         return float(self.options["cpus_per_worker"] or 0), float(self.options["num_gpus"] or 0)

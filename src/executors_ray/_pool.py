@@ -300,9 +300,7 @@ class SubRayResourcePool(RayResourcePool):
         """This part's first bundle, counted over the parent's bundles in rank order."""
         return self._offset
 
-    @property
-    def subgroup_world_size(self) -> int:
-        return self._size
+    subgroup_world_size = RayResourcePool.world_size
 
     def slots(self, timeout: float) -> list[Slot]:
         found = super().slots(timeout)
