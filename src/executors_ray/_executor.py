@@ -105,7 +105,6 @@ class RayExecutor(Executor):
             job_id=self.job_id,
             death_timeout=spec.death_timeout,
             isolate=spec.isolate,
-            poll_interval=self.poll_interval,
             mark_broken=self.mark_broken,
             names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
         )
@@ -235,8 +234,7 @@ class RayExecutor(Executor):
         group.infos[0] = {**group.infos[0], "port": port}
         env = self._rank_env(group.infos)
         self._open_ranks(ranks, env)
-        if used_spares:
-            self._add_spares(used_spares)
+        self._add_spares(used_spares)
         return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
 
     def spares_ready(self, timeout: float | None = None) -> int:
@@ -376,15 +374,14 @@ class RayExecutor(Executor):
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         assert self._lane is not None  # noqa: S101 - joined before the group was handed out
-        if call.beside:  # the core's row reads (and the frees they carry): Ray tasks in the rows group,
-            return self._submit_rows(call)  # beside any running call, never queued behind it on the lane
-        handle = self._lane.submit(call)
+        # The core's row reads (and the frees they carry) are Ray tasks, never queued behind a call on the lane.
+        handle = self._submit_rows(call, self._lane) if call.beside else self._lane.submit(call)
         if self.poll_interval is not None:
             handle.poll = min(handle.poll, self.poll_interval)
         return handle
 
-    def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, in the ranks' ``rows`` concurrency group (never behind a long call)."""
+    def _submit_rows(self, call: Call, lane: LaneDriver) -> RowsCallHandle:
+        """The core's row read or free, in the ranks' ``rows`` concurrency group; ``lane`` pings the ranks."""
         refs = []
         for position, rank in enumerate(call.ranks):
             share = (call.args[position], call.kwargs[position])
@@ -392,11 +389,9 @@ class RayExecutor(Executor):
                 payload = pack_value(share)
             except Exception as exc:
                 raise unpicklable_error(call.method, share, exc) from exc
-            actor = self._rank_actors.actors[rank]
-            task = actor.call_beside.options(concurrency_group=ROWS_GROUP)
+            task = self._rank_actors.actors[rank].call_beside.options(concurrency_group=ROWS_GROUP)
             refs.append(task.remote(call.method, call.instructions, payload))
-        assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
-        return RowsCallHandle(self._lane, self._rank_actors, call, refs)
+        return RowsCallHandle(lane, self._rank_actors, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:

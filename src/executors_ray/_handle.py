@@ -23,8 +23,6 @@ class RowsCallHandle(RankCallHandle):
 
     def __init__(self, lane: LaneDriver, rank_actors: RankActors, call: Call, refs: list[Any]) -> None:
         super().__init__(call, death_timeout=rank_actors.death_timeout, on_broken=rank_actors.mark_broken)
-        if rank_actors.poll_interval is not None:
-            self.poll = min(self.poll, rank_actors.poll_interval)
         self.lane = lane
         #: The group's actors (not its executor): the Ray they belong to, names and nodes, whether it shut down.
         self.rank_actors = rank_actors
