@@ -117,7 +117,6 @@ class Shelf:
         self._keys = itertools.count()
 
     def keep(self, value: Any) -> int:
-        """Keep a result (an object reference, or a packed pickle) under a fresh key."""
         key = next(self._keys)
         with self._lock:
             self._kept[key] = value

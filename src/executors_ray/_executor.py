@@ -202,7 +202,6 @@ class RayExecutor(Executor):
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
-        """Start ``count`` spare actors (no rank, no worker yet); returns at once."""
         for _ in range(count):
             self._spares.append(self._start_actor({**self._actor_opts[0], "name": next(self._spare_names)}))
 
@@ -310,7 +309,6 @@ class RayExecutor(Executor):
         return envs
 
     def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
-        """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
         ray = self.ray
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
         if len(ready) < len(refs):

@@ -179,8 +179,7 @@ class RayResourcePool:
         offset = self._offset
         for size in sizes:
             part = object.__new__(SubRayResourcePool)
-            part.__dict__.update(self.__dict__)
-            part.__dict__.update(store=[size], _offset=offset, _size=size, _root=self._root)
+            part.__dict__.update(self.__dict__, store=[size], _offset=offset, _size=size, _root=self._root)
             parts.append(part)
             offset += size
         return parts

@@ -297,7 +297,6 @@ class RayWorkerGroup(WorkerGroup[Any]):
             setattr(self, role, view)
 
     def _ray(self) -> RayExecutor:
-        """The :class:`RayExecutor` behind this group (and every view ``spawn`` made of it)."""
         executor = self.executor
         if not isinstance(executor, RayExecutor):
             raise DispatchTypeError(f"RayWorkerGroup runs on the ray backend, not {executor.name!r}")
