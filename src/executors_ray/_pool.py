@@ -82,13 +82,11 @@ class RayResourcePool:
         """Number of ranks (bundles) this pool offers."""
         return self._size
 
-    @property
-    def process_on_nodes(self) -> list[int]:
-        return list(self.store)
-
     def __call__(self) -> list[int]:
         """Processes per node (verl's ``pool()``)."""
         return list(self.store)
+
+    process_on_nodes = property(__call__)
 
     def add_node(self, process_count: int) -> None:
         """One more node of ``process_count`` ranks (verl's method; before the pool is placed)."""
