@@ -74,8 +74,7 @@ class RayExecutor(Executor):
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
-        opts = check_options(self.name, refuse_removed(spec.options), OPTIONS)
-        self.options = opts
+        opts = self.options = check_options(self.name, refuse_removed(spec.options), OPTIONS)
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
         if self._pool is not None and not isinstance(self._pool, RayResourcePool):
@@ -537,8 +536,7 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if not isinstance(env, Mapping):
         raise DispatchTypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
     rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
-    ray_local = sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env))
-    if ray_local:
+    if ray_local := sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env)):
         raise DispatchValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
 

@@ -24,8 +24,7 @@ ONE_LANE = (
 
 def refuse_removed(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` less the removed ones left at their old defaults; any other use of one raises."""
-    used = sorted(name for name, keep in REMOVED_OPTIONS.items() if name in options and options[name] is not keep)
-    if used:
+    if used := sorted(name for name, keep in REMOVED_OPTIONS.items() if name in options and options[name] is not keep):
         said = ", ".join(f"{name}={options[name]!r}" for name in used)
         raise DispatchValueError(
             f"{said}: the option was removed with the Ray-task call path and the compiled graph ({ONE_LANE}); drop it"

@@ -93,6 +93,4 @@ def send(group: Any, name: str, per_rank: list[tuple[tuple[Any, ...], dict[str, 
 
 def _materialized(value: Any) -> Any:
     """A future argument resolved on the driver (verl's ``materialize_futures``)."""
-    if isinstance(value, (DataProtoFuture, CallFuture)):
-        return value.get()
-    return value
+    return value.get() if isinstance(value, (DataProtoFuture, CallFuture)) else value
