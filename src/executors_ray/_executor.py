@@ -21,6 +21,7 @@ from dispatchcore.executor import (
     ChunkPlan,
     Executor,
     GroupSpec,
+    LaneAddress,
     LaneCallHandle,
     LaneDriver,
     ResultShape,
@@ -158,9 +159,7 @@ class RayExecutor(Executor):
                 name=self.spec.name,
             )
         try:
-            self._lane.join(
-                tuple(ranks), lambda address: self._serve(ranks, env, address.encode()), self._start_timeout
-            )
+            self._lane.join(tuple(ranks), lambda address: self._serve(ranks, env, address), self._start_timeout)
         except OSError as exc:
             raise DispatchError(
                 f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
@@ -174,9 +173,9 @@ class RayExecutor(Executor):
                 "cannot start: let the actors' nodes open TCP connections to this driver (a firewall between them?)"
             ) from exc
 
-    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, address: str) -> None:
+    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, lane: LaneAddress) -> None:
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
-        spec, actors = self.spec, self._rank_actors.actors
+        spec, actors, address = self.spec, self._rank_actors.actors, lane.encode()
         for rank in ranks:
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
                 task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
