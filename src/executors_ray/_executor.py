@@ -434,14 +434,12 @@ class RayExecutor(Executor):
     # -- lazy results: rows fetched actor to actor --------------------------------------
     def row_address(self, rank: int) -> RowAddress:
         """Rank ``rank``'s actor, which any Ray group of this driver can fetch kept rows from."""
-        address = self._row_addresses.get(rank)
-        if address is None:
+        if rank not in self._row_addresses:
             group = self._rank_actors
             info = group.infos[rank] if rank < len(group.infos) else {}
             actor_id = self._attached_ids[rank] if self._attached_ids else str(info.get("actor_id", group.names[rank]))
-            address = RowAddress(self._ray_key, actor_id, group.names[rank], group.actors[rank])
-            self._row_addresses[rank] = address
-        return address
+            self._row_addresses[rank] = RowAddress(self._ray_key, actor_id, group.names[rank], group.actors[rank])
+        return self._row_addresses[rank]
 
     def can_fetch_rows(self, address: Any) -> bool:
         """True for the actors of any Ray group of this driver's Ray connection."""

@@ -305,8 +305,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
     @property
     def workers(self) -> list[Any]:
         """The Ray actor handles, in rank order (a view's ranks only)."""
-        actors = self._ray().actors
-        return [actors[r] for r in self.rank_ids]
+        return [self._ray().actor(r) for r in self.rank_ids]
 
     @property
     def worker_names(self) -> list[str]:
