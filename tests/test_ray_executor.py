@@ -130,7 +130,7 @@ def test_broadcast_is_put_once(groups, monkeypatch):
 def test_large_chunks_share_one_put_and_stay_isolated(groups, monkeypatch):
     data2 = groups(DataWorker, 2, init_kwargs={"offset": 5}, **STORE)
     executor = data2.executor
-    assert executor._same_node  # a local Ray: every rank on the driver's node
+    assert executor._bulk.bundle  # a local Ray: every rank on the driver's node
     puts = []
     real_put = executor.ray.put
     monkeypatch.setattr(executor.ray, "put", lambda v, **kw: puts.append(1) or real_put(v, **kw))

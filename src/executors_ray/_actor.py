@@ -25,7 +25,7 @@ from dispatchcore.executor import (
 from . import _forward
 from ._bulk import RankBulk, Shelf
 from ._rows import RowFetcher, serve_rows
-from ._runtime import cuda_device_index, node_ip
+from ._runtime import cuda_device_index
 from ._store import Packed, pack_value, unpack
 from ._tags import BESIDE_GROUP, BESIDE_THREADS, CONTROL_GROUP, FAILED, LANE_GROUP, OK_PACKED, ROWS_GROUP, ROWS_THREADS
 from ._transfer import RayTensorLink
@@ -54,7 +54,7 @@ class RankActor:
 
         ctx = ray.get_runtime_context()
         return {
-            "ip": node_ip(),
+            "ip": str(ray.util.get_node_ip_address()),  # MASTER_ADDR when rank 0
             "node_id": ctx.get_node_id(),
             "pid": os.getpid(),
             "actor_id": ctx.get_actor_id(),

@@ -66,10 +66,9 @@ class DriverBulk:
 
     def flush(self) -> None:
         """Put the call's large values: one object for all with :attr:`bundle`, else one each (a node reads its own)."""
-        pending = self._pending()
+        pending, self._gathered.values = self._pending(), []
         if not pending:
             return
-        self._gathered.values = []
         put = self._group.ray.put
         if self.bundle and len(pending) > 1:
             ref = put(tuple(packed for _, packed, _ in pending))
@@ -87,9 +86,8 @@ class DriverBulk:
 
     def _stash(self, key: Any, ranks: tuple[int, ...], as_is: bool, carried: Any, member: int | None = None) -> None:
         """A ``stash`` task per rank (``rows`` group); Ray resolves a top-level reference in ``carried`` first."""
-        actors = self._group.actors
         for rank in ranks:
-            actors[rank].stash.options(concurrency_group=ROWS_GROUP).remote(key, as_is, carried, member)
+            self._group.actors[rank].stash.options(concurrency_group=ROWS_GROUP).remote(key, as_is, carried, member)
 
     def get(self, token: KeptResult) -> Serialized | HandedOver:
         """A result a rank kept: one ``take_result`` task (``rows`` group), bounded by ``death_timeout``."""
@@ -101,8 +99,6 @@ class DriverBulk:
 
 
 class _Stash:
-    """One call value arriving by a ``stash`` task."""
-
     def __init__(self) -> None:
         self.arrived = threading.Event()
         self.as_is = False
@@ -119,14 +115,12 @@ class Shelf:
         self._keys = itertools.count()
 
     def keep(self, value: Any) -> int:
-        """Keep a result (an object reference, or a packed pickle) under a fresh key."""
         key = next(self._keys)
         with self._lock:
             self._kept[key] = value
         return key
 
     def take_result(self, key: int) -> Any:
-        """A kept result, handed over once."""
         with self._lock:
             return self._kept.pop(key)
 
@@ -139,10 +133,7 @@ class Shelf:
 
     def entry(self, key: Any) -> _Stash:
         with self._lock:
-            entry = self._stashes.get(key)
-            if entry is None:
-                entry = self._stashes[key] = _Stash()
-            return entry
+            return self._stashes.setdefault(key, _Stash())
 
     def drop(self, key: Any) -> None:
         with self._lock:

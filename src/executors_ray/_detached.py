@@ -49,9 +49,7 @@ def kill_detached(name: str, namespace: str | None = None) -> int:
     """Kill every actor of the detached group ``name``; returns how many were found."""
     ray = ensure_ray({})
     killed = 0
-    while True:
-        actor = _actor(name, killed, namespace)
-        if actor is None:
-            return killed
+    while (actor := _actor(name, killed, namespace)) is not None:
         ray.kill(actor, no_restart=True)
         killed += 1
+    return killed

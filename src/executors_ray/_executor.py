@@ -6,6 +6,7 @@ actor to actor (docs/executor-contract.md, docs/lazy-results.md).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -74,8 +75,7 @@ class RayExecutor(Executor):
 
     def __init__(self, spec: GroupSpec) -> None:
         super().__init__(spec)
-        opts = check_options(self.name, refuse_removed(spec.options), OPTIONS)
-        self.options = opts
+        opts = self.options = check_options(self.name, refuse_removed(spec.options), OPTIONS)
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
         if self._pool is not None and not isinstance(self._pool, RayResourcePool):
@@ -84,8 +84,6 @@ class RayExecutor(Executor):
         self._start_timeout = float(opts["start_timeout"])
         self._detached = bool(opts["detached"]) or bool(opts["attach"]) or opts["actors"] is not None
         self._namespace = opts["namespace"] or (DETACHED_NAMESPACE if self._detached else None)
-        #: Every rank on the driver's node: several ranks' chunks may share one object.
-        self._same_node = False
         self._spare_count = _spare_count(opts["spare_ranks"], self._pool is not None, self._detached)
         #: Started actors with no rank yet: (actor, its describe() answer, its name), oldest first.
         self._spares: list[tuple[Any, Any, str]] = []
@@ -102,7 +100,14 @@ class RayExecutor(Executor):
         #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
         self.job_id = self.ray.get_runtime_context().get_job_id()
         #: All that its call handles see of the group (kept current here, in place).
-        self._rank_actors = self._new_rank_actors(spec)
+        self._rank_actors = RankActors(
+            ray=self.ray,
+            job_id=self.job_id,
+            death_timeout=spec.death_timeout,
+            isolate=spec.isolate,
+            mark_broken=self.mark_broken,
+            names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
+        )
         #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
         self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
         self._row_addresses: dict[int, RowAddress] = {}
@@ -122,32 +127,20 @@ class RayExecutor(Executor):
             raise
 
     # -- start-up ----------------------------------------------------------------
-    def _new_rank_actors(self, spec: GroupSpec) -> RankActors:
-        return RankActors(
-            ray=self.ray,
-            job_id=self.job_id,
-            death_timeout=spec.death_timeout,
-            isolate=spec.isolate,
-            poll_interval=self.poll_interval,
-            mark_broken=self.mark_broken,
-            names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
-        )
-
     def _launch(self) -> None:
         group, deadline = self._rank_actors, time.monotonic() + self._start_timeout
         self._actor_opts = self._actor_options()
         group.actors.extend(actor_class().options(**options).remote() for options in self._actor_opts)
         self._add_spares(self._spare_count)
-        infos = self._wait(
+        group.infos = self._wait(
             [a.describe.remote(rank == 0) for rank, a in enumerate(group.actors)], deadline, "place and start"
         )
-        group.infos = infos
-        here = self.ray.get_runtime_context().get_node_id()
-        self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in infos)
-        self._open_ranks(range(self.spec.world_size), self._rank_env(infos))
+        self._open_ranks(range(self.spec.world_size), self._rank_env(group.infos))
 
     def _open_ranks(self, ranks: Sequence[int], env: list[dict[str, str]]) -> None:
         """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
+        here = self.ray.get_runtime_context().get_node_id()
+        self._bulk.bundle = all(info["node_id"] == here for info in self._rank_actors.infos)
         self._join_lane(ranks, env)
         assert self._lane is not None and self._spec_payload is not None  # noqa: S101 - attached groups start none
         self._lane.start(tuple(ranks), self._spec_payload, self.spec.world_size, self._start_timeout)
@@ -156,9 +149,8 @@ class RayExecutor(Executor):
     def _join_lane(self, ranks: Sequence[int], env: list[dict[str, str]] | None) -> None:
         """Have ``ranks``' actors serve the lane, within ``start_timeout``; the group cannot start without it."""
         if self._lane is None:
-            host = lane_host(self.ray, self._rank_actors.infos)
             self._lane = LaneDriver(
-                host,
+                lane_host(self.ray, self._rank_actors.infos),
                 death_timeout=self.spec.death_timeout,
                 on_broken=self.mark_broken,
                 rank_dead=self._rank_dead,
@@ -166,12 +158,8 @@ class RayExecutor(Executor):
                 isolate=self.spec.isolate,
                 name=self.spec.name,
             )
-
-        def launch(address: LaneAddress) -> None:
-            self._serve(ranks, env, address.encode())
-
         try:
-            self._lane.join(tuple(ranks), launch, self._start_timeout)
+            self._lane.join(tuple(ranks), lambda address: self._serve(ranks, env, address), self._start_timeout)
         except OSError as exc:
             raise DispatchError(
                 f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
@@ -185,44 +173,35 @@ class RayExecutor(Executor):
                 "cannot start: let the actors' nodes open TCP connections to this driver (a firewall between them?)"
             ) from exc
 
-    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, address: str) -> None:
+    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, lane: LaneAddress) -> None:
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
-        spec, actors = self.spec, self._rank_actors.actors
+        spec, actors, address = self.spec, self._rank_actors.actors, lane.encode()
         for rank in ranks:
-            actor = actors[rank]
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
-                task = actor.serve_beside.options(concurrency_group=BESIDE_GROUP)
-                ref = task.remote(address, rank, self._lane_inline, self._start_timeout)
+                task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
+                self._serve_refs[rank] = task.remote(address, rank, self._lane_inline, self._start_timeout)
             else:
                 rank_env = None if env is None else env[rank]
-                task = actor.serve_lane.options(concurrency_group=LANE_GROUP)
-                ref = task.remote(
+                task = actors[rank].serve_lane.options(concurrency_group=LANE_GROUP)
+                self._serve_refs[rank] = task.remote(
                     address, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
                 )
-            self._serve_refs[rank] = ref
 
     def _rank_dead(self, rank: int) -> str | None:
         """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""
         ref = self._serve_refs.get(rank)
-        if ref is None:
-            return None
-        ready, _ = self.ray.wait([ref], timeout=0, fetch_local=False)
-        if not ready:
+        if ref is None or not self.ray.wait([ref], timeout=0, fetch_local=False)[0]:
             return None
         try:
-            self.ray.get(ready[0], timeout=0)
+            self.ray.get(ref, timeout=0)
         except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
             return self._rank_actors.gone(rank, exc)
         return None
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
-        """Start ``count`` spare actors (no rank, no worker yet); returns at once."""
-        cls = actor_class()
         for _ in range(count):
-            options = {**self._actor_opts[0], "name": next(self._spare_names)}
-            actor = cls.options(**options).remote()
-            self._spares.append((actor, actor.describe.remote(False), options["name"]))
+            self._spares.append(self._start_actor({**self._actor_opts[0], "name": next(self._spare_names)}))
 
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
         """Kill ``ranks``' actors (hung ones too), start new ones (spares first), rendezvous on a fresh port.
@@ -233,96 +212,89 @@ class RayExecutor(Executor):
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if self._detached:
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
-        ray, group = self.ray, self._rank_actors
+        group = self._rank_actors
         deadline = time.monotonic() + self._start_timeout
         self._kill(group.actors[rank] for rank in ranks)
         used_spares = min(len(self._spares), len(ranks))
         fresh = dict(zip(ranks, self._spares[:used_spares], strict=False))  # the first ranks take the spares
         del self._spares[:used_spares]
         for rank in ranks[used_spares:]:
-            options = self._actor_opts[rank]
-            actor = self._create_named(options, deadline)
-            fresh[rank] = (actor, actor.describe.remote(False), options["name"])
+            fresh[rank] = self._start_actor(self._actor_opts[rank], deadline)
         infos = self._wait([info for _, info, _ in fresh.values()], deadline, "start replacement actors")
         for rank, info in zip(fresh, infos, strict=True):
             group.actors[rank], _, group.names[rank] = fresh[rank]
             self._row_addresses.pop(rank, None)
             group.infos[rank] = info
-        here = ray.get_runtime_context().get_node_id()
-        self._same_node = self._bulk.bundle = all(info["node_id"] == here for info in group.infos)
         # A fresh port on rank 0's node: the old world's store may still hold the old one.
-        port = self._wait(
-            [group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)],
-            deadline,
-            "pick a rendezvous port",
-        )[0]["port"]
+        ask = group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)
+        port = self._wait([ask], deadline, "pick a rendezvous port")[0]["port"]
         group.infos[0] = {**group.infos[0], "port": port}
         env = self._rank_env(group.infos)
         self._open_ranks(ranks, env)
-        if used_spares:
-            self._add_spares(used_spares)
+        self._add_spares(used_spares)
         return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
 
     def spares_ready(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for the spare actors' processes; how many are up."""
-        if not self._spares:
-            return 0
         refs = [info for _, info, _ in self._spares]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        return len(ready)
+        return len(self.ray.wait(refs, num_returns=len(refs), timeout=timeout)[0]) if refs else 0
 
-    def _create_named(self, options: dict[str, Any], deadline: float) -> Any:
-        """A new actor under a dead rank's name (Ray frees a dead actor's name shortly after)."""
+    def _start_actor(self, options: dict[str, Any], deadline: float = 0.0) -> tuple[Any, Any, str]:
+        """A new actor, its ``describe()`` reference and name; retried until ``deadline`` while Ray frees the name."""
         while True:
             try:
-                return actor_class().options(**options).remote()
+                actor = actor_class().options(**options).remote()
             except ValueError:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.05)
+            else:
+                return actor, actor.describe.remote(False), options["name"]
 
     def _actor_options(self) -> list[dict[str, Any]]:
-        spec, opts = self.spec, self.options
-        base: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
-        base.update(opts["ray_actor_options"] or {})
+        opts, pool, names = self.options, self._pool, self._rank_actors.names
+        base: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, **(opts["ray_actor_options"] or {})}
         if opts["runtime_env"] is not None:
             base["runtime_env"] = opts["runtime_env"]
         if self._namespace is not None:
             base["namespace"] = self._namespace
         if opts["detached"]:
             base["lifetime"] = "detached"
-        per_rank = []
-        if self._pool is not None:
-            if self._pool.world_size != spec.world_size:
-                raise DispatchValueError(
-                    f"world_size={spec.world_size} but the resource pool has {self._pool.world_size} ranks; "
-                    "use a pool of that size or pool.split([...])"
-                )
-            if opts["detached"] and not self._pool.detached:
-                raise DispatchValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        if pool is None:
+            base["num_cpus"], base["num_gpus"] = self._asks()
+            return [{**base, "name": name} for name in names]
+        if pool.world_size != self.spec.world_size:
+            raise DispatchValueError(
+                f"world_size={self.spec.world_size} but the resource pool has {pool.world_size} ranks; "
+                "use a pool of that size or pool.split([...])"
+            )
+        if opts["detached"] and not pool.detached:
+            raise DispatchValueError("a detached group needs a pool made with RayResourcePool(..., detached=True)")
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            num_cpus, num_gpus = self._pool.actor_resources(opts["num_gpus"])
-            self._pool.acquire()
-            self._pool_acquired = True
-            for slot in self._pool.slots(self._start_timeout):
-                strategy = PlacementGroupSchedulingStrategy(
-                    placement_group=slot.placement_group,
-                    placement_group_bundle_index=slot.bundle_index,
-                    placement_group_capture_child_tasks=True,
-                )
-                per_rank.append({**base, "num_cpus": num_cpus, "num_gpus": num_gpus, "scheduling_strategy": strategy})
-        else:
-            num_cpus = float(opts["cpus_per_worker"] or 0)
-            num_gpus = float(opts["num_gpus"] or 0)
-            per_rank = [{**base, "num_cpus": num_cpus, "num_gpus": num_gpus} for _ in range(spec.world_size)]
-        for rank, options in enumerate(per_rank):
-            options["name"] = self._rank_actors.names[rank]
-        return per_rank
+        base["num_cpus"], base["num_gpus"] = self._asks()
+        pool.acquire()
+        self._pool_acquired = True
+        strategies = [
+            PlacementGroupSchedulingStrategy(
+                placement_group=slot.placement_group,
+                placement_group_bundle_index=slot.bundle_index,
+                placement_group_capture_child_tasks=True,
+            )
+            for slot in pool.slots(self._start_timeout)
+        ]
+        return [{**base, "name": name, "scheduling_strategy": s} for name, s in zip(names, strategies, strict=True)]
+
+    def _asks(self) -> tuple[float, float]:
+        if self._pool is not None:
+            return self._pool.actor_resources(self.options["num_gpus"])
+        return float(self.options["cpus_per_worker"] or 0), float(self.options["num_gpus"] or 0)
 
     def _rank_env(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
         """torch.distributed's variables per rank; rank 0's node and port are the rendezvous."""
         n, addr, port = self.spec.world_size, str(infos[0]["ip"]), int(infos[0]["port"])
+        if self._collective is None:  # on the driver, so it outlives replaced ranks
+            self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
         envs = []
         for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos])):
             env = rank_environment(
@@ -330,23 +302,15 @@ class RayExecutor(Executor):
             )
             # verl's Ray workers read these too (its rollout workers size themselves by RAY_LOCAL_WORLD_SIZE).
             env.update(RAY_LOCAL_RANK=str(local), RAY_LOCAL_WORLD_SIZE=str(size))
-            env[COLLECTIVE_STORE_ENV] = self._collective_address()
+            env[COLLECTIVE_STORE_ENV] = str(self._collective[1])
             envs.append(env)
         return envs
 
-    def _collective_address(self) -> str:
-        """Where the group's ``dispatchcore.collective`` store is: on the driver, so it outlives replacements."""
-        if self._collective is None:
-            self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
-        return str(self._collective[1])
-
     def _wait(self, refs: list[Any], deadline: float, what: str) -> list[Any]:
-        """Values of start-up ``refs``, or a clear error once ``deadline`` passes."""
         ray = self.ray
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
         if len(ready) < len(refs):
-            got = set(ready)
-            late = [rank for rank, ref in enumerate(refs) if ref not in got]
+            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
             raise PlacementError(
                 f"ray group {self.spec.name!r}: could not {what} for rank(s) {late} within "
                 f"{self._start_timeout:g} s (start_timeout). Each actor asks for {self._resources_text()}; "
@@ -363,11 +327,9 @@ class RayExecutor(Executor):
         return values
 
     def _resources_text(self) -> str:
+        cpus, gpus = self._asks()
         if self._pool is not None:
-            cpus, gpus = self._pool.actor_resources(self.options["num_gpus"])
             return f"a bundle of {self._pool.bundle()} ({cpus:g} CPU, {gpus:g} GPU of it)"
-        cpus = float(self.options["cpus_per_worker"] or 0)
-        gpus = float(self.options["num_gpus"] or 0)
         extra = self.options["ray_actor_options"] or {}
         return f"{cpus:g} CPU, {gpus:g} GPU" + (f", {extra}" if extra else "")
 
@@ -375,13 +337,21 @@ class RayExecutor(Executor):
         """Use running actors: the detached group ``spec.name``'s, or ``handles`` of other groups (never killed)."""
         group, size = self._rank_actors, self.spec.world_size
         if handles is None:
-            group.actors.extend(self._detached_actor(rank) for rank in range(size))
+            for rank, name in enumerate(group.names):
+                try:
+                    group.actors.append(self.ray.get_actor(name, namespace=self._namespace))
+                except ValueError as exc:
+                    raise DispatchError(
+                        f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
+                        f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
+                        f"name={self.spec.name!r})"
+                    ) from exc
         elif len(handles) != size:
             raise DispatchValueError(f"actors: {len(handles)} handles for a group of world_size={size}")
         else:
             group.actors.extend(handles)
         refs = [a.identity.options(concurrency_group=CONTROL_GROUP).remote() for a in group.actors]
-        what = "reach the detached actors" if handles is None else "reach the given actors"
+        what = f"reach the {'detached' if handles is None else 'given'} actors"
         idents = self._wait(refs, time.monotonic() + self._start_timeout, what)
         for rank, ident in enumerate(idents):
             if handles is None and (ident["world_size"] != size or not ident["started"]):
@@ -395,32 +365,19 @@ class RayExecutor(Executor):
         self._attached_ids = [str(i.get("actor_id") or name) for i, name in zip(idents, group.names, strict=True)]
         self._join_lane(range(size), None)
 
-    def _detached_actor(self, rank: int) -> Any:
-        name = self._rank_actors.names[rank]
-        try:
-            return self.ray.get_actor(name, namespace=self._namespace)
-        except ValueError as exc:
-            raise DispatchError(
-                f"no detached ray group {self.spec.name!r} with rank {rank} (actor {name!r} in namespace "
-                f"{self._namespace!r}); create it with WorkerGroup(..., backend='ray', detached=True, "
-                f"name={self.spec.name!r})"
-            ) from exc
-
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> CallHandle:
         if self._rank_actors.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
-        lane = self._lane
-        assert lane is not None  # noqa: S101 - joined before the group was handed out
-        if call.beside:  # the core's row reads (and the frees they carry): Ray tasks in the rows group,
-            return self._submit_rows(call)  # beside any running call, never queued behind it on the lane
-        handle = lane.submit(call)
+        assert self._lane is not None  # noqa: S101 - joined before the group was handed out
+        # The core's row reads (and the frees they carry) are Ray tasks, never queued behind a call on the lane.
+        handle = self._submit_rows(call, self._lane) if call.beside else self._lane.submit(call)
         if self.poll_interval is not None:
             handle.poll = min(handle.poll, self.poll_interval)
         return handle
 
-    def _submit_rows(self, call: Call) -> CallHandle:
-        """The core's row read or free, in the ranks' ``rows`` concurrency group (never behind a long call)."""
+    def _submit_rows(self, call: Call, lane: LaneDriver) -> RowsCallHandle:
+        """The core's row read or free, in the ranks' ``rows`` concurrency group; ``lane`` pings the ranks."""
         refs = []
         for position, rank in enumerate(call.ranks):
             share = (call.args[position], call.kwargs[position])
@@ -428,11 +385,9 @@ class RayExecutor(Executor):
                 payload = pack_value(share)
             except Exception as exc:
                 raise unpicklable_error(call.method, share, exc) from exc
-            actor = self._rank_actors.actors[rank]
-            task = actor.call_beside.options(concurrency_group=ROWS_GROUP)
+            task = self._rank_actors.actors[rank].call_beside.options(concurrency_group=ROWS_GROUP)
             refs.append(task.remote(call.method, call.instructions, payload))
-        assert self._lane is not None  # noqa: S101 - its pings are these ranks' liveness too
-        return RowsCallHandle(self._lane, self._rank_actors, call, refs)
+        return RowsCallHandle(lane, self._rank_actors, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
@@ -445,14 +400,11 @@ class RayExecutor(Executor):
         refs = None if group.closed or not group.actors else self._stored_results(handle)
         if refs is None:
             return None
-        ray, timeout = self.ray, self.spec.death_timeout
+        timeout = self.spec.death_timeout
         ref = group.actors[0].describe_results.options(concurrency_group=CONTROL_GROUP).remote(refs, timeout)
-        ready, _ = ray.wait([ref], timeout=timeout)
-        if not ready:
-            return None
         try:
-            return list(ray.get(ready[0]))
-        except Exception:  # noqa: BLE001 - a failed producer: the driver path reports it
+            return list(self.ray.get(ref, timeout=timeout))
+        except Exception:  # noqa: BLE001 - timed out, or a failed producer: the driver path reports it
             return None
 
     def _stored_results(self, handle: CallHandle) -> list[Any] | None:
@@ -482,14 +434,12 @@ class RayExecutor(Executor):
     # -- lazy results: rows fetched actor to actor --------------------------------------
     def row_address(self, rank: int) -> RowAddress:
         """Rank ``rank``'s actor, which any Ray group of this driver can fetch kept rows from."""
-        address = self._row_addresses.get(rank)
-        if address is None:
+        if rank not in self._row_addresses:
             group = self._rank_actors
             info = group.infos[rank] if rank < len(group.infos) else {}
             actor_id = self._attached_ids[rank] if self._attached_ids else str(info.get("actor_id", group.names[rank]))
-            address = RowAddress(self._ray_key, actor_id, group.names[rank], group.actors[rank])
-            self._row_addresses[rank] = address
-        return address
+            self._row_addresses[rank] = RowAddress(self._ray_key, actor_id, group.names[rank], group.actors[rank])
+        return self._row_addresses[rank]
 
     def can_fetch_rows(self, address: Any) -> bool:
         """True for the actors of any Ray group of this driver's Ray connection."""
@@ -536,9 +486,7 @@ class RayExecutor(Executor):
 
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """Each rank answers on its lane control link, beside a running call."""
-        if self.closed or self._lane is None:
-            return {}
-        return self._lane.stacks(ranks, all_threads, timeout)
+        return {} if self.closed or self._lane is None else self._lane.stacks(ranks, all_threads, timeout)
 
     def shutdown(self) -> None:
         """Kill the actors (detached groups: only let go of them) and release the pool."""
@@ -563,10 +511,8 @@ class RayExecutor(Executor):
 
     def _kill(self, actors: Iterable[Any]) -> None:
         for actor in actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
 
 
 def _spare_count(value: Any, pooled: bool, detached: bool) -> int:
@@ -587,8 +533,7 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if not isinstance(env, Mapping):
         raise DispatchTypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
     rank_environment(0, 1, master_addr=LOOPBACK, master_port=0, extra=env)  # raises on a rank variable
-    ray_local = sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env))
-    if ray_local:
+    if ray_local := sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env)):
         raise DispatchValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
 

@@ -23,8 +23,6 @@ class RowsCallHandle(RankCallHandle):
 
     def __init__(self, lane: LaneDriver, rank_actors: RankActors, call: Call, refs: list[Any]) -> None:
         super().__init__(call, death_timeout=rank_actors.death_timeout, on_broken=rank_actors.mark_broken)
-        if rank_actors.poll_interval is not None:
-            self.poll = min(self.poll, rank_actors.poll_interval)
         self.lane = lane
         #: The group's actors (not its executor): the Ray they belong to, names and nodes, whether it shut down.
         self.rank_actors = rank_actors
@@ -61,8 +59,7 @@ class RowsCallHandle(RankCallHandle):
             if rest:  # take whatever else landed meanwhile in the same round
                 more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
                 ready += more
-            landed = set(ready)
-            self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in landed])
+            self._take([p for p, ref in zip(waiting, refs, strict=True) if ref in ready])
             if self.streaming and not self._draining:
                 return
 
@@ -94,10 +91,8 @@ class RowsCallHandle(RankCallHandle):
     def _accept(self, position: int, value: Any) -> None:
         """Deliver one stored answer: ``(OK_PACKED, packed value)`` or ``(FAILED, RemoteFailure)``."""
         tag, payload = value
-        if tag == FAILED:
-            self.deliver(position, False, payload)
-            return
-        self.deliver(position, True, unpack(payload, copy=self._copy))
+        ok = tag != FAILED
+        self.deliver(position, ok, unpack(payload, copy=self._copy) if ok else payload)
 
     def done(self) -> bool:
         if RankCallHandle.done(self):

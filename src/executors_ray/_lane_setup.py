@@ -24,8 +24,7 @@ ONE_LANE = (
 
 def refuse_removed(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` less the removed ones left at their old defaults; any other use of one raises."""
-    used = sorted(name for name, keep in REMOVED_OPTIONS.items() if name in options and options[name] is not keep)
-    if used:
+    if used := sorted(name for name, keep in REMOVED_OPTIONS.items() if name in options and options[name] is not keep):
         said = ", ".join(f"{name}={options[name]!r}" for name in used)
         raise DispatchValueError(
             f"{said}: the option was removed with the Ray-task call path and the compiled graph ({ONE_LANE}); drop it"
@@ -67,8 +66,8 @@ def inline_bytes(value: Any) -> int:
 def lane_host(ray: Any, infos: Sequence[dict[str, Any]]) -> str:
     """Loopback when every actor shares the driver's node; else the address Ray knows this node by."""
     here = ray.get_runtime_context().get_node_id()
-    if infos and all(info.get("node_id") == here for info in infos):
-        return LOOPBACK
-    if not infos and len([n for n in ray.nodes() if n.get("Alive")]) == 1:
-        return LOOPBACK
-    return str(ray.util.get_node_ip_address())
+    if infos:
+        alone = all(info.get("node_id") == here for info in infos)
+    else:  # attached: one live node means the actors share the driver's
+        alone = len([n for n in ray.nodes() if n.get("Alive")]) == 1
+    return LOOPBACK if alone else str(ray.util.get_node_ip_address())

@@ -6,6 +6,7 @@ order is stable across restarts; verl's names and defaults (README, "Porting a v
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -26,11 +27,10 @@ class PlacementError(DispatchError, RuntimeError):
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one rank goes: a bundle of a placement group on a node."""
+    """Where one rank goes: a bundle of a placement group."""
 
     placement_group: Any
     bundle_index: int
-    node_ip: str
 
 
 class RayResourcePool:
@@ -82,13 +82,11 @@ class RayResourcePool:
         """Number of ranks (bundles) this pool offers."""
         return self._size
 
-    @property
-    def process_on_nodes(self) -> list[int]:
-        return list(self.store)
-
     def __call__(self) -> list[int]:
         """Processes per node (verl's ``pool()``)."""
         return list(self.store)
+
+    process_on_nodes = property(__call__)
 
     def add_node(self, process_count: int) -> None:
         """One more node of ``process_count`` ranks (verl's method; before the pool is placed)."""
@@ -113,10 +111,7 @@ class RayResourcePool:
         root = self._root
         if root._slots is None:
             return None if root._adopted is None else list(root._adopted)
-        seen: dict[Any, None] = {}
-        for slot in root._slots:
-            seen.setdefault(slot.placement_group, None)
-        return list(seen)
+        return list(dict.fromkeys(slot.placement_group for slot in root._slots))
 
     @pgs.setter
     def pgs(self, groups: Sequence[Any] | None) -> None:
@@ -182,8 +177,7 @@ class RayResourcePool:
         offset = self._offset
         for size in sizes:
             part = object.__new__(SubRayResourcePool)
-            part.__dict__.update(self.__dict__)
-            part.__dict__.update(store=[size], _offset=offset, _size=size, _root=self._root)
+            part.__dict__.update(self.__dict__, store=[size], _offset=offset, _size=size, _root=self._root)
             parts.append(part)
             offset += size
         return parts
@@ -203,17 +197,21 @@ class RayResourcePool:
         import ray
         from ray.util.placement_group import placement_group
 
-        self._check_gpus(ray)
+        if self.use_gpu and float(ray.cluster_resources().get("GPU", 0)) < 1:
+            raise PlacementError(
+                f"resource pool {self.store} asks for one GPU per rank (use_gpu=True, verl's default) but the "
+                f"Ray cluster has no GPU. For CPU workers pass RayResourcePool(..., use_gpu=False); to place "
+                "GPU-asking pools on a machine without GPUs (tests), start Ray with ray.init(num_gpus=N) "
+                "(logical GPUs) and keep the workers off CUDA"
+            )
         deadline = time.monotonic() + timeout
         lifetime = "detached" if self.detached else None
         groups = []
         for i, count in enumerate(self.store):
             name = f"{self.name_prefix}_{i}" if self.name_prefix else ""
-            pg = placement_group(
-                [self.bundle() for _ in range(count)], strategy=self.strategy, name=name, lifetime=lifetime
-            )
-            self._created.append(pg)
-            groups.append(pg)
+            bundles = [self.bundle() for _ in range(count)]
+            groups.append(placement_group(bundles, strategy=self.strategy, name=name, lifetime=lifetime))
+            self._created.append(groups[-1])
         ready, _ = ray.wait(
             [pg.ready() for pg in groups], num_returns=len(groups), timeout=max(0.0, deadline - time.monotonic())
         )
@@ -225,19 +223,6 @@ class RayResourcePool:
                 f"{ray.cluster_resources()}. Ask for fewer resources or raise start_timeout"
             )
         return _slots_of(groups, sort=True)
-
-    def _check_gpus(self, ray: Any) -> None:
-        """Fail at once, naming the fix, when GPUs are asked of a cluster that has none."""
-        if not self.use_gpu:
-            return
-        have = float(ray.cluster_resources().get("GPU", 0))
-        if have < 1:
-            raise PlacementError(
-                f"resource pool {self.store} asks for one GPU per rank (use_gpu=True, verl's default) but the "
-                f"Ray cluster has no GPU. For CPU workers pass RayResourcePool(..., use_gpu=False); to place "
-                "GPU-asking pools on a machine without GPUs (tests), start Ray with ray.init(num_gpus=N) "
-                "(logical GPUs) and keep the workers off CUDA"
-            )
 
     def acquire(self) -> None:
         """Note one more group using the pool."""
@@ -265,10 +250,8 @@ class RayResourcePool:
         if not ray.is_initialized():
             return
         for pg in created:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
 
     def __repr__(self) -> str:
         return (
@@ -285,17 +268,15 @@ def _slots_of(groups: Sequence[Any], sort: bool) -> list[Slot]:
     known = ray.nodes()
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in known}
     labels = {n["NodeID"]: str((n.get("Labels") or {}).get(NODE_ORDER_LABEL, "")) for n in known}
-    placed: list[tuple[tuple[int, int, str], str, int, list[Slot]]] = []
-    for position, pg in enumerate(groups):
+    placed: list[tuple[tuple[tuple[int, int, str], str], list[Slot]]] = []
+    for pg in groups:
         table = placement_group_table(pg)
-        nodes = table.get("bundles_to_node_id", {})
-        slots = [Slot(pg, b, ips.get(nodes.get(b, ""), "")) for b in range(len(table["bundles"]))]
-        node = nodes.get(0, "")
-        key = ip_sort_key(slots[0].node_ip) if slots and sort else (0, 0, "")
-        placed.append((key, labels.get(node, "") if sort else "", position, slots))
+        node = table.get("bundles_to_node_id", {}).get(0, "")
+        slots = [Slot(pg, b) for b in range(len(table["bundles"]))]
+        placed.append(((ip_sort_key(ips.get(node, "")), labels.get(node, "")), slots))
     if sort:
-        placed.sort(key=lambda item: item[:3])
-    return [slot for *_, slots in placed for slot in slots]
+        placed.sort(key=lambda item: item[0])  # stable: groups on one node keep their order
+    return [slot for _, slots in placed for slot in slots]
 
 
 class SubRayResourcePool(RayResourcePool):
@@ -316,9 +297,7 @@ class SubRayResourcePool(RayResourcePool):
         """This part's first bundle, counted over the parent's bundles in rank order."""
         return self._offset
 
-    @property
-    def subgroup_world_size(self) -> int:
-        return self._size
+    subgroup_world_size = RayResourcePool.world_size
 
     def slots(self, timeout: float) -> list[Slot]:
         found = super().slots(timeout)

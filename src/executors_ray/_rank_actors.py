@@ -14,10 +14,9 @@ class RankActors:
     #: The ``ray`` module, and which Ray this group's references belong to.
     ray: Any
     job_id: str
-    #: The group's ``GroupSpec.death_timeout`` and ``isolate``, the backend's ``poll_interval`` cap.
+    #: The group's ``GroupSpec.death_timeout`` and ``isolate``.
     death_timeout: float
     isolate: bool
-    poll_interval: float | None
     #: The executor's ``mark_broken``: a call that lost a rank refuses the group's later calls.
     mark_broken: Callable[[str], None]
     #: Each rank's actor name and handle (empty once the group let go of them), in rank order.

@@ -57,16 +57,13 @@ class RowFetcher:
             by_actor.setdefault(address.actor_id, []).append(i)
         refs = {}
         for actor_id, positions in by_actor.items():
-            actor = requests[positions[0]].address.actor
-            task = actor.take_rows.options(concurrency_group=ROWS_GROUP)
+            task = requests[positions[0]].address.actor.take_rows.options(concurrency_group=ROWS_GROUP)
             refs[actor_id] = task.remote([requests[i] for i in positions])
         # Answered (or failed: a dead actor's task fails at once) without pulling the rows yet.
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.death_timeout, fetch_local=False)
         out: list[DataProto | None] = [None] * len(requests)
         for actor_id, positions in by_actor.items():
-            first = requests[positions[0]]
-            parts = self._pull(ray, refs[actor_id], first)
-            for i, part in zip(positions, parts, strict=True):
+            for i, part in zip(positions, self._pull(ray, refs[actor_id], requests[positions[0]]), strict=True):
                 out[i] = part
         return [part for part in out if part is not None]
 

@@ -21,24 +21,13 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
     if ray.is_initialized():
         return ray
     address = options.get("address") or os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True}
-    if address:
-        kwargs["address"] = address
-    else:
-        # "local": start one, never join a Ray some other program started on this machine.
-        kwargs["address"] = "local"
-        kwargs["include_dashboard"] = False
+    kwargs: dict[str, Any] = {"address": address, "ignore_reinit_error": True, "log_to_driver": True}
+    if not address:  # "local": start one, never join a Ray some other program started on this machine
+        kwargs.update(address="local", include_dashboard=False)
         if options.get("num_cpus") is not None:
             kwargs["num_cpus"] = options["num_cpus"]
     ray.init(**kwargs)
     return ray
-
-
-def node_ip() -> str:
-    """This process's node IP as Ray sees it (MASTER_ADDR of rank 0)."""
-    import ray
-
-    return str(ray.util.get_node_ip_address())
 
 
 def ip_sort_key(ip: str) -> tuple[int, int, str]:

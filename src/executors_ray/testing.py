@@ -18,8 +18,8 @@ TEST_NUM_CPUS = 4
 def ray_session() -> Iterator[Any]:
     """The ``ray`` module, initialised once per session on this machine only."""
     ray = pytest.importorskip("ray")
-    started = False
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         os.environ.pop("RAY_ADDRESS", None)  # never connect anywhere but here
         ray.init(
             address="local",  # a Ray of its own, even if another program runs one on this machine
@@ -28,7 +28,6 @@ def ray_session() -> Iterator[Any]:
             log_to_driver=False,
             namespace="dispatchcore-tests",
         )
-        started = True
     yield ray
     if started:
         ray.shutdown()

@@ -17,7 +17,7 @@ from dispatchcore import (
 from .._detached import detached_world_size
 from .._executor import OPTIONS, RayExecutor
 from .._pool import RayResourcePool
-from ._refs import RefProxy, gives_refs
+from ._refs import RefProxy, gives_refs, send
 
 _log = logging.getLogger("executors_ray.verl")
 _logged: set[str] = set()
@@ -136,8 +136,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
         if ray_cls_with_init is None:
             raise DispatchTypeError("RayWorkerGroup needs ray_cls_with_init (a RayClassWithInitArgs or a worker class)")
         spec = ray_cls_with_init
-        if not isinstance(spec, ClassWithInitArgs):
-            spec = RayClassWithInitArgs(spec)
+        spec = spec if isinstance(spec, ClassWithInitArgs) else RayClassWithInitArgs(spec)
         self._take_verl_keywords(resource_pool, bin_pack, device_name, ray_wait_register_center_timeout, options)
         self._merge_actor_options(spec, worker_env, options)
         self.fused_worker_used = bool(getattr(spec, "fused_worker_used", False))
@@ -225,25 +224,15 @@ class RayWorkerGroup(WorkerGroup[Any]):
     def on_bound(self, parent: Any) -> None:
         """Once the core bound a group or view: verl's attributes, ref-returning proxies for non-blocking methods."""
         super().on_bound(parent)
-        self.__dict__["_verl_dispatch_info"] = {}
+        #: verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch).
+        self._dispatch_info: dict[str, list[int]] = {}
         if parent is not None:  # a view: verl's attributes are the root group's
-            for key in VERL_ATTRIBUTES:
-                if key in parent.__dict__:
-                    self.__dict__[key] = parent.__dict__[key]
+            self.__dict__.update({key: parent.__dict__[key] for key in VERL_ATTRIBUTES if key in parent.__dict__})
             self.__dict__["sub_cls_name"] = self.role_prefix[:-1]
         for name in self.method_names:
             proxy = getattr(self, name)
             if gives_refs(proxy.registration):
                 setattr(self, name, RefProxy(self, name, proxy.registration, proxy))
-
-    @property
-    def _dispatch_info(self) -> dict[str, list[int]]:
-        """verl's cache: mesh name -> each rank's dp rank on it (filled by the trainer or nd dispatch)."""
-        return self.__dict__.setdefault("_verl_dispatch_info", {})  # type: ignore[no-any-return]
-
-    @_dispatch_info.setter
-    def _dispatch_info(self, value: dict[str, list[int]]) -> None:
-        self.__dict__["_verl_dispatch_info"] = value
 
     def _query_dispatch_info(self, mesh_name: str) -> list[int]:
         """Each rank's dp rank on ``mesh_name`` (verl's name; asked once, cached by the core)."""
@@ -308,7 +297,6 @@ class RayWorkerGroup(WorkerGroup[Any]):
             setattr(self, role, view)
 
     def _ray(self) -> RayExecutor:
-        """The :class:`RayExecutor` behind this group (and every view ``spawn`` made of it)."""
         executor = self.executor
         if not isinstance(executor, RayExecutor):
             raise DispatchTypeError(f"RayWorkerGroup runs on the ray backend, not {executor.name!r}")
@@ -317,8 +305,7 @@ class RayWorkerGroup(WorkerGroup[Any]):
     @property
     def workers(self) -> list[Any]:
         """The Ray actor handles, in rank order (a view's ranks only)."""
-        actors = self._ray().actors
-        return [actors[r] for r in self.rank_ids]
+        return [self._ray().actor(r) for r in self.rank_ids]
 
     @property
     def worker_names(self) -> list[str]:
@@ -330,26 +317,24 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank; Ray ``ObjectRef`` s to ``ray.get`` (as verl)."""
-        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids)
+        return self._plain_refs(method_name, args, kwargs, ranks=len(self.rank_ids))
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_rank_zero(method_name, *args, **kwargs)
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._plain_refs(method_name, args, kwargs, ranks=self.rank_ids[:1])[0]
+        return self._plain_refs(method_name, args, kwargs, ranks=1)[0]
 
-    def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: Any) -> list[Any]:
+    def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: int) -> list[Any]:
+        """Each of the first ``ranks`` ranks' ref; lists of one item per rank are split (verl's ALL_TO_ALL rule)."""
         self.ensure_usable()
-        executor, method = self._ray(), self.role_prefix + method
-        n = self.world_size
-        values = list(args) + list(kwargs.values())
-        split = bool(values) and all(isinstance(v, list) and len(v) == n for v in values)
-        refs = []
-        for position, rank in enumerate(ranks):  # split lists are indexed by position in this (view) group
-            a = tuple(v[position] for v in args) if split else args
-            kw = {k: v[position] for k, v in kwargs.items()} if split else kwargs
-            refs.append(executor.actor(rank).call_plain.remote(method, *a, **kw))
-        return refs
+        values = [*args, *kwargs.values()]
+        split = bool(values) and all(isinstance(v, list) and len(v) == self.world_size for v in values)
+        per_rank = [
+            (tuple(v[p] for v in args), {k: v[p] for k, v in kwargs.items()}) if split else (args, kwargs)
+            for p in range(ranks)
+        ]
+        return list(send(self, method, per_rank, share=False))
 
 
 def create_colocated_worker_cls_fused(class_dict: Mapping[str, Any]) -> RayClassWithInitArgs:

@@ -8,6 +8,7 @@ from typing import Any
 from dispatchcore import DispatchKeyError
 
 from .._pool import PlacementError, RayResourcePool
+from .._runtime import ensure_ray
 
 
 class ResourcePoolShortageError(PlacementError, ValueError):
@@ -51,8 +52,6 @@ class ResourcePoolManager:
 
     def _check_resource_available(self) -> None:
         """Refuse, naming the numbers, a spec that needs more GPUs than the cluster has."""
-        from .._runtime import ensure_ray
-
         ray = ensure_ray({})
         have = float(ray.cluster_resources().get("GPU", 0)) or float(ray.cluster_resources().get("NPU", 0))
         need = self.get_n_gpus()

@@ -5,6 +5,7 @@ These calls skip the core's pipeline hooks, as verl's have none (README, "Portin
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from dispatchcore import CallFuture, DataProtoFuture, Dispatch, Execute, Registration, direct_call
@@ -61,29 +62,22 @@ class RefProxy:
         refs = send(group, self._name, per_rank)
         return refs[0] if rank_zero else refs
 
-    def options(self, **kwargs: Any) -> Any:
-        """The core's proxy with these options: its bounded ``CallFuture`` instead of refs."""
-        return self._core.options(**kwargs)
-
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # ``options(...)`` too: the core's bounded ``CallFuture``, not refs
         return getattr(self._core, name)
 
     def __repr__(self) -> str:
         return f"<verl ref proxy {self._name} of {self._group!r}>"
 
 
-def send(group: Any, name: str, per_rank: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> RefList:
-    """Start ``name`` on the group's first ``len(per_rank)`` ranks; an object shared by ranks is put once."""
+def send(group: Any, name: str, per_rank: list[tuple[tuple[Any, ...], dict[str, Any]]], share: bool = True) -> RefList:
+    """Start ``name`` on the group's first ``len(per_rank)`` ranks; with ``share``, an object shared is put once."""
     import ray
 
-    counts: dict[int, int] = {}
-    for a, kw in per_rank:
-        for value in (*a, *kw.values()):
-            counts[id(value)] = counts.get(id(value), 0) + 1
+    counts = Counter(id(value) for a, kw in per_rank for value in (*a, *kw.values()))
     puts: dict[int, Any] = {}
 
     def shipped(value: Any) -> Any:
-        if counts[id(value)] < 2 or value is None or isinstance(value, (bool, int, float, str)):
+        if not share or counts[id(value)] < 2 or value is None or isinstance(value, (bool, int, float, str)):
             return value
         if id(value) not in puts:
             puts[id(value)] = ray.put(value)
@@ -99,6 +93,4 @@ def send(group: Any, name: str, per_rank: list[tuple[tuple[Any, ...], dict[str, 
 
 def _materialized(value: Any) -> Any:
     """A future argument resolved on the driver (verl's ``materialize_futures``)."""
-    if isinstance(value, (DataProtoFuture, CallFuture)):
-        return value.get()
-    return value
+    return value.get() if isinstance(value, (DataProtoFuture, CallFuture)) else value
