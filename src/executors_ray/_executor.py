@@ -157,6 +157,7 @@ class RayExecutor(Executor):
                 bulk=self._bulk,
                 isolate=self.spec.isolate,
                 name=self.spec.name,
+                reason_wait=self.spec.death_timeout,  # a lost node is known only after Ray's health checks
             )
         try:
             self._lane.join(tuple(ranks), lambda address: self._serve(ranks, env, address), self._start_timeout)

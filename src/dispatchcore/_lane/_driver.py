@@ -86,8 +86,14 @@ class LaneDriver:
         bulk: BulkPath | None = None,
         isolate: bool = True,
         name: str = "group",
+        reason_wait: float = REASON_WAIT_S,
     ) -> None:
-        """``isolate``: the group's; results a bulk path hands over in shared memory are then copied."""
+        """``isolate``: the group's; results a bulk path hands over in shared memory are then copied.
+
+        ``reason_wait``: how long a closed link waits for ``rank_dead`` to say why (a backend that learns
+        of a lost node only by health checks needs longer than one that sees a process exit).
+        """
+        self._reason_wait = reason_wait
         self.host = host
         self.death_timeout = death_timeout
         self.on_broken = on_broken
@@ -273,7 +279,7 @@ class LaneDriver:
 
     def _end_named(self, entry: _Rank) -> None:
         assert self._rank_dead is not None  # noqa: S101 - only started with a death signal
-        deadline = time.monotonic() + REASON_WAIT_S
+        deadline = time.monotonic() + self._reason_wait
         reason = self._rank_dead(entry.rank)
         while reason is None and time.monotonic() < deadline and entry.ended is None:
             time.sleep(0.01)
