@@ -1,10 +1,7 @@
-"""``dispatchcore.collective`` on torchrun ranks: gloo groups on a prefix of the world's own store.
+"""``dispatchcore.collective`` on torchrun ranks: a :class:`~dispatchcore.executor.StoreCollective` on the world store.
 
-Every process of a world already reaches its c10d store (torchrun's agent
-store, or the self-started world's), so each rank of a group gets a
-:class:`~dispatchcore.executor.StoreCollective` on ``collective/<group id>/``
-of it; the group is built on first use, per replacement generation, and
-never touches the default group or ``MASTER_*``.
+Every process of a world already reaches that store; the group lives under
+``collective/<group id>/`` and never touches the default group or ``MASTER_*``.
 """
 
 from __future__ import annotations

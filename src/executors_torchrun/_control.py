@@ -1,10 +1,6 @@
-"""torchrun's directory for the core's lane: the world's store is where ranks read each group's lane address.
+"""torchrun's directory for the core's lane: ranks read each group's lane address from the world's store.
 
-The lane itself (the door, its token, the links, both sides of a call) is
-the core's (:mod:`dispatchcore.executor`); this module only fills its
-:class:`~dispatchcore.executor.LaneDirectory` with the c10d store every
-process of the world already reaches, so only processes that can read that
-store learn the token.
+Only processes that can read that store learn the lane's token.
 """
 
 from __future__ import annotations

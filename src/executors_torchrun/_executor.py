@@ -1,18 +1,11 @@
 """``TorchrunExecutor``: ranks as torch.distributed processes, on the core's lane.
 
-Everything between the driver and its ranks (calls, answers, pings,
-cancels, stacks, liveness, the call envelope) is the core's
-:class:`~dispatchcore.executor.LaneExecutor`.  What is torchrun's own:
-
-* how ranks start and find their group (``_worlds``, ``_spawn``,
-  ``_rank_process``): under the launcher the launch's processes join each
-  group through the store, worker 0 on a thread of the driver; outside it a
-  group spawns its own world (and spares);
-* how death is seen, besides the lane's rule: a self-started rank's process
-  that exited (:meth:`TorchrunExecutor.rank_dead`);
-* lazy rows moved process to process (``_row_plane``, ``_bridge_rows``) and
-  weights over bridges (``_bridge``): a rank the lane finds gone is marked
-  dead in the store, where a fetch of its rows looks (:class:`_Handle`).
+The lane (calls, answers, pings, cancels, stacks, liveness) is the core's
+:class:`~dispatchcore.executor.LaneExecutor`.  torchrun's own parts: how
+ranks start and find their group (``_worlds``, ``_spawn``,
+``_rank_process``), a self-started rank's process exit as a death signal,
+lazy rows moved process to process (``_row_plane``, ``_bridge_rows``) and
+weights over bridges (``_bridge``).
 """
 
 from __future__ import annotations
@@ -50,11 +43,9 @@ _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_t
 
 
 class _Handle(LaneCallHandle):
-    """A call on the group's lane that, while it waits, watches every rank of the group, not only its own.
+    """A call that, while it waits, watches every rank of the group (a rank fetching rows waits on another's).
 
-    A rank fetching lazy rows waits on another rank's process, which the
-    call itself does not wait on: each rank the lane finds gone is marked
-    dead in the store, where that fetch looks (``_row_plane``).
+    Each rank the lane finds gone is marked dead in the store, where that fetch looks (``_row_plane``).
     """
 
     def __init__(self, executor: TorchrunExecutor, call: Call) -> None:
@@ -79,7 +70,6 @@ class TorchrunExecutor(LaneExecutor):
     """
 
     name = "torchrun"
-    # torch.distributed comes with torch and cloudpickle with the core: a plain install runs it.
 
     @classmethod
     def launch_world_size(cls) -> int | None:
@@ -110,7 +100,8 @@ class TorchrunExecutor(LaneExecutor):
             launch = launch_world(start_timeout=start_timeout, transport_timeout=transport_timeout)
             if max(ranks) >= launch.size:
                 raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {launch.size} processes")
-            self.lane_host = launch.lane_host
+            # The launch is this process's only world: every group made here listens where its ranks reach.
+            type(self).lane_host = launch.lane_host
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
         #: Where this world's store is, for consumers in other self-started worlds (``_bridge_rows``);
         #: ``None``: the launch is the only world, nothing to bridge to.
@@ -149,7 +140,7 @@ class TorchrunExecutor(LaneExecutor):
             if d == 0 and isinstance(world, LaunchWorld):
                 self._local = threading.Thread(
                     target=world.services.serve_group,
-                    args=(self._gid, g, self.spec.death_timeout, self.spec.isolate),
+                    args=(self._gid, g, self.spec.death_timeout),
                     name=f"dispatchcore-{self.spec.name}-rank{g}",
                     daemon=True,
                 )
@@ -244,11 +235,7 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """Hand ``ranks`` to spare processes (self-started worlds with ``spare_ranks``).
-
-        The spares already belong to the world's transport, so nothing else
-        changes; the old processes are killed first (a hung rank too).
-        """
+        """Hand ``ranks`` to spare processes, which already belong to the world's transport (old ones are killed)."""
         if self.closed:
             raise DispatchError("this torchrun group is shut down")
         world = self._world
@@ -284,9 +271,7 @@ class TorchrunExecutor(LaneExecutor):
     def row_address(self, rank: int) -> Any:
         """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it.
 
-        The data rank is 0 for worker 0 under torchrun (the driver); the world
-        store is ``None`` under the launcher (one world), else the self-started
-        world's :class:`~._bridge_rows.WorldStore`.
+        The world store is ``None`` under the launcher (one world), else a :class:`~._bridge_rows.WorldStore`.
         """
         assert self._world is not None  # noqa: S101 - calls come after the start
         return (self._world.identity, self._data_ranks[rank], self._world_store)

@@ -7,7 +7,7 @@ requests and answers.  Every message is a small pickled tuple.
 
 Joining and leaving (driver to each process, a queue per data rank)::
 
-    join/<rank>   ("join", gid, group_rank, env, death_timeout, isolate)
+    join/<rank>   ("join", gid, group_rank, env, death_timeout)
                                                serve rank ``group_rank`` of group ``gid``: its lane
                                                address is under ``lane/<gid>`` (``_control``); env: a
                                                spare's rank variables (or None)
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import pickle
 from typing import Any
+
+import torch.distributed as dist
 
 #: Blocking pops wait this long; nothing times out on purpose (a store-side
 #: timeout leaves the client socket out of step, so waiters are woken by a
@@ -83,3 +85,18 @@ def encode(message: tuple[Any, ...]) -> bytes:
 def decode(raw: bytes) -> tuple[Any, ...]:
     message: tuple[Any, ...] = pickle.loads(raw)  # noqa: S301 - peers of one job, through its own store
     return message
+
+
+def pop(store: dist.Store, key: str) -> tuple[Any, ...]:
+    """The next message on queue ``key``, however long it takes; raises once the store is gone."""
+    while True:
+        try:
+            return decode(store.queue_pop(key, True))
+        except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+            continue
+
+
+def home_of(store: dist.Store) -> tuple[str, int]:
+    """``(host, port)`` of the ``TCPStore`` under ``store`` (its world's, when compared)."""
+    raw: Any = store._underlying_non_prefix_store if isinstance(store, dist.PrefixStore) else store  # type: ignore[attr-defined]
+    return str(raw.host), int(raw.port)

@@ -1,18 +1,13 @@
 """A process of a torchrun world that is not the driver: it serves each group placed on it on the core's lane.
 
-One process hosts one rank per group the driver places on it (actor,
-critic, ...).  Its main thread pops the driver's ``join`` messages from the
-store (``_protocol``); each group's rank is a
-:class:`~dispatchcore.executor.LaneRank`, whose serving thread is that
-worker's method thread (its ``LOCAL_RANK`` GPU made current there).  A
-self-started process hosts one group: it serves it on its main thread
-(glibc's main arena, where the kept freed memory stays, see
-``keep_freed_memory``) and leaves as soon as that group's lane ends, even
-mid-call.  A launch's process hosts every group the driver
-makes, each on a thread of its own.  Beside them, the process's :class:`~._row_plane.RowPlane` serves
-the lazy rows it keeps and fetches the ones its workers' arguments name,
-and its :class:`~._bridge.Bridge` moves weights.  On ``stop`` the process
-leaves: a rank still inside a call is given :data:`STOP_GRACE_S` to end.
+Its main thread pops the driver's ``join`` messages (``_protocol``); each
+group's rank is a :class:`~dispatchcore.executor.LaneRank`.  A self-started
+process hosts one group, served on its main thread (glibc's main arena
+keeps the freed memory, see ``keep_freed_memory``), and leaves as soon as
+that group's lane ends, even mid-call; a launch's process serves each group
+on a thread of its own.  Beside them run the process's
+:class:`~._row_plane.RowPlane` (lazy rows) and :class:`~._bridge.Bridge`
+(weights).
 """
 
 from __future__ import annotations
@@ -32,12 +27,10 @@ from ._bridge import Bridge, BridgeLink
 from ._collective import collective_link
 from ._control import StoreDirectory
 from ._env import set_local_device
-from ._protocol import decode, join_key, lane_key, stopped_key
+from ._protocol import join_key, lane_key, pop, stopped_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
-#: What a rank runs when its driver's lane ends.
-Leave = Callable[[], None]
 #: After ``stop``, how long a rank still inside a call is waited for before the process leaves anyway.
 STOP_GRACE_S = 5.0
 
@@ -51,12 +44,7 @@ class Services:
         self.bridge = bridge
 
     def serve_group(
-        self,
-        gid: str,
-        group_rank: int,
-        death_timeout: float,
-        isolate: bool,
-        on_driver_gone: Callable[[], None] | None = None,
+        self, gid: str, group_rank: int, death_timeout: float, on_driver_gone: Callable[[], None] | None = None
     ) -> None:
         """Serve rank ``group_rank`` of group ``gid`` on this thread until the driver ends the group's lane.
 
@@ -65,7 +53,7 @@ class Services:
         set_local_device()
 
         def prepare(host: WorkerHost) -> None:
-            RowPlane.equip(host, self.rows, death_timeout=death_timeout, isolate=isolate)
+            self.rows.equip(host, death_timeout)
             host.tensor_link = BridgeLink(self.bridge, death_timeout)
             host.collective = collective_link(self.store, gid)
 
@@ -89,22 +77,20 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
     try:
         while True:
             try:
-                message = decode(queue.queue_pop(join_key(transport.rank), True))
-            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                continue
+                message = pop(queue, join_key(transport.rank))
             except Exception:  # noqa: BLE001 - the store is gone: so is the driver
                 break
             if message[0] == "stop":
                 break
-            _, gid, group_rank, env, death_timeout, isolate = message
+            _, gid, group_rank, env, death_timeout = message
             if env:  # a spare taking over a rank: its rank variables come now
                 os.environ.update(env)
             if not threads:
-                services.serve_group(gid, group_rank, death_timeout, isolate, on_driver_gone=_leave)
+                services.serve_group(gid, group_rank, death_timeout, on_driver_gone=_leave)
                 continue
             thread = threading.Thread(
                 target=services.serve_group,
-                args=(gid, group_rank, death_timeout, isolate),
+                args=(gid, group_rank, death_timeout),
                 name=f"dispatchcore-{gid}-rank{group_rank}",
                 daemon=True,
             )

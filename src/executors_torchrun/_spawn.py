@@ -1,13 +1,10 @@
 """Self-started ranks, for running outside torchrun (tests, notebooks).
 
-The driver hosts a ``TCPStore`` and starts one fresh interpreter per rank
-(``fork`` is never used: pytest, Ray and torch hold threads).  A child needs
-no driver script: it imports only this package and receives the worker
-class by cloudpickle.  It gets the torchrun-style variables in its own
-environment (the driver's ``os.environ`` is left alone) and the driver's
-``sys.path``, and it watches a pipe from the driver so it exits when the
-driver dies, however it dies.  All of such a world is on one machine, so
-the store and the gloo connections listen on loopback only.
+The driver hosts a ``TCPStore`` on loopback and starts one fresh interpreter
+per rank (never ``fork``: pytest, Ray and torch hold threads), with
+torchrun-style variables in its own environment and the driver's
+``sys.path``; a child exits when the pipe from the driver closes, however
+the driver dies.
 """
 
 from __future__ import annotations
@@ -38,11 +35,9 @@ _CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
 def start_store() -> dist.TCPStore:
     """The store of a self-started world, hosted by the driver on a free loopback port.
 
-    The store carries pickles that ranks unpickle, and ``TCPStore(host, 0,
-    is_master=True)`` listens on every interface whatever ``host`` says, so the
-    listening socket is bound to loopback here and handed over as
-    ``master_listen_fd``.  The store owns that descriptor from then on (it
-    closes it when it is destroyed), so the Python socket lets go of it.
+    ``TCPStore(host, 0, is_master=True)`` listens on every interface whatever
+    ``host`` says, and the store carries pickles: its socket is bound to
+    loopback here and handed over (the store then owns and closes it).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -67,11 +62,9 @@ def start_store() -> dist.TCPStore:
 
 
 class OutputRelay:
-    """Copies each child's stdout/stderr lines to the driver's, prefixed ``(group rank g)``.
+    """Copies each child's stdout/stderr lines to the driver's, prefixed ``(group rank g)`` (or ``spare``).
 
-    Ray prefixes actor output the same way; here a spare's lines say
-    ``spare`` until it takes over a rank (:meth:`label`).  One daemon thread
-    per stream; each ends at end of file (the child exited) and closes it.
+    One daemon thread per stream, ending at end of file (the child exited).
     """
 
     def __init__(self, group: str) -> None:

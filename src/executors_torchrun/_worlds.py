@@ -1,27 +1,18 @@
 """Worlds: the processes a group runs on, under torchrun or self-started.
 
-Under torchrun the world is the launch: one per process, shared by every
-group the driver creates, stopped when the driver exits (atexit, which also
-runs when an exception escapes the driver).  Ranks other than 0 never
-return from their first ``WorkerGroup(...)``: they serve every group placed
-on them (``_rank_process``) until told to stop, and exit 0.  Outside torchrun
-each group starts its own world and stops it at ``shutdown()``.
+Under torchrun the world is the launch, shared by every group of the
+driver and stopped at exit; ranks other than 0 never return from their
+first ``WorkerGroup(...)``: they serve every group placed on them
+(``_rank_process``), then exit 0.  Outside torchrun each group starts its
+own world and stops it at ``shutdown()``.  A world is a store, a gloo
+transport for rows (the driver is data rank 0) and :meth:`World.join`;
+calls never touch it (each group has its own lane).
 
-A world is a store, a gloo transport for rows (the driver is data rank 0 in
-it) and a way to tell a process to join a group (:meth:`World.join`); calls
-never touch it: each group has its own lane.  The launch carries no group's
-settings; its transport is built once, from the first group's
-``start_timeout`` and ``transport_timeout``.
-
-SIGTERM: under the torchrun launcher only (never in self-started worlds),
-when the first group is made on the driver's main thread and SIGTERM still
-has its default disposition, the driver installs a handler.  torchrun's
-elastic agent SIGTERMs every process when one rank dies; the handler
-restores the default disposition and raises
-:class:`~dispatchcore.WorkerDiedError` naming the dead rank (waiting up to
-SIGTERM_REPORT_WAIT_S for a group's lane to see which), so the driver's traceback says why
-instead of just ending.  A program that installed its own handler first
-keeps it.
+SIGTERM: torchrun's agent SIGTERMs every process when a rank dies.  Under
+the launcher (never in self-started worlds), if SIGTERM still has its
+default disposition when the first group is made on the main thread, the
+driver installs a handler that raises :class:`~dispatchcore.WorkerDiedError`
+naming the dead rank, so the traceback says why.
 """
 
 from __future__ import annotations
@@ -80,7 +71,7 @@ class World:
 
     def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, spec: Any) -> None:
         """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
-        message = ("join", gid, group_rank, env, spec.death_timeout, spec.isolate)
+        message = ("join", gid, group_rank, env, spec.death_timeout)
         self.store.queue_push(join_key(data_rank), encode(message))
 
     def row_plane(self) -> RowPlane:
@@ -97,7 +88,7 @@ class World:
                 return
             self._marked.add(data_rank)
             with contextlib.suppress(Exception):  # the store is gone: so is every wait on it
-                self._marks.set(dead_key(data_rank), detail.encode())  # type: ignore[arg-type]  # the binding takes bytes
+                self._marks.set(dead_key(data_rank), detail.encode())
 
     def _announce_stop(self, ranks: list[int]) -> None:
         """Mark the world stopping (row fetches end) and tell each process of ``ranks`` to leave."""
@@ -289,12 +280,10 @@ def _wait_count(store: dist.Store, count: int, timeout: float) -> None:
 
 
 def _wait_process_ended(pid: int, until: float) -> None:
-    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until``.
+    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until`` (best effort).
 
-    A rank says it stopped a little before its process ends; under torchrun
-    a driver that exits in that gap (with an error) makes the agent SIGTERM
-    the rank and report it as failed too.  Best effort: only for a rank on
-    this host, and only where ``/proc`` exists.
+    A driver that exits with an error between a rank's "stopped" and its
+    end makes the agent SIGTERM that rank and report it as failed too.
     """
     while time.monotonic() < until:
         try:
