@@ -31,7 +31,7 @@ from dispatchcore.executor import LOOPBACK, TensorSourceLost
 from dispatchcore.wire import numpy_tensor
 
 from ._protocol import FOREVER_S, encode, home_of, pop
-from ._transport import SendReaper, pair_group
+from ._transport import SendReaper, pair_group, peer_error
 
 #: Keys of every bridge live under this prefix of the raw store.
 _ROOT = "dispatchcore-bridge"
@@ -129,10 +129,9 @@ class Bridge:
 
     # -- destination side -----------------------------------------------------------------
     def receive(self, token: Token, into: list[torch.Tensor | None], timeout: float) -> Arrival:
-        """Ask the source for ``token``'s pieces and start receiving them: into ``into``, or private memory.
+        """Ask the source for ``token``'s pieces and start receiving them into ``into`` (or private memory).
 
-        Returns at once; the callable waits for every piece (a CUDA piece
-        given a CPU place lands on its device first, then is copied there).
+        Returns at once; the callable waits (a CUDA piece lands on its device, then is copied to its place).
         """
         with self._lock:
             first = self._next_tag
@@ -162,21 +161,13 @@ class Bridge:
                     work.wait()
             except Exception as exc:  # noqa: BLE001 - as above
                 raise _lost(exc) from exc
-            got = []
-            for buf, target in zip(out, into, strict=True):
-                if target is not None and buf.is_cuda:
-                    target.reshape(-1).view(torch.uint8).copy_(buf)
-                got.append(buf if target is None else target)
-            return got, False
+            return _placed(out, into, every=False), False
 
         weakref.finalize(arrival, self._abandoned, works, out, waited).atexit = False
         return arrival
 
     def _abandoned(self, works: list[Any], buffers: list[torch.Tensor], waited: list[bool]) -> None:
-        """A dropped transfer's receives nobody waited on: held (with their buffers) until done.
-
-        A gloo receive completes only through ``wait()``, once (a second wait blocks).
-        """
+        """A dropped transfer's receives nobody waited on (gloo's complete only through ``wait()``): reaped."""
         if waited or not works:
             return
         with self._lock:
@@ -240,9 +231,16 @@ def _buffer(nbytes: int, device: torch.device | None) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
+def _placed(pieces: list[torch.Tensor], into: list[torch.Tensor | None], *, every: bool) -> list[torch.Tensor]:
+    """Each piece, or its place in ``into`` (copied there: ``every`` piece, or only CUDA ones received apart)."""
+    for piece, target in zip(pieces, into, strict=True):
+        if target is not None and (every or piece.is_cuda):
+            target.reshape(-1).view(torch.uint8).copy_(piece)
+    return [piece if target is None else target for piece, target in zip(pieces, into, strict=True)]
+
+
 def _lost(exc: BaseException) -> TensorSourceLost:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-    return TensorSourceLost(f"bridge to the source process failed: {text.split('] ', 1)[-1]}")
+    return TensorSourceLost(f"bridge to the source process failed: {peer_error(exc)}")
 
 
 class BridgeLink:
@@ -264,9 +262,5 @@ class BridgeLink:
         pieces = self._bridge.take(token.key)
         if pieces is None:
             raise TensorSourceLost("the bucket was dropped before it was read")
-        got = []
-        for x, target in zip(pieces, into, strict=True):
-            if target is not None:
-                target.reshape(-1).view(torch.uint8).copy_(x)
-            got.append(x if target is None else target)
+        got = _placed(pieces, into, every=True)
         return lambda: (got, True)  # the source's memory where kept: the core copies unless isolate=False

@@ -22,10 +22,6 @@ def torchrun_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
 
 
-def torchrun_rank() -> int:
-    return int(os.environ["RANK"])
-
-
 def store_address() -> tuple[str, int]:
     """Where torchrun's agent store listens (``MASTER_ADDR:MASTER_PORT``)."""
     return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])

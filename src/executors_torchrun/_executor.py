@@ -32,8 +32,7 @@ from dispatchcore.executor import (
 
 from . import _env
 from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
-from ._control import StoreDirectory
-from ._protocol import lane_key
+from ._protocol import StoreDirectory, lane_key
 from ._row_plane import RowPlane
 from ._worlds import LaunchWorld, SpawnedWorld, World, launch_world
 
@@ -43,10 +42,7 @@ _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_t
 
 
 class _Handle(LaneCallHandle):
-    """A call that, while it waits, watches every rank of the group (a rank fetching rows waits on another's).
-
-    Each rank the lane finds gone is marked dead in the store, where that fetch looks (``_row_plane``).
-    """
+    """A call that, while it waits, watches every rank of its group: one fetching rows waits on another's process."""
 
     def __init__(self, executor: TorchrunExecutor, call: Call) -> None:
         super().__init__(executor.lane, call)
@@ -103,8 +99,7 @@ class TorchrunExecutor(LaneExecutor):
             # The launch is this process's only world: every group made here listens where its ranks reach.
             type(self).lane_host = launch.lane_host
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
-        #: Where this world's store is, for consumers in other self-started worlds (``_bridge_rows``);
-        #: ``None``: the launch is the only world, nothing to bridge to.
+        #: Where this world's store is, for consumers in other self-started worlds (``None`` under the launcher).
         self._world_store: WorldStore | None = None
         try:
             if _env.under_torchrun():
@@ -146,7 +141,7 @@ class TorchrunExecutor(LaneExecutor):
                 )
                 self._local.start()
             else:
-                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec)
+                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec.death_timeout)
 
     def rank_dead(self, rank: int) -> str | None:
         """A self-started rank's process exit (under the launcher its agent owns the processes: no signal)."""
@@ -165,10 +160,7 @@ class TorchrunExecutor(LaneExecutor):
                 self.lane.silent(g, self.spec.death_timeout)
 
     def _first_dead(self) -> tuple[int, str] | None:
-        """The world rank of a rank of this group that the lane knows is gone (the launch's SIGTERM report).
-
-        Runs in a signal handler, maybe while the interrupted main thread holds a link's lock: it only reads.
-        """
+        """A rank of this group the lane knows is gone (world rank, why); only reads: runs in a signal handler."""
         for g in range(self.spec.world_size):
             reason = self.lane.ended(g)
             if reason is not None:
@@ -257,7 +249,7 @@ class TorchrunExecutor(LaneExecutor):
             if d is None:
                 raise DispatchError(f"every spare process is gone; cannot replace rank {g}")
             self._data_ranks[g] = d
-            world.assign(d, g)
+            world.output.label(d, f"rank {g}")  # its output says which rank it now is
             self._envs[g] = rank_environment(g, self.spec.world_size, master_addr=LOOPBACK, master_port=port)
         self.open_ranks(ranks, self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
@@ -269,10 +261,7 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- lazy results: rows fetched process to process ----------------------------------
     def row_address(self, rank: int) -> Any:
-        """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it.
-
-        The world store is ``None`` under the launcher (one world), else a :class:`~._bridge_rows.WorldStore`.
-        """
+        """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it."""
         assert self._world is not None  # noqa: S101 - calls come after the start
         return (self._world.identity, self._data_ranks[rank], self._world_store)
 

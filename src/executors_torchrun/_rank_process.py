@@ -18,16 +18,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NoReturn
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LaneRank, WorkerHost, keep_freed_memory
+from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
-from ._collective import collective_link
-from ._control import StoreDirectory
 from ._env import set_local_device
-from ._protocol import join_key, lane_key, pop, stopped_key
+from ._protocol import READY_KEY, StoreDirectory, join_key, lane_key, pop, stopped_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
@@ -35,27 +36,25 @@ from ._transport import Transport
 STOP_GRACE_S = 5.0
 
 
+@dataclass
 class Services:
     """What every rank of a process shares: the store, the row plane and the weight bridge."""
 
-    def __init__(self, store: dist.Store, rows: RowPlane, bridge: Bridge) -> None:
-        self.store = store
-        self.rows = rows
-        self.bridge = bridge
+    store: dist.Store
+    rows: RowPlane
+    bridge: Bridge
 
     def serve_group(
         self, gid: str, group_rank: int, death_timeout: float, on_driver_gone: Callable[[], None] | None = None
     ) -> None:
-        """Serve rank ``group_rank`` of group ``gid`` on this thread until the driver ends the group's lane.
-
-        ``on_driver_gone()``: run on the lane's control thread when the lane ends, even mid-call.
-        """
+        """Serve rank ``group_rank`` of group ``gid`` until its lane ends (then ``on_driver_gone()``, mid-call too)."""
         set_local_device()
 
         def prepare(host: WorkerHost) -> None:
             self.rows.equip(host, death_timeout)
             host.tensor_link = BridgeLink(self.bridge, death_timeout)
-            host.collective = collective_link(self.store, gid)
+            # dispatchcore.collective: the world's store every process reaches, never the default group
+            host.collective = StoreCollective("torchrun", store=dist.PrefixStore(f"collective/{gid}/", self.store))
 
         rank = LaneRank(group_rank, prepare=prepare, on_driver_gone=on_driver_gone)
         try:
@@ -65,10 +64,25 @@ class Services:
                 rank.host.close()
 
 
-def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> bool:
-    """Join the groups the driver places here until it says ``stop``; whether every rank ended in time.
+def serve_and_exit(store: dist.Store, rank: int, size: int, timeout: timedelta, *, launched: bool) -> NoReturn:
+    """Say this process is up, join the world's transport, serve until told to stop, then exit 0.
 
-    ``threads``: serve each group on a thread of its own (else on this one, a group at a time).
+    A launch's process serves each group on a thread of its own; a self-started one, one group on this thread.
+    """
+    store.add(READY_KEY, 1)
+    transport = Transport(store, rank, size, timeout, loopback=not launched)
+    ended = serve_process(store, transport, threads=launched)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if launched and ended:
+        sys.exit(0)
+    os._exit(0)  # self-started, or a rank is stuck in a call the driver no longer waits for
+
+
+def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> bool:
+    """Join the groups the driver places here (each on a thread of its own with ``threads``) until ``stop``.
+
+    Returns whether every rank ended in time.
     """
     keep_freed_memory()  # this process is the ranks' own (the driver's is the user's: left alone)
     services = Services(store, RowPlane(store, transport), Bridge(store))

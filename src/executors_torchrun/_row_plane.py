@@ -35,7 +35,7 @@ from dispatchcore.executor import (
 from ._bridge_rows import BridgeLane, RowBridges, WorldStore
 from ._env import set_local_device
 from ._protocol import STOPPING_KEY, dead_key, encode, home_of, pop, rows_key, rows_reply_key
-from ._transport import RowTagCounter, SendReaper, Transport, post_recvs, post_sends
+from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
 from ._wire import Header, pack, unpack
 
 
@@ -114,11 +114,9 @@ class RowPlane:
         host.fetched_rows_private = True
 
     def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
-        """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them.
+        """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them (other worlds' over bridges).
 
-        ``request.address`` is ``(world, data rank, world store)`` (another
-        world's store: over bridges); ``death_timeout`` (the consuming
-        group's) bounds the wait on a silent producer.
+        ``death_timeout`` (the consuming group's) bounds the wait on a silent producer.
         """
         out: list[DataProto | None] = [None] * len(requests)
         plan: dict[WorldStore | None, dict[int, list[int]]] = {}
@@ -308,11 +306,7 @@ def _unreachable(producers: dict[int, int], exc: BaseException) -> DispatchError
 
 
 def _died(rank: int, exc: BaseException) -> WorkerDiedError:
-    lines = str(exc).strip().splitlines()
-    text = lines[-1] if lines else type(exc).__name__
-    if "] " in text:  # gloo's source location
-        text = text.split("] ", 1)[1]
-    return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {text})")
+    return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {peer_error(exc)})")
 
 
 @dataclass
@@ -403,6 +397,6 @@ class _Watch:
                 if store.check([dead_key(d)]):
                     detail = bytes(store.get(dead_key(d))).decode(errors="replace")
                     return ("dead", watched.fetch_id, d, detail)
-        except Exception:  # noqa: BLE001 - the store is gone: the fetch's own wait on it fails too
-            return None
+        except Exception:  # noqa: BLE001, S110 - the store is gone: the fetch's own wait on it fails too
+            pass
         return None

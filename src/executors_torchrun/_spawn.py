@@ -35,9 +35,8 @@ _CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
 def start_store() -> dist.TCPStore:
     """The store of a self-started world, hosted by the driver on a free loopback port.
 
-    ``TCPStore(host, 0, is_master=True)`` listens on every interface whatever
-    ``host`` says, and the store carries pickles: its socket is bound to
-    loopback here and handed over (the store then owns and closes it).
+    ``TCPStore(host, 0, is_master=True)`` listens on every interface, and the store carries pickles: its
+    socket is bound to loopback here and handed over (the store then owns and closes it).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -158,19 +157,18 @@ def spawn_ranks(
     return processes
 
 
-def wait_ready(store: dist.Store, processes: dict[int, subprocess.Popen[bytes]], timeout: float) -> None:
-    """Wait until every child connected, failing fast if one exits first."""
+def wait_ready(
+    store: dist.Store, count: int, timeout: float, late: str, processes: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    """Wait until ``count`` processes are up (``late``: the error after ``timeout`` s); fail fast if a child exits."""
     deadline = time.monotonic() + timeout
-    while int(store.add(READY_KEY, 0)) < len(processes):
+    while int(store.add(READY_KEY, 0)) < count:
         for rank, proc in processes.items():
             code = proc.poll()
             if code is not None:
                 raise DispatchRuntimeError(f"rank {rank - 1} exited with code {code} while starting")
         if time.monotonic() > deadline:
-            raise DispatchTimeoutError(
-                f"{len(processes)} self-started ranks were not all up after {timeout:g} s; "
-                "raise WorkerGroup(..., start_timeout=...)"
-            )
+            raise DispatchTimeoutError(late)
         time.sleep(0.02)
 
 
@@ -212,16 +210,8 @@ def child_main() -> None:
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S
-    from ._rank_process import serve_process
-    from ._transport import Transport
+    from ._rank_process import serve_and_exit
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
-    store.add(READY_KEY, 1)
-    transport = Transport(
-        store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), loopback=True
-    )
-    serve_process(store, transport, threads=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    serve_and_exit(store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), launched=False)

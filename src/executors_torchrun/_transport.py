@@ -52,10 +52,7 @@ _STOP: Any = object()
 
 
 class SendReaper:
-    """Waits on posted sends in a daemon thread, then lets their buffers go (the sender never blocks).
-
-    A gloo send only reports completion through ``wait()``.
-    """
+    """Waits on posted sends in a daemon thread (a gloo send completes only through ``wait()``), then lets go."""
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -101,11 +98,9 @@ class SendReaper:
 
 
 def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, loopback: bool) -> dist.ProcessGroupGloo:
-    """The executor's gloo group; with ``loopback`` its connections listen on 127.0.0.1 only.
+    """The executor's gloo group; with ``loopback`` (a self-started world, one machine) it listens on 127.0.0.1 only.
 
-    Without a device gloo binds to the address the hostname resolves to,
-    reachable from the network: right under torchrun (several nodes), not
-    for a self-started world (one machine).
+    Without a device gloo binds to the address the hostname resolves to (right under torchrun: several nodes).
     """
     if not loopback:
         return dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -128,6 +123,12 @@ def pair_group(store: dist.Store, rank: int, cuda: bool, timeout: float, loopbac
     if cuda:
         return _nccl_group(store, rank, 2, bound)
     return _gloo_group(store, rank, 2, bound, loopback=loopback)
+
+
+def peer_error(exc: BaseException) -> str:
+    """The last line of a failed transfer's error, without gloo's source location."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    return text.split("] ", 1)[-1]
 
 
 def post_sends(packed: Packed, peer: int, first: int, tags: RowTagCounter, groups: Groups) -> list[Any]:
@@ -173,10 +174,7 @@ class Transport:
     def groups(self, sender: int, receiver: int) -> Groups:
         """Rows moving ``sender`` -> ``receiver``: gloo for CPU tensors, that direction's NCCL group for CUDA.
 
-        One NCCL group per direction: NCCL matches a pair's point-to-point
-        ops in the order they were issued, so rows going both ways at once
-        on one communicator would deadlock (one fetch at a time per process
-        keeps each direction in order).
+        NCCL matches a pair's ops in issue order: rows going both ways on one communicator would deadlock.
         """
         return lambda cuda: self._rows_device_group(sender, receiver) if cuda else self.gloo
 
@@ -190,12 +188,7 @@ class Transport:
             return group
 
     def close(self) -> None:
-        """Drop the groups this transport built, and its store.
-
-        Released, not shut: ``ProcessGroup.shutdown()`` followed by
-        interpreter exit was seen to abort ("terminate called without an
-        active exception").
-        """
+        """Drop the groups this transport built, and its store (released, not shut: shutdown() then exit aborted)."""
         self._rows_nccl = {}
         self.gloo = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]

@@ -51,10 +51,6 @@ class Packed:
     buffers: list[torch.Tensor]
     device_tensors: list[torch.Tensor]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.header.sizes) + sum(t.numel() * t.element_size() for t in self.device_tensors)
-
 
 def _rebuild_dataproto(
     tensors: dict[str, torch.Tensor] | None, non_tensors: dict[str, Any], meta: dict[str, Any]
@@ -138,14 +134,8 @@ def pack(value: Any) -> Packed:
     return Packed(Header(serialized.data, [b.numel() for b in buffers], specs), buffers, device)
 
 
-#: The header of ``None`` (the answer of most calls without data), built once.
-NONE = Header(pickle.dumps(None, protocol=PROTOCOL))
-
-
 def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tensor]) -> Any:
     """Rebuild a value over received buffers (they become the value's memory)."""
-    if header.data == NONE.data:
-        return None
     if header.inline is not None:  # unpickled from this receiver's own message: private, writable memory
         return loads(Serialized(header.data, list(header.inline), list(device)), copy=False)
     received: list[Any] = [b.numpy() for b in buffers]
