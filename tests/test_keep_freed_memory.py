@@ -97,6 +97,9 @@ def test_a_bad_setting_names_the_variable() -> None:
 def test_self_started_torchrun_ranks_keep_freed_memory() -> None:
     with WorkerGroup(Allocating, 2, backend="torchrun") as group:
         assert group.kept() == [True, True]
+        # A fresh rank's first large tensors map fresh memory for 2 to 5 steps (the heap grows, and torch's
+        # first-use allocations land after the first blocks), more under load: the first call warms up.
+        group.faults()
         assert all(faults < STEP_PAGES / 10 for faults in group.faults())
 
 

@@ -1,4 +1,4 @@
-"""Unit test of an internal part (torchrun's directory for the lane): imports executors_torchrun._control.
+"""Unit test of an internal part (torchrun's directory for the lane): imports executors_torchrun._protocol.
 
 Ranks find the lane through the world's store; a death behind a forked child.  The lane itself is
 tested once, in ``test_lane.py``.
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from dispatchcore import Dispatch, Worker, WorkerDiedError, WorkerGroup, register
 from dispatchcore.executor import LaneAddress, LaneLink, connect_lane, open_lane
-from executors_torchrun._control import StoreDirectory
+from executors_torchrun._protocol import StoreDirectory
 
 CONTROL_KEY = "lane/g"
 

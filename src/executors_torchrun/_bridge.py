@@ -1,42 +1,15 @@
-"""Weight transfers between torchrun groups, rank to rank, over bridges built on demand.
+"""Weight transfers between torchrun groups, rank to rank, over bridges built on demand (docs/weight-sync.md).
 
-A *bridge* is a two-rank process group between one source process and one
-destination process, built directly on a ``PrefixStore`` unique to the pair
-(each process's bridge has a fresh id per incarnation, so a replaced rank's
-new process gets new bridges and the dead one's are never reused): a
-``ProcessGroupGloo`` for CPU tensors, a ``ProcessGroupNCCL`` for CUDA ones.
-The default process group stays the user's (no ``init_process_group``, no
-``new_group``), and the world's own gloo group is not touched, so a
-transfer never interleaves with commands or lazy rows.
-
-The store is the source process's world store: a driver-hosted TCPStore on
-loopback for a self-started world (every process on this machine can reach
-it, so two separately self-started worlds meet there), torchrun's agent
-store under the launcher.  A bridge connects rank 0 (source) to rank 1
-(destination) and carries one direction only, so NCCL's in-order matching
-never sees sends both ways.
-
-* **publish** (source rank, in the ``pack`` step): keeps the bucket's pieces
-  (already cast and contiguous) under a key and returns a token naming the
-  store, this process's bridge id, the key and each piece's size.  Nothing
-  is sent yet: the source does not know which processes will read.
-* **receive** (destination rank, in ``fetch``): posts a request on the
-  source process's queue, builds (or reuses) the bridge and posts a receive
-  of each piece straight into the place the core gives it (its rows of the
-  name's buffer, private memory from the buffer pool; a CUDA piece lands on
-  its device first), then returns; the core's ``apply`` step waits for it
-  and hands the completed tensors to ``load_weights`` (no further copy), so
-  the next bucket arrives while the current one is applied.
-* The source's bridge thread pops requests beside its command loop (a rank
-  busy in a call still sends), posts the sends and drops a bucket once every
-  reader asked for it.
-
-Death: a source process that dies tears the bridge's sockets and the
-receive raises at once; one that never answers is bounded by the
-destination group's ``death_timeout`` (bridge construction and receive
-timeout).  Either way ``receive`` raises ``TensorSourceLost`` and the core
-names the source rank.  A destination that dies is seen by its own group's
-executor; the source's sends to it fail quietly.
+A bridge is a two-rank group (gloo for CPU tensors, NCCL for CUDA ones)
+between one source process and one destination process, on a
+``PrefixStore`` of the source's world store unique to the pair and to each
+process's incarnation (its bridge id), one direction only.  The source's
+``publish`` keeps a bucket's pieces and returns a :class:`Token`; a
+destination's ``receive`` asks the source's bridge thread (which serves
+beside any call) for them and posts its receives straight into their
+places, returning at once; the core's ``apply`` step waits.  A source that
+dies tears the bridge (the receive raises ``TensorSourceLost``); one that
+never answers is bounded by the destination group's ``death_timeout``.
 """
 
 from __future__ import annotations
@@ -57,8 +30,8 @@ from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import LOOPBACK, TensorSourceLost
 from dispatchcore.wire import numpy_tensor
 
-from ._protocol import FOREVER_S, decode, encode
-from ._transport import SendReaper, _gloo_group
+from ._protocol import FOREVER_S, encode, home_of, pop
+from ._transport import SendReaper, pair_group, peer_error
 
 #: Keys of every bridge live under this prefix of the raw store.
 _ROOT = "dispatchcore-bridge"
@@ -87,8 +60,7 @@ class Bridge:
     """One process's side of every bridge: the pieces it published, its pair groups, its serving thread."""
 
     def __init__(self, store: dist.Store) -> None:
-        raw = store._underlying_non_prefix_store if isinstance(store, dist.PrefixStore) else store  # type: ignore[attr-defined]
-        self.host, self.port = str(raw.host), int(raw.port)
+        self.host, self.port = home_of(store)
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
@@ -110,7 +82,7 @@ class Bridge:
             key = next(self._keys)
             self._held[key] = [flat, readers]
             if self._thread is None:
-                self._reaper = SendReaper(f"dispatchcore-bridge-reaper-{self.id[:6]}")
+                self._reaper_locked()
                 self._thread = threading.Thread(
                     target=self._serve, args=(timeout,), name="dispatchcore-bridge", daemon=True
                 )
@@ -121,9 +93,7 @@ class Bridge:
         store = self._connect(self.host, self.port, FOREVER_S, fresh=True)
         while True:
             try:
-                message = decode(store.queue_pop(_serve_key(self.id), True))
-            except dist.QueueEmptyError:
-                continue
+                message = pop(store, _serve_key(self.id))
             except Exception:  # noqa: BLE001 - the store went away: the world is over
                 return
             if message[0] == "quit":
@@ -159,10 +129,9 @@ class Bridge:
 
     # -- destination side -----------------------------------------------------------------
     def receive(self, token: Token, into: list[torch.Tensor | None], timeout: float) -> Arrival:
-        """Ask the source for ``token``'s pieces and start receiving them: into ``into``, or private memory.
+        """Ask the source for ``token``'s pieces and start receiving them into ``into`` (or private memory).
 
-        Returns at once; the callable waits for every piece (a CUDA piece
-        given a CPU place lands on its device first, then is copied there).
+        Returns at once; the callable waits (a CUDA piece lands on its device, then is copied to its place).
         """
         with self._lock:
             first = self._next_tag
@@ -173,8 +142,10 @@ class Bridge:
             device = torch.device("cuda", torch.cuda.current_device()) if any(c for _, c in token.pieces) else None
             out, works = [], []
             for i, ((nbytes, cuda), target) in enumerate(zip(token.pieces, into, strict=True)):
-                direct = target is not None and not cuda
-                buf = target.reshape(-1).view(torch.uint8) if direct else _buffer(nbytes, device if cuda else None)
+                if target is not None and not cuda:
+                    buf = target.reshape(-1).view(torch.uint8)
+                else:
+                    buf = _buffer(nbytes, device if cuda else None)
                 out.append(buf)
                 if nbytes:
                     group = self._group(token.host, token.port, token.source, self.id, 1, cuda, timeout)
@@ -190,29 +161,24 @@ class Bridge:
                     work.wait()
             except Exception as exc:  # noqa: BLE001 - as above
                 raise _lost(exc) from exc
-            got = []
-            for buf, target in zip(out, into, strict=True):
-                if target is not None and buf.is_cuda:
-                    target.reshape(-1).view(torch.uint8).copy_(buf)
-                got.append(buf if target is None else target)
-            return got, False
+            return _placed(out, into, every=False), False
 
         weakref.finalize(arrival, self._abandoned, works, out, waited).atexit = False
         return arrival
 
     def _abandoned(self, works: list[Any], buffers: list[torch.Tensor], waited: list[bool]) -> None:
-        """A dropped transfer's receives never waited on: held (with their buffers) until done, then let go.
-
-        A gloo receive completes only through ``wait()``, once (a second wait
-        blocks), so only receives nobody waited on go to the reaper.
-        """
+        """A dropped transfer's receives nobody waited on (gloo's complete only through ``wait()``): reaped."""
         if waited or not works:
             return
         with self._lock:
-            if self._reaper is None:
-                self._reaper = SendReaper(f"dispatchcore-bridge-reaper-{self.id[:6]}")
-            reaper = self._reaper
+            reaper = self._reaper_locked()
         reaper.add(works, buffers)
+
+    def _reaper_locked(self) -> SendReaper:
+        """The reaper of this bridge's sends and abandoned receives, made on first use (hold ``_lock``)."""
+        if self._reaper is None:
+            self._reaper = SendReaper(f"dispatchcore-bridge-reaper-{self.id[:6]}")
+        return self._reaper
 
     # -- groups and stores ----------------------------------------------------------------
     def _connect(self, host: str, port: int, timeout: float, fresh: bool = False) -> dist.Store:
@@ -234,13 +200,7 @@ class Bridge:
             return group
         kind = "nccl" if cuda else "gloo"
         store = dist.PrefixStore(f"{_ROOT}/pair/{sender}/{reader}/{kind}/", self._connect(host, port, timeout))
-        bound = timedelta(seconds=timeout)
-        if cuda:
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = bound
-            group = dist.ProcessGroupNCCL(store, rank, 2, options)
-        else:
-            group = _gloo_group(store, rank, 2, bound, loopback=host == LOOPBACK)
+        group = pair_group(store, rank, cuda, timeout, loopback=host == LOOPBACK)
         with self._lock:
             return self._groups.setdefault(name, group)
 
@@ -271,9 +231,16 @@ def _buffer(nbytes: int, device: torch.device | None) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
+def _placed(pieces: list[torch.Tensor], into: list[torch.Tensor | None], *, every: bool) -> list[torch.Tensor]:
+    """Each piece, or its place in ``into`` (copied there: ``every`` piece, or only CUDA ones received apart)."""
+    for piece, target in zip(pieces, into, strict=True):
+        if target is not None and (every or piece.is_cuda):
+            target.reshape(-1).view(torch.uint8).copy_(piece)
+    return [piece if target is None else target for piece, target in zip(pieces, into, strict=True)]
+
+
 def _lost(exc: BaseException) -> TensorSourceLost:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-    return TensorSourceLost(f"bridge to the source process failed: {text.split('] ', 1)[-1]}")
+    return TensorSourceLost(f"bridge to the source process failed: {peer_error(exc)}")
 
 
 class BridgeLink:
@@ -295,9 +262,5 @@ class BridgeLink:
         pieces = self._bridge.take(token.key)
         if pieces is None:
             raise TensorSourceLost("the bucket was dropped before it was read")
-        got = []
-        for x, target in zip(pieces, into, strict=True):
-            if target is not None:
-                target.reshape(-1).view(torch.uint8).copy_(x)
-            got.append(x if target is None else target)
+        got = _placed(pieces, into, every=True)
         return lambda: (got, True)  # the source's memory where kept: the core copies unless isolate=False

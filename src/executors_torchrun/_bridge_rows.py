@@ -1,50 +1,19 @@
-"""Lazy results' rows between processes of two self-started worlds, over bridges.
+"""Lazy rows between processes of two self-started worlds, over bridges (docs/lazy-results.md).
 
-Each self-started group has a world of its own (its store, its processes,
-its gloo group), so a consuming rank cannot fetch another world's rows over
-its own transport.  It can reach the producing world's store, though: a
-driver-hosted ``TCPStore`` on loopback, like every self-started world's.
-The rows then move as weight transfers do (``_bridge``): over a two-rank
-``ProcessGroupGloo`` (``ProcessGroupNCCL`` for CUDA rows) built directly on
-a ``PrefixStore`` of the producing world's store, unique to the pair, so
-the default process group stays the user's and neither world's own gloo
-group is touched.  Only small messages go through the store; no row passes
-the driver.
-
-* **Address.**  A self-started world's row address carries its
-  :class:`WorldStore` (loopback host, port, prefix).  A group accepts such an
-  address from another world only while that world runs in this driver
-  (:func:`world_started`, :func:`world_stopped`); once it is shut down, its
-  rows go through the driver, which reports the shut-down group.
-* **Request** (consumer, ``BridgeLane``): one message per producing process
-  on its ``rows/<data rank>`` queue in the producing world, naming the
-  consumer's bridge id and the pair's generation.  Answers come back on
-  ``rowsbridge/<bridge id>`` in that world: the same messages as in-world
-  fetches (``_row_plane``), so one loop and one watcher (the producing
-  world's ``dead`` and ``stopping`` marks) serve both.
-* **Serve** (producer, :meth:`RowBridges.answer`, on the data thread that
-  serves in-world fetches): reads the rows
-  (:func:`~dispatchcore.executor.take_kept_rows`), replies with their header
-  and first tag, then builds (or reuses) the pair's bridge and posts the
-  sends.  The consumer builds its end when it reads the reply and receives
-  into fresh private memory.
-* **Incarnations.**  A pair's bridge is named by the producing world's
-  prefix, the producer's data rank (a spare taking over a rank has a new
-  one), the consumer process's bridge id (fresh per process) and a
-  generation the consumer bumps whenever a transfer on it failed, so a
-  replaced rank, or a broken bridge, never meets an old bridge's keys.
-
-Death: a producer that dies before answering is seen by the consumer's
-watcher (the producing group's lane sees its link end, and the driver marks
-it dead in that world's store); one that dies mid-transfer tears the
-bridge's socket and the receive raises at once; one that freezes is marked
-dead once its lane pings go unanswered for that group's ``death_timeout``
-while a call of the group waits (and the bridge has its own timeout).  Each raises
-``WorkerDiedError`` naming the producing rank, as in-world fetches do.
+A consuming rank cannot use its own world's transport to reach another
+world, but it reaches that world's store (a driver-hosted ``TCPStore`` on
+loopback): the rows move over a two-rank gloo (NCCL for CUDA) group on a
+``PrefixStore`` of it, unique to the pair, as weights do (``_bridge``).
+Requests and answers are the in-world fetch's messages (``_protocol``), so
+one loop and one watcher (``_row_plane``) serve both.  A pair's bridge is
+named by the producer's data rank, the consumer process's bridge id (fresh
+per process) and a generation the consumer bumps when a transfer on it
+failed, so a replaced rank or a broken bridge never meets an old one's keys.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from dataclasses import dataclass
@@ -56,9 +25,9 @@ import torch.distributed as dist
 
 from dispatchcore.executor import LOOPBACK, RowRequest, take_kept_rows
 
-from ._protocol import FOREVER_S, encode, rows_key
-from ._transport import RowTagCounter, SendReaper, _gloo_group
-from ._wire import Header, Packed, empty_buffers, empty_device_tensors, pack
+from ._protocol import FOREVER_S, encode, home_of, rows_key
+from ._transport import RowTagCounter, SendReaper, pair_group, post_recvs, post_sends
+from ._wire import Header, pack
 
 #: Bridges are never given less than this bound (a busy machine must not look like a dead producer).
 BRIDGE_FLOOR_S = 3.0
@@ -103,12 +72,6 @@ def reachable(address: Any) -> bool:
     return live and address[2].host == LOOPBACK
 
 
-def home_of(store: dist.Store) -> tuple[str, int]:
-    """``(host, port)`` of the store a process's world lives on (a row address's world, compared)."""
-    raw: Any = store._underlying_non_prefix_store if isinstance(store, dist.PrefixStore) else store  # type: ignore[attr-defined]
-    return str(raw.host), int(raw.port)
-
-
 def bridge_reply_key(consumer: str) -> str:
     """Answers to the row requests of the process whose bridge id is ``consumer``, in the producing world."""
     return f"rowsbridge/{consumer}"
@@ -116,16 +79,6 @@ def bridge_reply_key(consumer: str) -> str:
 
 def _pair_prefix(producer: int, consumer: str, generation: int, cuda: bool) -> str:
     return f"rowbridge/{producer}/{consumer}/{generation}/{'nccl' if cuda else 'gloo'}/"
-
-
-def _pair_group(store: dist.Store, rank: int, cuda: bool, timeout: float, loopback: bool) -> Any:
-    """One end of a two-rank bridge (rank 0 sends, rank 1 receives) on ``store``."""
-    bound = timedelta(seconds=timeout)
-    if cuda:
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = bound
-        return dist.ProcessGroupNCCL(store, rank, 2, options)
-    return _gloo_group(store, rank, 2, bound, loopback=loopback)
 
 
 class RowBridges:
@@ -155,7 +108,8 @@ class RowBridges:
         first = self.tags.take(packed.header.tags)
         store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first, generation)))
         try:
-            works = self._post(store, packed, (consumer, generation), first, float(timeout))
+            groups = functools.partial(self._serving_group, store, (consumer, generation), timeout=float(timeout))
+            works = post_sends(packed, 1, first, self.tags, groups)
         except Exception:  # noqa: BLE001 - the consumer is gone (its own group reports that)
             with self._lock:
                 for cuda in (False, True):
@@ -166,20 +120,6 @@ class RowBridges:
                 self._reaper = SendReaper(f"dispatchcore-bridge-rows-reaper{self.rank}")
             self._reaper.add(works, packed)
 
-    def _post(self, store: dist.Store, packed: Packed, pair: tuple[str, int], first: int, timeout: float) -> list[Any]:
-        works = []
-        number = first
-        if any(buf.numel() for buf in packed.buffers):
-            group = self._serving_group(store, pair, False, timeout)
-            for buf in packed.buffers:
-                if buf.numel():
-                    works.append(group.send([buf], 1, self.tags.tag(number)))
-                    number += 1
-        if packed.device_tensors:
-            group = self._serving_group(store, pair, True, timeout)
-            works.extend(group.send([t.contiguous()], 1, 0) for t in packed.device_tensors)
-        return works
-
     def _serving_group(self, store: dist.Store, pair: tuple[str, int], cuda: bool, timeout: float) -> Any:
         consumer, generation = pair
         name = (consumer, generation, cuda)
@@ -188,7 +128,7 @@ class RowBridges:
             # A connection of its own: a rendezvous that timed out leaves its connection out of step.
             own = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
             prefixed = dist.PrefixStore(_pair_prefix(self.rank, consumer, generation, cuda), own)
-            group = _pair_group(prefixed, 0, cuda, timeout, loopback=True)
+            group = pair_group(prefixed, 0, cuda, timeout, loopback=True)
             with self._lock:
                 self._serving[name] = group
         return group
@@ -238,27 +178,14 @@ class BridgeLane:
         self, d: int, header: Header, first: int, generation: int
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]:
         """Post the receives of producer ``d``'s rows over the pair's bridge (built now if new)."""
-        buffers = empty_buffers(header)
-        device = empty_device_tensors(header)
-        works = []
-        number = first
-        if any(buf.numel() for buf in buffers):
-            group = self._group(d, generation, False)
-            for buf in buffers:
-                if buf.numel():
-                    works.append(group.recv([buf], 0, self._bridges.tags.tag(number)))
-                    number += 1
-        if device:
-            group = self._group(d, generation, True)
-            works.extend(group.recv([t], 0, 0) for t in device)
-        return buffers, device, works
+        return post_recvs(header, 0, first, self._bridges.tags, lambda cuda: self._group(d, generation, cuda))
 
     def _group(self, d: int, generation: int, cuda: bool) -> Any:
         name = (d, generation, cuda)
         group = self._groups.get(name)
         if group is None:
             prefixed = dist.PrefixStore(_pair_prefix(d, self._bridges.id, generation, cuda), self.connect())
-            group = self._groups[name] = _pair_group(prefixed, 1, cuda, self._timeout, self._world.host == LOOPBACK)
+            group = self._groups[name] = pair_group(prefixed, 1, cuda, self._timeout, self._world.host == LOOPBACK)
         return group
 
     def failed(self, d: int) -> None:

@@ -1,11 +1,4 @@
-"""How the program was launched, and the CUDA device a rank uses.
-
-Under torchrun every process already has ``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``... and ``TORCHELASTIC_RUN_ID``; the executor only reads them.
-Self-started ranks get the same variables from
-:func:`dispatchcore.executor.rank_environment` (see ``_spawn``), never
-written into the driver's own ``os.environ``.
-"""
+"""How the program was launched (torchrun's variables, only read), and the CUDA device a rank uses."""
 
 from __future__ import annotations
 
@@ -29,10 +22,6 @@ def torchrun_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
 
 
-def torchrun_rank() -> int:
-    return int(os.environ["RANK"])
-
-
 def store_address() -> tuple[str, int]:
     """Where torchrun's agent store listens (``MASTER_ADDR:MASTER_PORT``)."""
     return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -44,10 +33,6 @@ def run_id() -> str:
 
 
 def set_local_device() -> None:
-    """Make the rank's ``LOCAL_RANK`` GPU current on the calling thread (docs/design.md, "Invariants", devices).
-
-    Run on a rank's serving thread before any worker exists: each rank
-    process's main loop, and worker 0's thread in the torchrun driver.
-    """
+    """Make the rank's ``LOCAL_RANK`` GPU current on the calling (serving) thread (docs/design.md, "Invariants")."""
     if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())

@@ -1,18 +1,11 @@
 """``TorchrunExecutor``: ranks as torch.distributed processes, on the core's lane.
 
-Everything between the driver and its ranks (calls, answers, pings,
-cancels, stacks, liveness, the call envelope) is the core's
-:class:`~dispatchcore.executor.LaneExecutor`.  What is torchrun's own:
-
-* how ranks start and find their group (``_worlds``, ``_spawn``,
-  ``_rank_process``): under the launcher the launch's processes join each
-  group through the store, worker 0 on a thread of the driver; outside it a
-  group spawns its own world (and spares);
-* how death is seen, besides the lane's rule: a self-started rank's process
-  that exited (:meth:`TorchrunExecutor.rank_dead`);
-* lazy rows moved process to process (``_row_plane``, ``_bridge_rows``) and
-  weights over bridges (``_bridge``): a rank the lane finds gone is marked
-  dead in the store, where a fetch of its rows looks (:class:`_Handle`).
+The lane (calls, answers, pings, cancels, stacks, liveness) is the core's
+:class:`~dispatchcore.executor.LaneExecutor`.  torchrun's own parts: how
+ranks start and find their group (``_worlds``, ``_spawn``,
+``_rank_process``), a self-started rank's process exit as a death signal,
+lazy rows moved process to process (``_row_plane``, ``_bridge_rows``) and
+weights over bridges (``_bridge``).
 """
 
 from __future__ import annotations
@@ -39,8 +32,7 @@ from dispatchcore.executor import (
 
 from . import _env
 from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
-from ._control import StoreDirectory
-from ._protocol import lane_key
+from ._protocol import StoreDirectory, lane_key
 from ._row_plane import RowPlane
 from ._worlds import LaunchWorld, SpawnedWorld, World, launch_world
 
@@ -50,12 +42,7 @@ _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_t
 
 
 class _Handle(LaneCallHandle):
-    """A call on the group's lane that, while it waits, watches every rank of the group, not only its own.
-
-    A rank fetching lazy rows waits on another rank's process, which the
-    call itself does not wait on: each rank the lane finds gone is marked
-    dead in the store, where that fetch looks (``_row_plane``).
-    """
+    """A call that, while it waits, watches every rank of its group: one fetching rows waits on another's process."""
 
     def __init__(self, executor: TorchrunExecutor, call: Call) -> None:
         super().__init__(executor.lane, call)
@@ -79,7 +66,6 @@ class TorchrunExecutor(LaneExecutor):
     """
 
     name = "torchrun"
-    # torch.distributed comes with torch and cloudpickle with the core: a plain install runs it.
 
     @classmethod
     def launch_world_size(cls) -> int | None:
@@ -110,10 +96,10 @@ class TorchrunExecutor(LaneExecutor):
             launch = launch_world(start_timeout=start_timeout, transport_timeout=transport_timeout)
             if max(ranks) >= launch.size:
                 raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {launch.size} processes")
-            self.lane_host = launch.lane_host
+            # The launch is this process's only world: every group made here listens where its ranks reach.
+            type(self).lane_host = launch.lane_host
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
-        #: Where this world's store is, for consumers in other self-started worlds (``_bridge_rows``);
-        #: ``None``: the launch is the only world, nothing to bridge to.
+        #: Where this world's store is, for consumers in other self-started worlds (``None`` under the launcher).
         self._world_store: WorldStore | None = None
         try:
             if _env.under_torchrun():
@@ -149,13 +135,13 @@ class TorchrunExecutor(LaneExecutor):
             if d == 0 and isinstance(world, LaunchWorld):
                 self._local = threading.Thread(
                     target=world.services.serve_group,
-                    args=(self._gid, g, self.spec.death_timeout, self.spec.isolate),
+                    args=(self._gid, g, self.spec.death_timeout),
                     name=f"dispatchcore-{self.spec.name}-rank{g}",
                     daemon=True,
                 )
                 self._local.start()
             else:
-                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec)
+                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec.death_timeout)
 
     def rank_dead(self, rank: int) -> str | None:
         """A self-started rank's process exit (under the launcher its agent owns the processes: no signal)."""
@@ -174,10 +160,7 @@ class TorchrunExecutor(LaneExecutor):
                 self.lane.silent(g, self.spec.death_timeout)
 
     def _first_dead(self) -> tuple[int, str] | None:
-        """The world rank of a rank of this group that the lane knows is gone (the launch's SIGTERM report).
-
-        Runs in a signal handler, maybe while the interrupted main thread holds a link's lock: it only reads.
-        """
+        """A rank of this group the lane knows is gone (world rank, why); only reads: runs in a signal handler."""
         for g in range(self.spec.world_size):
             reason = self.lane.ended(g)
             if reason is not None:
@@ -244,11 +227,7 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """Hand ``ranks`` to spare processes (self-started worlds with ``spare_ranks``).
-
-        The spares already belong to the world's transport, so nothing else
-        changes; the old processes are killed first (a hung rank too).
-        """
+        """Hand ``ranks`` to spare processes, which already belong to the world's transport (old ones are killed)."""
         if self.closed:
             raise DispatchError("this torchrun group is shut down")
         world = self._world
@@ -270,7 +249,7 @@ class TorchrunExecutor(LaneExecutor):
             if d is None:
                 raise DispatchError(f"every spare process is gone; cannot replace rank {g}")
             self._data_ranks[g] = d
-            world.assign(d, g)
+            world.output.label(d, f"rank {g}")  # its output says which rank it now is
             self._envs[g] = rank_environment(g, self.spec.world_size, master_addr=LOOPBACK, master_port=port)
         self.open_ranks(ranks, self._start_timeout)
         return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
@@ -282,12 +261,7 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- lazy results: rows fetched process to process ----------------------------------
     def row_address(self, rank: int) -> Any:
-        """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it.
-
-        The data rank is 0 for worker 0 under torchrun (the driver); the world
-        store is ``None`` under the launcher (one world), else the self-started
-        world's :class:`~._bridge_rows.WorldStore`.
-        """
+        """``(world, data rank, world store)``: the process keeping rank ``rank``'s rows, and how to reach it."""
         assert self._world is not None  # noqa: S101 - calls come after the start
         return (self._world.identity, self._data_ranks[rank], self._world_store)
 

@@ -1,15 +1,13 @@
 """Store keys and messages between the driver and the other processes of a world.
 
-Calls, answers, pings, cancels and stacks travel on the core's lane (one
-per group, :class:`~dispatchcore.executor.LaneDriver`); the store carries
-only what a process must learn before it has a lane, and lazy rows'
-requests and answers.  Every message is a small pickled tuple.
+Calls travel on the core's lane; the store carries only what a process must
+learn before it has a lane, and lazy rows' requests and answers (small pickled tuples).
 
 Joining and leaving (driver to each process, a queue per data rank)::
 
-    join/<rank>   ("join", gid, group_rank, env, death_timeout, isolate)
+    join/<rank>   ("join", gid, group_rank, env, death_timeout)
                                                serve rank ``group_rank`` of group ``gid``: its lane
-                                               address is under ``lane/<gid>`` (``_control``); env: a
+                                               address is under ``lane/<gid>`` (``StoreDirectory``); env: a
                                                spare's rank variables (or None)
                   ("stop",)                    leave: the world is over
     stopped/<rank> "host pid"                  set by a process as it leaves (the driver waits for its end)
@@ -38,6 +36,10 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import torch.distributed as dist
+
+from dispatchcore.executor import LaneAddress
+
 #: Blocking pops wait this long; nothing times out on purpose (a store-side
 #: timeout leaves the client socket out of step, so waiters are woken by a
 #: message instead).
@@ -45,7 +47,6 @@ FOREVER_S = 365 * 24 * 3600
 
 
 def join_key(rank: int) -> str:
-    """Groups for process ``rank`` to join, and its ``stop`` (its main thread pops them)."""
     return f"join/{rank}"
 
 
@@ -54,17 +55,14 @@ def stopped_key(rank: int) -> str:
 
 
 def lane_key(gid: str) -> str:
-    """Where group ``gid``'s lane address is published (``_control.StoreDirectory``)."""
     return f"lane/{gid}"
 
 
 def rows_key(rank: int) -> str:
-    """Row requests to process ``rank`` (its data thread pops them)."""
     return f"rows/{rank}"
 
 
 def rows_reply_key(rank: int) -> str:
-    """Answers to process ``rank``'s row requests (one fetch at a time per process)."""
     return f"rowsre/{rank}"
 
 
@@ -83,3 +81,35 @@ def encode(message: tuple[Any, ...]) -> bytes:
 def decode(raw: bytes) -> tuple[Any, ...]:
     message: tuple[Any, ...] = pickle.loads(raw)  # noqa: S301 - peers of one job, through its own store
     return message
+
+
+class StoreDirectory:
+    """The core's :class:`~dispatchcore.executor.LaneDirectory` on the world's store (only its processes see the token).
+
+    A lookup waits as ``store.get`` does.
+    """
+
+    def __init__(self, store: dist.Store, key: str) -> None:
+        self._store = store
+        self._key = key
+
+    def publish(self, address: LaneAddress) -> None:
+        self._store.set(self._key, address.encode().encode())  # type: ignore[arg-type]  # the binding takes bytes
+
+    def lookup(self) -> LaneAddress:
+        return LaneAddress.decode(self._store.get(self._key))
+
+
+def pop(store: dist.Store, key: str) -> tuple[Any, ...]:
+    """The next message on queue ``key``, however long it takes; raises once the store is gone."""
+    while True:
+        try:
+            return decode(store.queue_pop(key, True))
+        except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
+            continue
+
+
+def home_of(store: dist.Store) -> tuple[str, int]:
+    """``(host, port)`` of the ``TCPStore`` under ``store`` (its world's, when compared)."""
+    raw: Any = store._underlying_non_prefix_store if isinstance(store, dist.PrefixStore) else store  # type: ignore[attr-defined]
+    return str(raw.host), int(raw.port)

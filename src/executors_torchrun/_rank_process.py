@@ -1,18 +1,13 @@
 """A process of a torchrun world that is not the driver: it serves each group placed on it on the core's lane.
 
-One process hosts one rank per group the driver places on it (actor,
-critic, ...).  Its main thread pops the driver's ``join`` messages from the
-store (``_protocol``); each group's rank is a
-:class:`~dispatchcore.executor.LaneRank`, whose serving thread is that
-worker's method thread (its ``LOCAL_RANK`` GPU made current there).  A
-self-started process hosts one group: it serves it on its main thread
-(glibc's main arena, where the kept freed memory stays, see
-``keep_freed_memory``) and leaves as soon as that group's lane ends, even
-mid-call.  A launch's process hosts every group the driver
-makes, each on a thread of its own.  Beside them, the process's :class:`~._row_plane.RowPlane` serves
-the lazy rows it keeps and fetches the ones its workers' arguments name,
-and its :class:`~._bridge.Bridge` moves weights.  On ``stop`` the process
-leaves: a rank still inside a call is given :data:`STOP_GRACE_S` to end.
+Its main thread pops the driver's ``join`` messages (``_protocol``); each
+group's rank is a :class:`~dispatchcore.executor.LaneRank`.  A self-started
+process hosts one group, served on its main thread (glibc's main arena
+keeps the freed memory, see ``keep_freed_memory``), and leaves as soon as
+that group's lane ends, even mid-call; a launch's process serves each group
+on a thread of its own.  Beside them run the process's
+:class:`~._row_plane.RowPlane` (lazy rows) and :class:`~._bridge.Bridge`
+(weights).
 """
 
 from __future__ import annotations
@@ -23,51 +18,43 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NoReturn
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LaneRank, WorkerHost, keep_freed_memory
+from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
-from ._collective import collective_link
-from ._control import StoreDirectory
 from ._env import set_local_device
-from ._protocol import decode, join_key, lane_key, stopped_key
+from ._protocol import READY_KEY, StoreDirectory, join_key, lane_key, pop, stopped_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
-#: What a rank runs when its driver's lane ends.
-Leave = Callable[[], None]
 #: After ``stop``, how long a rank still inside a call is waited for before the process leaves anyway.
 STOP_GRACE_S = 5.0
 
 
+@dataclass
 class Services:
     """What every rank of a process shares: the store, the row plane and the weight bridge."""
 
-    def __init__(self, store: dist.Store, rows: RowPlane, bridge: Bridge) -> None:
-        self.store = store
-        self.rows = rows
-        self.bridge = bridge
+    store: dist.Store
+    rows: RowPlane
+    bridge: Bridge
 
     def serve_group(
-        self,
-        gid: str,
-        group_rank: int,
-        death_timeout: float,
-        isolate: bool,
-        on_driver_gone: Callable[[], None] | None = None,
+        self, gid: str, group_rank: int, death_timeout: float, on_driver_gone: Callable[[], None] | None = None
     ) -> None:
-        """Serve rank ``group_rank`` of group ``gid`` on this thread until the driver ends the group's lane.
-
-        ``on_driver_gone()``: run on the lane's control thread when the lane ends, even mid-call.
-        """
+        """Serve rank ``group_rank`` of group ``gid`` until its lane ends (then ``on_driver_gone()``, mid-call too)."""
         set_local_device()
 
         def prepare(host: WorkerHost) -> None:
-            RowPlane.equip(host, self.rows, death_timeout=death_timeout, isolate=isolate)
+            self.rows.equip(host, death_timeout)
             host.tensor_link = BridgeLink(self.bridge, death_timeout)
-            host.collective = collective_link(self.store, gid)
+            # dispatchcore.collective: the world's store every process reaches, never the default group
+            host.collective = StoreCollective("torchrun", store=dist.PrefixStore(f"collective/{gid}/", self.store))
 
         rank = LaneRank(group_rank, prepare=prepare, on_driver_gone=on_driver_gone)
         try:
@@ -77,10 +64,25 @@ class Services:
                 rank.host.close()
 
 
-def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> bool:
-    """Join the groups the driver places here until it says ``stop``; whether every rank ended in time.
+def serve_and_exit(store: dist.Store, rank: int, size: int, timeout: timedelta, *, launched: bool) -> NoReturn:
+    """Say this process is up, join the world's transport, serve until told to stop, then exit 0.
 
-    ``threads``: serve each group on a thread of its own (else on this one, a group at a time).
+    A launch's process serves each group on a thread of its own; a self-started one, one group on this thread.
+    """
+    store.add(READY_KEY, 1)
+    transport = Transport(store, rank, size, timeout, loopback=not launched)
+    ended = serve_process(store, transport, threads=launched)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if launched and ended:
+        sys.exit(0)
+    os._exit(0)  # self-started, or a rank is stuck in a call the driver no longer waits for
+
+
+def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> bool:
+    """Join the groups the driver places here (each on a thread of its own with ``threads``) until ``stop``.
+
+    Returns whether every rank ended in time.
     """
     keep_freed_memory()  # this process is the ranks' own (the driver's is the user's: left alone)
     services = Services(store, RowPlane(store, transport), Bridge(store))
@@ -89,22 +91,20 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
     try:
         while True:
             try:
-                message = decode(queue.queue_pop(join_key(transport.rank), True))
-            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                continue
+                message = pop(queue, join_key(transport.rank))
             except Exception:  # noqa: BLE001 - the store is gone: so is the driver
                 break
             if message[0] == "stop":
                 break
-            _, gid, group_rank, env, death_timeout, isolate = message
+            _, gid, group_rank, env, death_timeout = message
             if env:  # a spare taking over a rank: its rank variables come now
                 os.environ.update(env)
             if not threads:
-                services.serve_group(gid, group_rank, death_timeout, isolate, on_driver_gone=_leave)
+                services.serve_group(gid, group_rank, death_timeout, on_driver_gone=_leave)
                 continue
             thread = threading.Thread(
                 target=services.serve_group,
-                args=(gid, group_rank, death_timeout, isolate),
+                args=(gid, group_rank, death_timeout),
                 name=f"dispatchcore-{gid}-rank{group_rank}",
                 daemon=True,
             )

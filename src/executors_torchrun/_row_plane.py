@@ -1,44 +1,15 @@
-"""Lazy results' rows, moved process to process, never through the driver.
+"""Lazy results' rows, moved process to process, never through the driver (docs/lazy-results.md).
 
-Every process of a world that hosts workers (each rank's, and the torchrun
-driver's, which hosts worker 0) runs one :class:`RowPlane`:
-
-* **Serving.**  A data thread pops row requests from the store queue
-  ``rows/<data rank>`` and answers each with
-  :func:`~dispatchcore.executor.take_kept_rows`: the rows' tensors are posted
-  to the requesting process over the transport (gloo; NCCL for CUDA
-  tensors) before a small reply on the requester's queue names their tags.
-  It runs beside the command loop, so a process busy in a long call (even one
-  waiting for rows itself, from this very call) still serves the rows it keeps.
-* **The driver's reads and frees.**  The driver's process (data rank 0) has
-  a plane too: its column reads fetch like a worker does, and its frees go
-  to the keeping process's data thread, so neither waits behind a long call
-  (``TorchrunExecutor.submit``).
-* **Fetching.**  :meth:`RowPlane.fetch` is each worker's
-  ``WorkerHost.fetch_rows``: it sends one request to every producing process
-  first, then receives the answers as they come, so producers work in parallel.
-  A process runs one fetch at a time (one reply queue; NCCL's in-order
-  matching, see ``Transport.rows_device_group``); on a rank's process only
-  the command loop fetches anyway.
-
-Row payloads use their own tags (``RowTagCounter``).
-
-Another world's rows (a consumer of one self-started group fetching a
-producer of another): the same request, answer and watch, through a
-``BridgeLane`` (``_bridge_rows``) instead of this world's queues and
-transport: requests go to the producing world's store, answers come on a
-queue there named by this process's bridge id, and the rows over a bridge.
-The data thread serves such requests too (``("bridge", ...)``).
-
-Death: while a fetch waits for answers, a watcher thread reads each awaited
-producer's liveness from the store: the ``dead/<rank>`` mark the driver sets
-once a group's lane finds that process gone (its link ended, its pings went
-unanswered for ``death_timeout``, or its process exited; the waiting call
-watches every rank of its group, ``_executor._Handle``), and the world's
-``stopping`` mark.  Either ends the wait: ``WorkerDiedError`` naming the
-producing rank, or a ``DispatchError`` while the driver stops the world.  A
-producer that dies after posting its rows tears its connection, and the
-receive raises at once.
+Every process of a world that hosts workers (the driver too, for its column
+reads) runs one :class:`RowPlane`: a data thread answers the requests on its
+``rows/<data rank>`` queue with :func:`~dispatchcore.executor.take_kept_rows`
+(posting the rows' tensors before the reply that names their tags), beside
+any call, so a busy process still serves its rows; :meth:`RowPlane.fetch`
+asks every producer first, then receives the answers as they come, one
+fetch at a time per process.  Another world's rows come the same way through
+a ``BridgeLane`` (``_bridge_rows``).  While a fetch waits, a watcher reads the
+producers' ``dead/<rank>`` marks (set by the driver when a group's lane
+finds a process gone) and the world's ``stopping`` mark: either ends the wait.
 """
 
 from __future__ import annotations
@@ -61,10 +32,10 @@ from dispatchcore.executor import (
     take_kept_rows,
 )
 
-from ._bridge_rows import BridgeLane, RowBridges, WorldStore, home_of
+from ._bridge_rows import BridgeLane, RowBridges, WorldStore
 from ._env import set_local_device
-from ._protocol import STOPPING_KEY, dead_key, decode, encode, rows_key, rows_reply_key
-from ._transport import RowTagCounter, SendReaper, Transport
+from ._protocol import STOPPING_KEY, dead_key, encode, home_of, pop, rows_key, rows_reply_key
+from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
 from ._wire import Header, pack, unpack
 
 
@@ -99,9 +70,7 @@ class RowPlane:
         key = rows_key(self.rank)
         while True:
             try:
-                message = decode(store.queue_pop(key, True))
-            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                continue
+                message = pop(store, key)
             except Exception:  # noqa: BLE001 - the store went away: the world is over
                 return
             if message[0] == "quit":
@@ -127,9 +96,7 @@ class RowPlane:
         try:
             packed = pack([take_kept_rows(request) for request in requests])
             first = self._tags.take(packed.header.tags)
-            works = self._transport.post(
-                packed, requester, first, self._tags, lambda: self._transport.rows_device_group(self.rank, requester)
-            )
+            works = post_sends(packed, requester, first, self._tags, self._transport.groups(self.rank, requester))
         except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
             store.queue_push(reply, encode(("failed", fetch_id, self.rank, f"{type(exc).__name__}: {exc}")))
             return
@@ -141,21 +108,15 @@ class RowPlane:
         self._store.queue_push(rows_key(process), encode(("free", list(keys))))
 
     # -- fetching -----------------------------------------------------------------------
-    @staticmethod
-    def equip(host: WorkerHost, plane: RowPlane | None, *, death_timeout: float, isolate: bool) -> None:
-        """Wire a rank's host to lazy rows: fetch through ``plane`` (if any) and read own rows per ``isolate``."""
-        host.share_kept_rows = not isolate  # isolate=False: rows kept in this process are read in place
-        if plane is not None:
-            host.fetch_rows = functools.partial(plane.fetch, death_timeout=death_timeout)
-            host.fetched_rows_private = True  # fetched rows land in fresh receive buffers
+    def equip(self, host: WorkerHost, death_timeout: float) -> None:
+        """Have a rank's host fetch rows through this plane (into fresh receive buffers: private rows)."""
+        host.fetch_rows = functools.partial(self.fetch, death_timeout=death_timeout)
+        host.fetched_rows_private = True
 
     def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
-        """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them.
+        """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them (other worlds' over bridges).
 
-        ``request.address`` is ``(world, data rank, world store)``: a world
-        store other than this process's names another self-started world,
-        reached over bridges (``_bridge_rows``).  ``death_timeout`` (the
-        consuming group's) bounds the wait on a silent producer.
+        ``death_timeout`` (the consuming group's) bounds the wait on a silent producer.
         """
         out: list[DataProto | None] = [None] * len(requests)
         plan: dict[WorldStore | None, dict[int, list[int]]] = {}
@@ -251,9 +212,7 @@ class RowPlane:
         error: BaseException | None = None
         while watched.pending() and error is None:
             try:
-                message = decode(lane.replies.queue_pop(lane.key, True))
-            except dist.QueueEmptyError:  # seen rarely on a blocking pop: just wait again
-                continue
+                message = pop(lane.replies, lane.key)
             except Exception as exc:  # noqa: BLE001 - the store is gone: the world is over
                 error = DispatchError(f"lost the store connection while fetching rows ({exc})")
                 break
@@ -323,10 +282,7 @@ class _HomeLane:
 
     def post_recv(self, d: int, header: Header, first: int) -> tuple[list[Any], list[Any], list[Any]]:
         plane = self._plane
-        transport = plane._transport
-        return transport.post_recv(
-            header, d, first, plane._tags, device_group=lambda: transport.rows_device_group(d, plane.rank)
-        )
+        return post_recvs(header, d, first, plane._tags, plane._transport.groups(d, plane.rank))
 
     def failed(self, d: int) -> None:
         """Nothing to drop: the world's transport is shared, and a dead process is marked by the driver."""
@@ -350,11 +306,7 @@ def _unreachable(producers: dict[int, int], exc: BaseException) -> DispatchError
 
 
 def _died(rank: int, exc: BaseException) -> WorkerDiedError:
-    lines = str(exc).strip().splitlines()
-    text = lines[-1] if lines else type(exc).__name__
-    if "] " in text:  # gloo's source location
-        text = text.split("] ", 1)[1]
-    return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {text})")
+    return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {peer_error(exc)})")
 
 
 @dataclass
@@ -445,6 +397,6 @@ class _Watch:
                 if store.check([dead_key(d)]):
                     detail = bytes(store.get(dead_key(d))).decode(errors="replace")
                     return ("dead", watched.fetch_id, d, detail)
-        except Exception:  # noqa: BLE001 - the store is gone: the fetch's own wait on it fails too
-            return None
+        except Exception:  # noqa: BLE001, S110 - the store is gone: the fetch's own wait on it fails too
+            pass
         return None

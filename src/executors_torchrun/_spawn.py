@@ -1,13 +1,10 @@
 """Self-started ranks, for running outside torchrun (tests, notebooks).
 
-The driver hosts a ``TCPStore`` and starts one fresh interpreter per rank
-(``fork`` is never used: pytest, Ray and torch hold threads).  A child needs
-no driver script: it imports only this package and receives the worker
-class by cloudpickle.  It gets the torchrun-style variables in its own
-environment (the driver's ``os.environ`` is left alone) and the driver's
-``sys.path``, and it watches a pipe from the driver so it exits when the
-driver dies, however it dies.  All of such a world is on one machine, so
-the store and the gloo connections listen on loopback only.
+The driver hosts a ``TCPStore`` on loopback and starts one fresh interpreter
+per rank (never ``fork``: pytest, Ray and torch hold threads), with
+torchrun-style variables in its own environment and the driver's
+``sys.path``; a child exits when the pipe from the driver closes, however
+the driver dies.
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ _CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
 def start_store() -> dist.TCPStore:
     """The store of a self-started world, hosted by the driver on a free loopback port.
 
-    The store carries pickles that ranks unpickle, and ``TCPStore(host, 0,
-    is_master=True)`` listens on every interface whatever ``host`` says, so the
-    listening socket is bound to loopback here and handed over as
-    ``master_listen_fd``.  The store owns that descriptor from then on (it
-    closes it when it is destroyed), so the Python socket lets go of it.
+    ``TCPStore(host, 0, is_master=True)`` listens on every interface, and the store carries pickles: its
+    socket is bound to loopback here and handed over (the store then owns and closes it).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -67,11 +61,9 @@ def start_store() -> dist.TCPStore:
 
 
 class OutputRelay:
-    """Copies each child's stdout/stderr lines to the driver's, prefixed ``(group rank g)``.
+    """Copies each child's stdout/stderr lines to the driver's, prefixed ``(group rank g)`` (or ``spare``).
 
-    Ray prefixes actor output the same way; here a spare's lines say
-    ``spare`` until it takes over a rank (:meth:`label`).  One daemon thread
-    per stream; each ends at end of file (the child exited) and closes it.
+    One daemon thread per stream, ending at end of file (the child exited).
     """
 
     def __init__(self, group: str) -> None:
@@ -165,19 +157,18 @@ def spawn_ranks(
     return processes
 
 
-def wait_ready(store: dist.Store, processes: dict[int, subprocess.Popen[bytes]], timeout: float) -> None:
-    """Wait until every child connected, failing fast if one exits first."""
+def wait_ready(
+    store: dist.Store, count: int, timeout: float, late: str, processes: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    """Wait until ``count`` processes are up (``late``: the error after ``timeout`` s); fail fast if a child exits."""
     deadline = time.monotonic() + timeout
-    while int(store.add(READY_KEY, 0)) < len(processes):
+    while int(store.add(READY_KEY, 0)) < count:
         for rank, proc in processes.items():
             code = proc.poll()
             if code is not None:
                 raise DispatchRuntimeError(f"rank {rank - 1} exited with code {code} while starting")
         if time.monotonic() > deadline:
-            raise DispatchTimeoutError(
-                f"{len(processes)} self-started ranks were not all up after {timeout:g} s; "
-                "raise WorkerGroup(..., start_timeout=...)"
-            )
+            raise DispatchTimeoutError(late)
         time.sleep(0.02)
 
 
@@ -219,16 +210,8 @@ def child_main() -> None:
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S
-    from ._rank_process import serve_process
-    from ._transport import Transport
+    from ._rank_process import serve_and_exit
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
-    store.add(READY_KEY, 1)
-    transport = Transport(
-        store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), loopback=True
-    )
-    serve_process(store, transport, threads=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    serve_and_exit(store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), launched=False)

@@ -1,15 +1,8 @@
-"""The executor's own process groups, built directly on its prefixed store.
+"""The executor's own process groups, built directly on a prefixed store (never the user's default group).
 
-The default process group belongs to the user, so the executor never calls
-``init_process_group`` or ``new_group``: it constructs ``ProcessGroupGloo``
-(CPU payloads) and, on first use, ``ProcessGroupNCCL`` (CUDA payloads) on a
-``PrefixStore`` of its own.  Only point-to-point ops are used, each received
-after the store message saying it was posted, so no rank ever sits in a
-gloo op while idle (a gloo op that waits past its timeout kills the group).
-
-The traffic is lazy results' rows moved between any two processes
-(:class:`RowTagCounter`, tags from :data:`ROW_TAG_BASE` up).  CUDA rows get
-NCCL groups of their own, one per direction (:meth:`Transport.rows_device_group`).
+Only point-to-point ops are used, each received after the store message
+saying it was posted, so no rank ever sits in a gloo op while idle (a gloo
+op that waits past its timeout kills the group).
 """
 
 from __future__ import annotations
@@ -28,18 +21,17 @@ from dispatchcore.executor import LOOPBACK
 
 from ._wire import Header, Packed, empty_buffers, empty_device_tensors
 
-#: gloo tags are int32; a bridge's messages (``_bridge``) wrap within this many.
-_TAG_SPACE = 1 << 29
 #: Row payloads (lazy results moved rank to rank) use tags from here up.
 ROW_TAG_BASE = 1 << 30
 _ROW_TAG_SPACE = (1 << 31) - 1 - ROW_TAG_BASE
+#: Picks the group for a payload's CPU (``False``) or CUDA (``True``) tensors.
+Groups = Callable[[bool], Any]
 
 
-class TagCounter:
-    """Tags for one sender: unique per message, so concurrent calls never match wrongly."""
+class RowTagCounter:
+    """Tags for the rows one process sends: unique per message, so concurrent fetches never match wrongly."""
 
-    def __init__(self, parity: int) -> None:
-        self._parity = parity
+    def __init__(self) -> None:
         self._next = itertools.count()
         self._lock = threading.Lock()
 
@@ -52,16 +44,6 @@ class TagCounter:
         return first
 
     def tag(self, number: int) -> int:
-        return (number % _TAG_SPACE) * 2 + self._parity
-
-
-class RowTagCounter(TagCounter):
-    """Tags for the rows one process sends."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-
-    def tag(self, number: int) -> int:
         return ROW_TAG_BASE + number % _ROW_TAG_SPACE
 
 
@@ -70,12 +52,7 @@ _STOP: Any = object()
 
 
 class SendReaper:
-    """Waits on posted sends in the background and then lets their buffers go.
-
-    A gloo send only reports completion through ``wait()`` (``is_completed()``
-    stays false until someone waits), so a daemon thread waits on them in
-    order; the sender never blocks on its peer.
-    """
+    """Waits on posted sends in a daemon thread (a gloo send completes only through ``wait()``), then lets go."""
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -121,12 +98,9 @@ class SendReaper:
 
 
 def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, loopback: bool) -> dist.ProcessGroupGloo:
-    """The executor's gloo group; with ``loopback`` its connections listen on 127.0.0.1 only.
+    """The executor's gloo group; with ``loopback`` (a self-started world, one machine) it listens on 127.0.0.1 only.
 
-    Without a device, gloo binds to the address the hostname resolves to (or
-    to ``GLOO_SOCKET_IFNAME``), reachable from the network.  A self-started
-    world is on one machine, so it names a loopback device.  Under torchrun
-    ranks may be on several nodes, so the default stays.
+    Without a device gloo binds to the address the hostname resolves to (right under torchrun: several nodes).
     """
     if not loopback:
         return dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -137,8 +111,56 @@ def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, loo
     return dist.ProcessGroupGloo(store, rank, size, options)
 
 
+def _nccl_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, options)
+
+
+def pair_group(store: dist.Store, rank: int, cuda: bool, timeout: float, loopback: bool) -> Any:
+    """One end of a two-rank bridge on ``store`` (rank 0 sends, rank 1 receives): NCCL for CUDA, else gloo."""
+    bound = timedelta(seconds=timeout)
+    if cuda:
+        return _nccl_group(store, rank, 2, bound)
+    return _gloo_group(store, rank, 2, bound, loopback=loopback)
+
+
+def peer_error(exc: BaseException) -> str:
+    """The last line of a failed transfer's error, without gloo's source location."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    return text.split("] ", 1)[-1]
+
+
+def post_sends(packed: Packed, peer: int, first: int, tags: RowTagCounter, groups: Groups) -> list[Any]:
+    """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete."""
+    works = []
+    number = first
+    for buf in packed.buffers:
+        if buf.numel():
+            works.append(groups(False).send([buf], peer, tags.tag(number)))
+            number += 1
+    works.extend(groups(True).send([t.contiguous()], peer, 0) for t in packed.device_tensors)
+    return works
+
+
+def post_recvs(
+    header: Header, peer: int, first: int, tags: RowTagCounter, groups: Groups
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]:
+    """Post the receives of a value's payload; the buffers are filled once every work is waited on."""
+    buffers = empty_buffers(header)
+    device = empty_device_tensors(header)
+    works = []
+    number = first
+    for buf in buffers:
+        if buf.numel():
+            works.append(groups(False).recv([buf], peer, tags.tag(number)))
+            number += 1
+    works.extend(groups(True).recv([t], peer, 0) for t in device)
+    return buffers, device, works
+
+
 class Transport:
-    """Point-to-point tensor payloads between this process and its peers."""
+    """This process's groups for rows moving between the processes of its world."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, *, loopback: bool = False) -> None:
         self.rank = rank
@@ -146,93 +168,27 @@ class Transport:
         self._store = store
         self._timeout = timeout
         self.gloo = _gloo_group(dist.PrefixStore("gloo/", store), rank, size, timeout, loopback)
-        self._nccl: Any = None
         self._rows_nccl: dict[str, Any] = {}
         self._nccl_lock = threading.Lock()
 
-    def _device_group(self) -> Any:
-        """The NCCL group for CUDA payloads, built on first use (no GPU, no NCCL)."""
-        with self._nccl_lock:
-            if self._nccl is None:
-                options = dist.ProcessGroupNCCL.Options()
-                options._timeout = self._timeout
-                self._nccl = dist.ProcessGroupNCCL(
-                    dist.PrefixStore("nccl/", self._store), self.rank, self.size, options
-                )
-            return self._nccl
+    def groups(self, sender: int, receiver: int) -> Groups:
+        """Rows moving ``sender`` -> ``receiver``: gloo for CPU tensors, that direction's NCCL group for CUDA.
 
-    def rows_device_group(self, sender: int, receiver: int) -> Any:
-        """The NCCL group for CUDA rows moving ``sender`` -> ``receiver`` (built on first use).
-
-        One group per direction: NCCL matches a pair's point-to-point ops in
-        the order they were issued, so rows going both ways between two
-        processes at once would deadlock on one communicator; with a group per
-        direction each side only sends, or only receives, on it, in the order
-        requests were made (one fetch at a time per process, ``_row_plane``).
+        NCCL matches a pair's ops in issue order: rows going both ways on one communicator would deadlock.
         """
+        return lambda cuda: self._rows_device_group(sender, receiver) if cuda else self.gloo
+
+    def _rows_device_group(self, sender: int, receiver: int) -> Any:
         lane = "up" if sender < receiver else "down"
         with self._nccl_lock:
             group = self._rows_nccl.get(lane)
             if group is None:
-                options = dist.ProcessGroupNCCL.Options()
-                options._timeout = self._timeout
-                group = self._rows_nccl[lane] = dist.ProcessGroupNCCL(
-                    dist.PrefixStore(f"nccl-rows-{lane}/", self._store), self.rank, self.size, options
-                )
+                store = dist.PrefixStore(f"nccl-rows-{lane}/", self._store)
+                group = self._rows_nccl[lane] = _nccl_group(store, self.rank, self.size, self._timeout)
             return group
 
-    def post(
-        self,
-        packed: Packed,
-        peer: int,
-        first: int,
-        tags: TagCounter,
-        device_group: Callable[[], Any] | None = None,
-    ) -> list[Any]:
-        """Post the sends of ``packed``'s payload; the caller keeps ``packed`` alive until they complete."""
-        works = []
-        number = first
-        for buf in packed.buffers:
-            if buf.numel():
-                works.append(self.gloo.send([buf], peer, tags.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
-                number += 1
-        if packed.device_tensors:
-            group = (device_group or self._device_group)()
-            for t in packed.device_tensors:
-                works.append(group.send([t.contiguous()], peer, 0))
-        return works
-
-    def post_recv(
-        self,
-        header: Header,
-        peer: int,
-        first: int,
-        counter: TagCounter,
-        targets: dict[int, torch.Tensor] | None = None,
-        device_group: Callable[[], Any] | None = None,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Any]]:
-        """Post the receives of a value's payload; the buffers are filled once every work is waited on."""
-        buffers = empty_buffers(header, targets)
-        device = empty_device_tensors(header)
-        works = []
-        number = first
-        for buf in buffers:
-            if buf.numel():
-                works.append(self.gloo.recv([buf], peer, counter.tag(number)))  # type: ignore[attr-defined]  # stubs omit the backend's send/recv
-                number += 1
-        if device:
-            group = (device_group or self._device_group)()
-            works.extend(group.recv([t], peer, 0) for t in device)
-        return buffers, device, works
-
     def close(self) -> None:
-        """Drop the process groups this transport built (never the user's), and its store.
-
-        Their destructors join gloo's threads; ``ProcessGroup.shutdown()``
-        followed by interpreter exit was seen to abort ("terminate called
-        without an active exception"), so the groups are released, not shut.
-        """
-        self._nccl = None
+        """Drop the groups this transport built, and its store (released, not shut: shutdown() then exit aborted)."""
         self._rows_nccl = {}
         self.gloo = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]

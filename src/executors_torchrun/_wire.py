@@ -1,21 +1,12 @@
 """Lazy rows on the wire: a small pickle stream in the store message, tensor bytes point to point.
 
-A value is pickled once by :func:`dispatchcore.wire.dumps` (protocol 5;
-the C pickler when the stream names only importable code, else cloudpickle,
-so classes and lambdas from the driver script travel by value).  Its CPU
-tensors become out-of-band buffers that are *views* of the caller's memory
-(a ``chunk()`` view ships only its rows); payloads up to
-:data:`dispatchcore.wire.INLINE_LIMIT` ride inside the store message, larger
-ones go over gloo ``send``/``recv`` into fresh receive buffers.  The pickle
-stream (a :class:`Header`) travels in the rows' reply message (``_row_plane``,
-``_bridge_rows``); calls and results travel on the core's lane instead.
-
-CUDA tensors: ``wire.dumps`` would move them through host memory, so a
-process where CUDA is initialised (the only kind that can hold CUDA tensors)
-pickles with :class:`_DevicePickler`, which sets them aside for the NCCL
-group; the receiver hands them back as the stream's persistent objects
-(``Serialized.shared``), so :func:`dispatchcore.wire.loads` rebuilds every
-value.
+A value is pickled once (:func:`dispatchcore.wire.dumps`, protocol 5); its
+CPU tensors become out-of-band buffers that are views of the caller's
+memory.  Payloads up to :data:`dispatchcore.wire.INLINE_LIMIT` ride inside
+the reply message, larger ones go over gloo into fresh receive buffers.  In
+a process where CUDA is initialised, :class:`_DevicePickler` sets CUDA
+tensors aside for NCCL (``wire.dumps`` would move them through host memory)
+and the receiver hands them back as the stream's persistent objects.
 """
 
 from __future__ import annotations
@@ -59,10 +50,6 @@ class Packed:
     header: Header
     buffers: list[torch.Tensor]
     device_tensors: list[torch.Tensor]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.header.sizes) + sum(t.numel() * t.element_size() for t in self.device_tensors)
 
 
 def _rebuild_dataproto(
@@ -111,14 +98,11 @@ def _by_value_modules() -> tuple[bytes, ...]:
 
 
 def _portable(value: Any) -> Serialized:
-    """``value`` pickled for another process, by the C pickler when that is safe.
+    """``value`` pickled for another process: by the C pickler when that is safe, else by cloudpickle.
 
-    ``dumps(share_callables=True)`` tries the C pickler first (cloudpickle's
-    Python hooks cost ~20-50 us per DataProto chunk, paid on the driver per
-    rank and again on each rank for its result).  Its stream crosses
-    processes only when it shared nothing and names no module whose code
-    must travel by value (``__main__``, modules registered with cloudpickle);
-    otherwise the value is pickled again the portable way.
+    The C pickler saves cloudpickle's ~20-50 us per DataProto chunk; its
+    stream is kept only when it shared nothing and names no module whose
+    code must travel by value (``__main__``, modules registered with cloudpickle).
     """
     try:
         serialized = dumps(value, share_callables=True)
@@ -150,26 +134,17 @@ def pack(value: Any) -> Packed:
     return Packed(Header(serialized.data, [b.numel() for b in buffers], specs), buffers, device)
 
 
-#: The header of ``None`` (the answer of most calls without data), built once.
-NONE = Header(pickle.dumps(None, protocol=PROTOCOL))
-
-
 def unpack(header: Header, buffers: list[torch.Tensor], device: list[torch.Tensor]) -> Any:
     """Rebuild a value over received buffers (they become the value's memory)."""
-    if header.data == NONE.data:
-        return None
     if header.inline is not None:  # unpickled from this receiver's own message: private, writable memory
         return loads(Serialized(header.data, list(header.inline), list(device)), copy=False)
     received: list[Any] = [b.numpy() for b in buffers]
     return loads(Serialized(header.data, received, list(device)), copy=False)
 
 
-def empty_buffers(header: Header, targets: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Receive buffers for ``header``'s CPU payload: ``targets[i]`` where given, else fresh."""
-    targets = targets or {}
-    return [
-        targets[i] if i in targets else torch.from_numpy(receive_buffer(size)) for i, size in enumerate(header.sizes)
-    ]
+def empty_buffers(header: Header) -> list[torch.Tensor]:
+    """Fresh receive buffers for ``header``'s CPU payload."""
+    return [torch.from_numpy(receive_buffer(size)) for size in header.sizes]
 
 
 def empty_device_tensors(header: Header) -> list[torch.Tensor]:

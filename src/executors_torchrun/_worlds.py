@@ -1,27 +1,18 @@
 """Worlds: the processes a group runs on, under torchrun or self-started.
 
-Under torchrun the world is the launch: one per process, shared by every
-group the driver creates, stopped when the driver exits (atexit, which also
-runs when an exception escapes the driver).  Ranks other than 0 never
-return from their first ``WorkerGroup(...)``: they serve every group placed
-on them (``_rank_process``) until told to stop, and exit 0.  Outside torchrun
-each group starts its own world and stops it at ``shutdown()``.
+Under torchrun the world is the launch, shared by every group of the
+driver and stopped at exit; ranks other than 0 never return from their
+first ``WorkerGroup(...)``: they serve every group placed on them
+(``_rank_process``), then exit 0.  Outside torchrun each group starts its
+own world and stops it at ``shutdown()``.  A world is a store, a gloo
+transport for rows (the driver is data rank 0) and :meth:`World.join`;
+calls never touch it (each group has its own lane).
 
-A world is a store, a gloo transport for rows (the driver is data rank 0 in
-it) and a way to tell a process to join a group (:meth:`World.join`); calls
-never touch it: each group has its own lane.  The launch carries no group's
-settings; its transport is built once, from the first group's
-``start_timeout`` and ``transport_timeout``.
-
-SIGTERM: under the torchrun launcher only (never in self-started worlds),
-when the first group is made on the driver's main thread and SIGTERM still
-has its default disposition, the driver installs a handler.  torchrun's
-elastic agent SIGTERMs every process when one rank dies; the handler
-restores the default disposition and raises
-:class:`~dispatchcore.WorkerDiedError` naming the dead rank (waiting up to
-SIGTERM_REPORT_WAIT_S for a group's lane to see which), so the driver's traceback says why
-instead of just ending.  A program that installed its own handler first
-keeps it.
+SIGTERM: torchrun's agent SIGTERMs every process when a rank dies.  Under
+the launcher (never in self-started worlds), if SIGTERM still has its
+default disposition when the first group is made on the main thread, the
+driver installs a handler that raises :class:`~dispatchcore.WorkerDiedError`
+naming the dead rank, so the traceback says why.
 """
 
 from __future__ import annotations
@@ -32,23 +23,22 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
+from dispatchcore import DispatchRuntimeError, WorkerDiedError
 from dispatchcore.executor import address_toward
 
 from . import _env
 from ._bridge import Bridge
-from ._protocol import FOREVER_S, READY_KEY, STOPPING_KEY, dead_key, encode, join_key, stopped_key
-from ._rank_process import Services, serve_process
+from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, stopped_key
+from ._rank_process import Services, serve_and_exit
 from ._row_plane import RowPlane
 from ._spawn import OutputRelay, reap, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
@@ -78,9 +68,9 @@ class World:
         self._marks = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         self.stopped = False
 
-    def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, spec: Any) -> None:
+    def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, death_timeout: float) -> None:
         """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
-        message = ("join", gid, group_rank, env, spec.death_timeout, spec.isolate)
+        message = ("join", gid, group_rank, env, death_timeout)
         self.store.queue_push(join_key(data_rank), encode(message))
 
     def row_plane(self) -> RowPlane:
@@ -97,7 +87,7 @@ class World:
                 return
             self._marked.add(data_rank)
             with contextlib.suppress(Exception):  # the store is gone: so is every wait on it
-                self._marks.set(dead_key(data_rank), detail.encode())  # type: ignore[arg-type]  # the binding takes bytes
+                self._marks.set(dead_key(data_rank), detail.encode())
 
     def _announce_stop(self, ranks: list[int]) -> None:
         """Mark the world stopping (row fetches end) and tell each process of ``ranks`` to leave."""
@@ -132,7 +122,9 @@ class SpawnedWorld(World):
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
-            wait_ready(store, self.processes, start_timeout)
+            n = len(self.processes)
+            late = f"{n} self-started ranks were not all up after {start_timeout:g} s; "
+            wait_ready(store, n, start_timeout, late + "raise WorkerGroup(..., start_timeout=...)", self.processes)
             timeout = timedelta(seconds=max(start_timeout, transport_timeout))
             transport = Transport(store, 0, world_size + spares + 1, timeout, loopback=True)
         except BaseException:
@@ -154,10 +146,6 @@ class SpawnedWorld(World):
             if self.processes[d].poll() is None:
                 return d
         return None
-
-    def assign(self, data_rank: int, group_rank: int) -> None:
-        """Record that ``data_rank``'s process now hosts ``group_rank`` (its output says so)."""
-        self.output.label(data_rank, f"rank {group_rank}")
 
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
@@ -249,52 +237,28 @@ def _torchrun_store(start_timeout: float) -> dist.Store:
 def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWorld:
     """Rank 0: the launch's world, made on first use.  Other ranks serve and exit 0 here."""
     global _launch
-    rank, size = _env.torchrun_rank(), int(os.environ["WORLD_SIZE"])
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
     if rank != 0:
-        serve_and_exit(start_timeout, transport_timeout)
+        serve_and_exit(_torchrun_store(start_timeout), rank, size, timeout, launched=True)
     with _launch_lock:
         if _launch is None:
             store = _torchrun_store(start_timeout)
-            _wait_count(store, size - 1, start_timeout)
-            timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+            late = (
+                f"not every torchrun rank reached its first WorkerGroup(...) within {start_timeout:g} s; every "
+                "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
+            )
+            wait_ready(store, size - 1, start_timeout, late, {})
             _launch = LaunchWorld(store, Transport(store, 0, size, timeout))
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
 
 
-def serve_and_exit(start_timeout: float, transport_timeout: float) -> NoReturn:
-    """A rank other than 0: serve every group the driver makes, then exit 0."""
-    store = _torchrun_store(start_timeout)
-    store.add(READY_KEY, 1)
-    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-    transport = Transport(store, _env.torchrun_rank(), int(os.environ["WORLD_SIZE"]), timeout)
-    ended = serve_process(store, transport, threads=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if not ended:  # a rank is stuck in a call the driver no longer waits for
-        os._exit(0)
-    sys.exit(0)
-
-
-def _wait_count(store: dist.Store, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while int(store.add(READY_KEY, 0)) < count:
-        if time.monotonic() > deadline:
-            raise DispatchTimeoutError(
-                f"not every torchrun rank reached its first WorkerGroup(...) within {timeout:g} s; every "
-                "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
-            )
-        time.sleep(0.02)
-
-
 def _wait_process_ended(pid: int, until: float) -> None:
-    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until``.
+    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until`` (best effort).
 
-    A rank says it stopped a little before its process ends; under torchrun
-    a driver that exits in that gap (with an error) makes the agent SIGTERM
-    the rank and report it as failed too.  Best effort: only for a rank on
-    this host, and only where ``/proc`` exists.
+    A driver failing between a rank's "stopped" and its end makes the agent report that rank failed too.
     """
     while time.monotonic() < until:
         try:

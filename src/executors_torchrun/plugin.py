@@ -1,8 +1,4 @@
-"""Entry point of the ``torchrun`` backend (group ``dispatchcore``).
-
-Importing this module imports nothing of torch.distributed: the executor
-module loads only when the hook runs.
-"""
+"""Entry point of the ``torchrun`` backend (group ``dispatchcore``); torch.distributed loads only when the hook runs."""
 
 from __future__ import annotations
 
