@@ -97,7 +97,7 @@ class TorchrunExecutor(LaneExecutor):
             if max(ranks) >= launch.size:
                 raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {launch.size} processes")
             # The launch is this process's only world: every group made here listens where its ranks reach.
-            type(self).lane_host = launch.lane_host
+            self.lane_host = launch.lane_host
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
         #: Where this world's store is, for consumers in other self-started worlds (``None`` under the launcher).
         self._world_store: WorldStore | None = None

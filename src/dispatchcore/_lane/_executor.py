@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
 
 from .._base import DispatchError
 from .._runtime import unpicklable_spec_error
@@ -23,7 +22,7 @@ class LaneExecutor(Executor):
     """``submit``, ``cancel_call``, ``rank_stacks``, ``shutdown`` on the core's lane (docs/executor-contract.md)."""
 
     #: Where the lane listens: an address every rank reaches (loopback when all share this machine).
-    lane_host: ClassVar[str] = LOOPBACK
+    lane_host: str = LOOPBACK
 
     def __init__(self, spec: GroupSpec, *, bulk: BulkPath | None = None) -> None:
         super().__init__(spec)
