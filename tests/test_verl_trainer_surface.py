@@ -144,6 +144,8 @@ def test_ray_get_on_a_dead_actor_is_rays_actor_died_error() -> None:
     group = RayWorkerGroup(cpu_pool(1), RayClassWithInitArgs(Trainee), name_prefix="verl_dead")
     try:
         ray.kill(group.workers[0], no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):  # the kill lands asynchronously: wait until it has
+            ray.get(group.workers[0].__ray_ready__.remote(), timeout=60)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(group.update_weights(1), timeout=60)
     finally:

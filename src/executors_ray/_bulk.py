@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatchcore import DispatchRuntimeError
+from dispatchcore import DispatchRuntimeError, WorkerDiedError
 from dispatchcore.executor import HandedOver
 from dispatchcore.wire import Serialized
 
@@ -94,7 +94,10 @@ class DriverBulk:
         group = self._group
         ref = group.actors[token.rank].take_result.options(concurrency_group=ROWS_GROUP).remote(token.key)
         token.ref, token.source = ref, group  # what a consuming Ray group can read without the driver
-        kept = group.ray.get(ref, timeout=group.death_timeout)
+        try:
+            kept = group.ray.get(ref, timeout=group.death_timeout)
+        except group.ray.exceptions.RayActorError as exc:  # it answered, then died before the result was read
+            raise WorkerDiedError(token.rank, group.gone(token.rank, exc)) from exc
         return HandedOver(kept) if is_object_ref(kept) else serialized(kept)
 
 

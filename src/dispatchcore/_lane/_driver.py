@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._base import WorkerDiedError
 from .._runtime import RankCallHandle, RemoteFailure
 from .._spi import Call
 from .._wire import RowBuffers, Serialized
@@ -266,6 +267,9 @@ class LaneDriver:
             value = open_part(part, self._bulk, self._isolate and not handle.call.results_are_copied)
             if isinstance(handle, LaneCallHandle) and handle.rows is not None:
                 handle.rows.adopt(position, value)
+        except WorkerDiedError as exc:  # the bulk path found the rank gone before its result was read
+            handle.rank_died(position, exc.detail)
+            return
         except BaseException as exc:  # noqa: BLE001 - e.g. a result class the driver cannot import
             ok, value = False, RemoteFailure.capture(entry.rank, handle.call.method, exc)
         handle.deliver(position, ok, value)
