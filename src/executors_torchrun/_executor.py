@@ -78,6 +78,7 @@ class TorchrunExecutor(LaneExecutor):
         spares = options["spare_ranks"]
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
             raise DispatchValueError(f"spare_ranks must be an int >= 0, got {spares!r}")
+        self._spares_given = spares
         ranks = _check_ranks(options["ranks"], spec.world_size)
         self._gid = f"{spec.name}#{uuid.uuid4().hex[:8]}"
         #: A spare's rank variables, sent with its ``join`` (``replace_ranks``).
@@ -237,10 +238,12 @@ class TorchrunExecutor(LaneExecutor):
                 "--max-restarts restarts the whole launch). The driver exits naming the dead rank; for in-place "
                 "replacement run the driver without torchrun (self-started ranks) with spare_ranks=k"
             )
-        if len(world.spares) < len(ranks):
+        left = len(world.spares)
+        if left < len(ranks):
             raise DispatchError(
-                f"no spare process left to replace rank(s) {list(ranks)}: self-started torchrun ranks are "
-                "replaced from spares; create the group with spare_ranks=k"
+                f"{left} spare{'' if left == 1 else 's'} left: create the group with "
+                f"spare_ranks={self._spares_given - left + len(ranks)} (self-started torchrun ranks are replaced "
+                "from the spare processes started with the group)"
             )
         port = free_port(LOOPBACK)
         for g in ranks:

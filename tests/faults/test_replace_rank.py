@@ -104,7 +104,10 @@ def test_torchrun_replaces_from_spares(record: Any) -> None:
             assert (r0, r1) == (0, 1) and port0 == port1
             assert log1[:3] == ["init", ("configure", "cfg"), ("configure_each", "for-1")]
         kill(wg.pid()[1])
-        with pytest.raises(DispatchError, match="no spare process left"):
+        with pytest.raises(
+            DispatchError,
+            match=r"^1 rank needs replacing \(1 dead\); 0 spares left: create the group with spare_ranks=6 ",
+        ):
             wg.state()
     record(
         "replace/torchrun",

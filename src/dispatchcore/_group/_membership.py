@@ -75,20 +75,30 @@ class Membership:
         self.cancel_grace = CANCEL_GRACE_S
         self._lock = threading.Lock()
 
-    def replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
-        """Replace ``ranks`` of ``group`` now, and any rank stuck in an ended call (the rejoin never waits on it)."""
+    def replace(self, group: Any, ranks: tuple[int, ...], kind: str = "asked for") -> MembershipChange:
+        """Replace ``ranks`` of ``group`` now (``kind``: why, for errors), and any rank stuck in an ended call."""
         with self._lock:
-            return self._replace(group, ranks)
+            return self._replace(group, ranks, kind)
 
-    def _replace(self, group: Any, ranks: tuple[int, ...]) -> MembershipChange:
+    def _replace(self, group: Any, ranks: tuple[int, ...], kind: str) -> MembershipChange:
         """New ranks for ``ranks`` (and the stuck ones), setup replay, hook; ``WorkerDiedError`` if another dies."""
         self.generation += 1
+        stuck: list[int] = []
         if self.stragglers:
             others = [r for r in range(group.world_size) if r not in ranks]
-            ranks = tuple(sorted({*ranks, *self.stragglers.settle(others, self.cancel_grace)}))
+            stuck = sorted(self.stragglers.settle(others, self.cancel_grace))
+            ranks = tuple(sorted({*ranks, *stuck}))
         executor = group.executor
         n = group.world_size
-        env = dict(executor.replace_ranks(ranks))
+        try:
+            env = dict(executor.replace_ranks(ranks))
+        except DispatchError as exc:
+            if type(exc) is not DispatchError:
+                raise
+            named = len(ranks) - len(stuck)
+            counts = f"{named} {kind}, {len(stuck)} stuck" if stuck and kind != "stuck" else f"{len(ranks)} {kind}"
+            plural = "s need" if len(ranks) > 1 else " needs"
+            raise DispatchError(f"{len(ranks)} rank{plural} replacing ({counts}); {exc}") from exc
         self.stragglers.forget(ranks)
         survivors = [r for r in range(n) if r not in ranks]
         change = MembershipChange(
@@ -127,7 +137,7 @@ class Membership:
             pending = (dead,)
             for _ in range(group.world_size):
                 try:
-                    self._replace(group, pending)
+                    self._replace(group, pending, "dead")
                     return
                 except WorkerDiedError as again:
                     pending = (again.rank,)

@@ -68,5 +68,11 @@ class CallSite:
         if self.shared.closed or self.closed:  # a view shut down refuses calls; its parent goes on
             raise DispatchError(f"{group!r} is shut down; create a new WorkerGroup")
         reason = self.shared.executor.broken
-        if reason:
-            raise DispatchError(f"{group!r} can take no more calls: {reason}. Shut it down and create a new one")
+        if not reason:
+            return
+        fix = "Shut it down and create a new one"
+        if self.shared.executor.can_replace_ranks():
+            dead = self.shared.ledger.dead  # root ranks; a view's replace_rank takes its own positions
+            lost = ", ".join(str(self.ranks.index(r)) for r in sorted(dead) if r in self.ranks) or "<rank>"
+            fix = f"Restart the lost rank(s) with wg.replace_rank({lost}) (setup is replayed), or {fix.lower()}"
+        raise DispatchError(f"{group!r} can take no more calls: {reason}. {fix}")

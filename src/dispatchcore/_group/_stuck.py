@@ -61,7 +61,7 @@ def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None =
     if executor.can_replace_ranks():
         if shared.on_rank_death == "replace":
             root = shared.root() if shared.root is not None else None
-            membership.replace(root if root is not None else group, tuple(stuck_ranks))
+            membership.replace(root if root is not None else group, tuple(stuck_ranks), "stuck")
             return
         error = DispatchError(
             f"{what}. Restart them with wg.replace_rank({', '.join(map(str, stuck_ranks))}) (setup is replayed and "
