@@ -41,13 +41,18 @@ def test_too_few_spares_counts_the_dead_and_stuck_ranks(backend: str, tmp_path: 
     ), message
 
 
-@pytest.mark.parametrize("backend", backend_params(("ray", "torchrun")))
-def test_after_a_death_the_refusal_offers_replace_rank_where_it_works(
-    backend: str, request: pytest.FixtureRequest
-) -> None:
-    """Default options: Ray can restart the rank, so the next call's refusal says how; spareless torchrun cannot."""
-    if backend == "ray":
+@pytest.fixture(params=backend_params(("ray", "torchrun")))
+def spareless(request: pytest.FixtureRequest) -> str:
+    """A backend of default options (Ray gets the session's Ray before the test starts)."""
+    name: str = request.param
+    if name == "ray":
         request.getfixturevalue("ray_session")
+    return name
+
+
+def test_after_a_death_the_refusal_offers_replace_rank_where_it_works(spareless: str) -> None:
+    """Default options: Ray can restart the rank, so the next call's refusal says how; spareless torchrun cannot."""
+    backend = spareless
     with WorkerGroup(Restartable, 2, backend=backend, death_timeout=10) as wg:
         wg.configure("cfg")
         os.kill(wg.pid()[1], signal.SIGKILL)
