@@ -214,7 +214,7 @@ def write_report(
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "RELIABILITY.md", help="report to write")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "RELIABILITY.md", help="report to write")
     parser.add_argument("--quick", action="store_true", help="CI's subset of cases (no DISPATCHCORE_FAULTS_FULL)")
     parser.add_argument("--from", dest="source", type=Path, help="render these recorded rows; run nothing")
     parser.add_argument("--rows", type=Path, help="also keep the recorded rows (JSON lines) here")

@@ -452,7 +452,7 @@ def test_sys_exit_in_a_worker_is_a_worker_error(group: WorkerGroup[Echo]) -> Non
 
 
 def test_faulty_backend_plays_a_death_on_threads() -> None:
-    """What README's "Errors" section offers instead of ``os._exit`` on ``local``: a planted death."""
+    """What docs/errors.md offers instead of ``os._exit`` on ``local``: a planted death."""
     with WorkerGroup(Echo, 2, backend="faulty", inner="local", faults=[Fault.die(rank=1, method="score")]) as wg:
         with pytest.raises(WorkerDiedError) as info:
             wg.score(1)
@@ -460,7 +460,6 @@ def test_faulty_backend_plays_a_death_on_threads() -> None:
 
 
 def test_readme_says_what_travels_by_value_and_that_os_exit_ends_a_local_driver() -> None:
-    readme = (ROOT / "README.md").read_text()
-    errors = readme[readme.index("## Errors") : readme.index("## Testing your workers")]
+    errors = (ROOT / "docs" / "errors.md").read_text()
     for promise in ("UnpicklableError", "by value", "__init__", "isolate=False", "os._exit", "faulty", "sys.exit"):
         assert promise in errors, promise

@@ -3,7 +3,7 @@
 ``make_module_group`` is module-scoped, so a ``@given`` test using it passes
 Hypothesis's ``function_scoped_fixture`` health check (this module's own
 ``@given`` tests would fail it otherwise); ``check_dispatch_mode(...,
-collects=sum)`` holds broadcast-and-reduce modes, the README's ``SUM``
+collects=sum)`` holds broadcast-and-reduce modes, docs/dispatch-modes.md's ``SUM``
 example included, to their reduction.
 """
 
@@ -22,7 +22,7 @@ import dispatchcore
 from dispatchcore import DataProto, Dispatch, DispatchSpec, Worker, WorkerGroup, register, unregister_dispatch_mode
 from dispatchcore.testing import Fault, ModePropertyError, assert_mode_properties, check_dispatch_mode, dataprotos
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "dispatch-modes.md"
 
 
 class Counter(Worker):
@@ -126,21 +126,21 @@ def test_collects_is_checked() -> None:
         )
 
 
-def _readme_block(after: str) -> str:
-    """The first python block of the README after the line starting with ``after``."""
-    text = README.read_text()
+def _docs_block(after: str) -> str:
+    """The first python block of docs/dispatch-modes.md after the line starting with ``after``."""
+    text = MODES_PAGE.read_text()
     start = text.index(after)
     found = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert found, f"no python block after {after!r} in README.md"
+    assert found, f"no python block after {after!r} in docs/dispatch-modes.md"
     return found.group(1)
 
 
-def test_the_readmes_sum_mode_passes_the_check_shown_next_to_it() -> None:
-    block = _readme_block("**Your own mode.**")
-    assert "check_dispatch_mode(SUM" in block, "the README shows the SUM mode's check next to it"
+def test_the_docs_sum_mode_passes_the_check_shown_next_to_it() -> None:
+    block = _docs_block("## Your own mode")
+    assert "check_dispatch_mode(SUM" in block, "the page shows the SUM mode's check next to it"
     namespace: dict[str, Any] = {name: getattr(dispatchcore, name) for name in dispatchcore.__all__}
     try:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own snippet
+        exec(compile(block, "docs/dispatch-modes.md", "exec"), namespace)  # noqa: S102 - the docs' own snippet
     finally:
         unregister_dispatch_mode("SUM")
     assert issubclass(namespace["W"], Worker)
