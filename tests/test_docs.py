@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatchcore import unregister_dispatch_mode
-from dispatchcore._dispatch._modes import _table as dispatch_modes
+from dispatchcore import Dispatch, unregister_dispatch_mode
+from dispatchcore._cli._bench import TABLES_MARKER, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -90,12 +90,12 @@ def test_the_docs_run_a_driver_and_colocated_roles() -> None:
 
 @pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.where)
 def test_a_tested_block_runs(block: Block) -> None:
-    modes_before = set(dispatch_modes)
+    modes_before = {mode.name for mode in Dispatch}
     try:
         code = compile(block.code, block.where, "exec")
         exec(code, {"__name__": "docs_block"})  # noqa: S102 - the project's own docs
     finally:
-        for name in set(dispatch_modes) - modes_before:  # a block registering a mode leaves none behind
+        for name in {mode.name for mode in Dispatch} - modes_before:  # a block registering a mode leaves none behind
             unregister_dispatch_mode(name)
 
 
@@ -148,3 +148,14 @@ def test_design_lists_every_layer_of_the_core() -> None:
     design = (ROOT / "docs" / "design.md").read_text()
     layers = [p.name for p in (ROOT / "src" / "dispatchcore").iterdir() if p.name.startswith("_") and p.is_dir()]
     assert [name for name in layers if name not in ("_cli", "__pycache__") and f"| `{name}` |" not in design] == []
+
+
+def test_bench_out_rewrites_only_the_tables_of_the_page_dated_with_the_machine(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nprose kept\n\n{TABLES_MARKER}\n## Tables\n\nold numbers\n")
+    write_tables(page, "\n### local\n\n| N | ms |\n", "dispatchcore bench --quick")
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nprose kept\n") and "old numbers" not in text
+    assert "with `dispatchcore bench --quick` on " in text and "CPU cores" in text and "torch " in text
+    assert text.endswith("| N | ms |\n") and text.count(TABLES_MARKER) == 1
+    assert (ROOT / "docs" / "benchmarks.md").read_text().count(TABLES_MARKER) == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ._bench import run_benchmarks
 from ._report import OneLineParser, run_reporting_expected_errors
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="run every executor's benchmark and print its ratio table")
     bench.add_argument("--quick", action="store_true", help="short version (a few minutes in all)")
     bench.add_argument("--only", action="append", choices=["local", "ray", "torchrun"], help="one executor")
-    bench.set_defaults(run=lambda args: run_benchmarks(quick=args.quick, only=args.only))
+    bench.add_argument("--out", type=Path, help="also write the tables into this page, dated (docs/benchmarks.md)")
+    bench.set_defaults(run=lambda args: run_benchmarks(quick=args.quick, only=args.only, out=args.out))
     return parser
 
 
