@@ -106,11 +106,12 @@ def _headings(page: Path) -> set[str]:
 
 
 def _missing(target: Path) -> bool:
-    return not target.exists() and str(target.relative_to(ROOT)).rstrip("/") not in NOT_YET_MERGED
+    name = str(target.relative_to(ROOT)) if target.is_relative_to(ROOT) else str(target)
+    return not target.exists() and name.rstrip("/") not in NOT_YET_MERGED
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_links_name_files_and_headings_that_exist(page: Path) -> None:
+def broken_links(page: Path) -> list[str]:
+    """The page's relative links whose file, or whose ``#anchor`` heading, does not exist."""
     broken = []
     for link in _LINK.findall(prose(page)):
         if re.match(r"[a-z]+:", link):
@@ -121,24 +122,46 @@ def test_links_name_files_and_headings_that_exist(page: Path) -> None:
             broken.append(link)
         elif anchor and target.suffix == ".md" and target.exists() and anchor not in _headings(target):
             broken.append(f"{link} (no such heading)")
-    assert not broken, f"{page.relative_to(ROOT)} links to what does not exist: {broken}"
+    return broken
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_backticked_repository_paths_exist(page: Path) -> None:
+def missing_paths(page: Path) -> list[str]:
+    """Backticked repository paths in the page's prose that name no file or folder."""
     paths = [
         p
         for p in _PATH.findall(prose(page))
         if (p.endswith("/") or p.endswith(_SUFFIXES)) and not p.startswith(_OTHER_PROJECTS)
     ]
-    missing = [
+    return [
         p for p in paths if all(_missing(base / p) for base in _PATH_ROOTS) and _missing((page.parent / p).resolve())
     ]
-    assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_name_files_and_headings_that_exist(page: Path) -> None:
+    assert broken_links(page) == [], f"{page.relative_to(ROOT)} links to what does not exist"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_backticked_repository_paths_exist(page: Path) -> None:
+    assert missing_paths(page) == [], f"{page.relative_to(ROOT)} names files that do not exist"
+
+
+def test_the_checks_catch_an_unmarked_block_a_dead_link_and_a_missing_path(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n\n[ok](page.md#title) [gone](nowhere.md) [bad anchor](page.md#nope) `src/dispatchcore/nope.py` "
+        "`src/dispatchcore/__init__.py` `tests/`\n\n```python\nx = 1\n```\n\n<!-- not run: why -->\n"
+        "```python\n`src/in_code.py`\n```\n"
+    )
+    assert [(b.line, b.mark) for b in blocks(page)] == [(5, None), (10, "not run")]
+    assert broken_links(page) == ["nowhere.md", "page.md#nope (no such heading)"]
+    assert missing_paths(page) == ["src/dispatchcore/nope.py"]
 
 
 def test_the_readme_links_every_docs_page_and_design_lists_them() -> None:
     readme, design = (ROOT / "README.md").read_text(), (ROOT / "docs" / "design.md").read_text()
+    assert len(readme.splitlines()) <= 300, "the README is read in ten minutes: move detail to a docs/ page"
     pages = [p.name for p in PAGES[1:]]
     assert [p for p in pages if f"(docs/{p})" not in readme] == []
     assert [p for p in pages if p != "design.md" and p not in design] == []
