@@ -1,7 +1,7 @@
 """Resource pools: placement groups (one per node) that one or more groups' ranks land on.
 
 Rank ``r`` gets the ``r``-th bundle, nodes ordered by IP, then :data:`NODE_ORDER_LABEL`, so rank
-order is stable across restarts; verl's names and defaults (README, "Porting a verl driver").
+order is stable across restarts; verl's names and defaults (docs/porting-from-verl.md).
 """
 
 from __future__ import annotations

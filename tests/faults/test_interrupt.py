@@ -1,6 +1,6 @@
 """Ctrl-C in the driver during a call: ``KeyboardInterrupt`` at once, and the group stays usable.
 
-What is documented (README, "Errors"; docs/calls-that-cannot-hang.md): the
+What is documented (docs/errors.md; docs/calls-that-cannot-hang.md): the
 interrupted call is cancelled on the ranks (a sleeping rank leaves it when its
 sleep returns), and the next call runs once they left it, on the same workers.
 A terminal's Ctrl-C reaches every process of the

@@ -1,4 +1,4 @@
-"""What type checkers see of a ``@register`` method: its driver call's signature (the README's "Typed calls").
+"""What type checkers see of a ``@register`` method: its driver call's signature (docs/dispatch-modes.md).
 
 Each mode carries, as type arguments, the decorator types ``register`` returns for it; nothing here runs.
 """

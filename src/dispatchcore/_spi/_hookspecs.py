@@ -1,4 +1,4 @@
-"""Hook specifications a dispatchcore plugin may implement (see the README, "Your own executor")."""
+"""Hook specifications a dispatchcore plugin may implement (see docs/executor-contract.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Rank processes keep freed heap memory for reuse instead of mapping fresh pages every step.
 
-:func:`keep_freed_memory` raises glibc malloc's mmap and trim thresholds; README.md ("Memory reuse")
+:func:`keep_freed_memory` raises glibc malloc's mmap and trim thresholds; docs/benchmarks.md
 gives the effect and the bound.  One more trap: ``posix_memalign`` trims a few bytes off each large
 block into the thread's tcache, where they pin every freed block while the cache has room (a 48 MiB
 tensor faulted all its pages for 8 steps); :func:`fill_thread_cache` fills it once per method thread.

@@ -2,8 +2,8 @@
 
 Submodules: ``strategies`` (Hypothesis), ``modes`` (``check_dispatch_mode``), ``faults``
 (``backend="faulty"``), ``mock`` (``backend="mock"``), ``pytest_plugin`` (``make_group``) and
-``conformance`` (``ExecutorConformance``, which a third-party executor subclasses); see README.md,
-"Testing your workers".
+``conformance`` (``ExecutorConformance``, which a third-party executor subclasses); see
+docs/testing.md.
 
 Names load on first use: importing this package needs neither Hypothesis nor
 pytest (the ``faulty`` backend's entry point imports it).

@@ -2,7 +2,7 @@
 
 The ranks run on the ``inner`` backend; a planted :class:`Fault` is acted out
 on the driver's side of the executor seam, so nothing real is killed and every
-kind works on threads.  Kinds and options: README.md, "Testing your workers".
+kind works on threads.  Kinds and options: docs/testing.md.
 """
 
 from __future__ import annotations

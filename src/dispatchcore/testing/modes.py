@@ -13,7 +13,7 @@ leaks padding, silently.  The checker runs the mode through :func:`dispatchcore.
   output ``r`` is rank ``r``'s; ``collects=sum``, the reduction of the outputs);
 * ``caller_unchanged``: the caller's batch is left as it was.
 
-A broken property raises :class:`ModePropertyError`.  Usage: README.md, "Testing your workers".
+A broken property raises :class:`ModePropertyError`.  Usage: docs/testing.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """pytest plugin (auto-loaded through the ``pytest11`` entry point): ``make_group`` and its backend.
 
-Usage: README.md, "Testing your workers".
+Usage: docs/testing.md.
 """
 
 from __future__ import annotations

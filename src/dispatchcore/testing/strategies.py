@@ -3,7 +3,7 @@
 ``dataprotos()`` draws batches the way real RL data looks, and the corners
 real data hits (length 0, empty dims, ragged object columns); tensor values
 come from a drawn seed, so large batches stay cheap to generate.  Usage:
-README.md, "Testing your workers".
+docs/testing.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""verl-shaped names over the ray backend; what each of verl's keywords does: README, "Porting a verl driver"."""
+"""verl-shaped names over the ray backend; what each of verl's keywords does: docs/porting-from-verl.md."""
 
 from __future__ import annotations
 

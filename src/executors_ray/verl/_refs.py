@@ -1,6 +1,6 @@
 """verl's result shapes for ``blocking=False`` calls through ``RayWorkerGroup``: Ray refs, as verl ``ray.get`` s them.
 
-These calls skip the core's pipeline hooks, as verl's have none (README, "Porting a verl driver").
+These calls skip the core's pipeline hooks, as verl's have none (docs/porting-from-verl.md).
 """
 
 from __future__ import annotations
