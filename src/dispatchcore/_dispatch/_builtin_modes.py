@@ -1,4 +1,4 @@
-"""The built-in dispatch modes' driver-side functions (``docs/design.md``, "Invariants"; the table is in docs/dispatch-modes.md)."""
+"""The built-in dispatch modes' driver-side functions (docs/design.md, "Invariants"; table: docs/dispatch-modes.md)."""
 
 from __future__ import annotations
 
