@@ -131,7 +131,8 @@ LAUNCHED = textwrap.dedent(
     try:  # process 2 holds the subset's default group: a second one there is refused at once
         WorkerGroup(Plain, 2, backend="torchrun", ranks=[2, 3], start_timeout=20)
     except WorkerError as exc:
-        print("second", exc.rank, exc.exc_type, "twice" in exc.exc_message)
+        explained = "world rank 2's process" in exc.__notes__[0]
+        print("second", exc.rank, exc.exc_type, "twice" in exc.exc_message, explained)
     try:
         WorkerGroup(HalfJoins, 2, backend="torchrun", ranks=[3, 0], start_timeout=5)
     except DispatchTimeoutError as exc:
@@ -154,7 +155,7 @@ def test_under_the_launcher_a_plain_init_process_group_meets_the_groups_ranks(tm
     assert result.stdout.splitlines() == [
         "whole [('0', '4', 0, 4, 10.0), ('1', '4', 1, 4, 10.0), ('2', '4', 2, 4, 10.0), ('3', '4', 3, 4, 10.0)]",
         "subset [('0', '2', 0, 2, 3.0), ('1', '2', 1, 2, 3.0)]",
-        "second 0 ValueError True",
+        "second 0 ValueError True True",
         "stuck (0,) True True",
         "launch [(0, 4, '0'), (1, 4, '1'), (2, 4, '2'), (3, 4, '3')]",
     ]

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError, WorkerError
 from dispatchcore.executor import (
     LOOPBACK,
     Call,
@@ -129,6 +129,20 @@ class TorchrunExecutor(LaneExecutor):
             world_started(self._world.identity)
 
     # -- the backend's part of the lane -------------------------------------------------
+    def open_ranks(self, ranks: Sequence[int], timeout: float) -> None:
+        """The lane's start; under the launcher, a second default group in one process is explained."""
+        try:
+            super().open_ranks(ranks, timeout)
+        except WorkerError as exc:
+            if self._meeting is not None and "default process group twice" in exc.exc_message:
+                exc.add_note(
+                    f"under the torchrun launcher, world rank {self._data_ranks[exc.rank]}'s process already holds "
+                    "torch's default process group, made by another group's rank there (a process holds one): "
+                    "place this group on other ranks (ranks=[...]) or destroy that one first "
+                    "(docs/process-groups.md)"
+                )
+            raise
+
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """Publish the lane in the world's store and tell each rank's process to join (worker 0: a thread here)."""
         world = self._world
