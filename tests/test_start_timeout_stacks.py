@@ -62,12 +62,12 @@ def _check_stuck_start(exc: DispatchTimeoutError, timeout: float) -> None:
 
 @pytest.mark.timeout(90)
 def test_self_started_torchrun_start_timeout_shows_where_each_rank_is(tmp_path: Path) -> None:
-    """8 s: the bound must cover the ranks' start too (about 2 s here)."""
+    """About 10 s, the one CI check of it on a process backend: the 6 s bound must cover the ranks' start too."""
     module = tmp_path / "blocks_on_import.py"
     module.write_text(BLOCKS_ON_IMPORT)
     with pytest.raises(DispatchTimeoutError) as info:
-        WorkerGroup(ImportsForever, 2, init_args=(str(module),), backend="torchrun", start_timeout=8)
-    _check_stuck_start(info.value, 8)
+        WorkerGroup(ImportsForever, 2, init_args=(str(module),), backend="torchrun", start_timeout=6)
+    _check_stuck_start(info.value, 6)
 
 
 @pytest.mark.slow
