@@ -175,7 +175,7 @@ LAUNCHED = textwrap.dedent(
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
 def test_under_the_launcher_with_a_subset_of_its_ranks(tmp_path: Path) -> None:
-    """The launch's ``WORLD_SIZE`` is 3; the group's default group spans its 2 ranks, built on the executor's store."""
+    """A launch of 3; the default group spans the group's 2 ranks (as its ``WORLD_SIZE`` says), on its store."""
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_"))}
@@ -183,7 +183,7 @@ def test_under_the_launcher_with_a_subset_of_its_ranks(tmp_path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=200, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
-        "mesh [('3', 2, 0, 2, 3.0), ('3', 2, 1, 2, 3.0)]",
+        "mesh [('2', 2, 0, 2, 3.0), ('2', 2, 1, 2, 3.0)]",
         "raised 1",
         "again True",
     ]

@@ -9,6 +9,28 @@ import torch
 
 #: Set by torchrun's elastic agent in every process it starts.
 TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+#: What a plain ``init_process_group()`` reads: made to describe a group's rank while it is served (``present_group``).
+GROUP_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+#: The launch's own values of ``GROUP_KEYS``, kept once a group's replaced them in ``os.environ``.
+_launch: dict[str, str] = {}
+
+
+def launch_var(name: str, default: str | None = None) -> str:
+    """The launch's value of torchrun's variable ``name``, even where a group's rank rewrote it."""
+    if name in _launch:
+        return _launch[name]
+    return os.environ[name] if default is None else os.environ.get(name, default)
+
+
+def present_group(env: Mapping[str, str]) -> None:
+    """Make ``os.environ`` describe the group rank this process builds, so ``env://`` meets that group's ranks.
+
+    The launch's values stay readable by :func:`launch_var` (this process's library still needs them).
+    """
+    for key in GROUP_KEYS:
+        if key in os.environ and key not in _launch:
+            _launch[key] = os.environ[key]
+    os.environ.update(env)
 
 
 def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
@@ -19,12 +41,12 @@ def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 
 def torchrun_world_size() -> int | None:
     """``WORLD_SIZE`` of the torchrun launch, or ``None`` outside torchrun."""
-    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+    return int(launch_var("WORLD_SIZE")) if under_torchrun() else None
 
 
 def store_address() -> tuple[str, int]:
     """Where torchrun's agent store listens (``MASTER_ADDR:MASTER_PORT``)."""
-    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return launch_var("MASTER_ADDR"), int(launch_var("MASTER_PORT"))
 
 
 def run_id() -> str:

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError, WorkerError
 from dispatchcore.executor import (
     LOOPBACK,
     Call,
@@ -34,7 +34,7 @@ from . import _env
 from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
 from ._protocol import StoreDirectory, lane_key
 from ._row_plane import RowPlane
-from ._worlds import LaunchWorld, SpawnedWorld, World, launch_world
+from ._worlds import LaunchWorld, Meeting, SpawnedWorld, World, launch_world
 
 #: The tensor address of every torchrun group: a source's store is reachable from every destination's process.
 BRIDGE_ADDRESS = ("torchrun", "bridge")
@@ -87,6 +87,8 @@ class TorchrunExecutor(LaneExecutor):
         #: Calls not known to be finished: one abandoned by Ctrl-C keeps its ranks busy, so shutdown will not wait.
         self._calls: weakref.WeakSet[LaneCallHandle] = weakref.WeakSet()
         self._world: World | None = None
+        #: Where a plain ``init_process_group()`` of this group meets under the launcher (``_worlds``).
+        self._meeting: Meeting | None = None
         if _env.under_torchrun():
             if spares:
                 raise DispatchValueError(
@@ -99,6 +101,7 @@ class TorchrunExecutor(LaneExecutor):
                 raise DispatchValueError(f"ranks {ranks} do not fit this torchrun launch of {launch.size} processes")
             # The launch is this process's only world: every group made here listens where its ranks reach.
             self.lane_host = launch.lane_host
+            self._meeting = Meeting(launch.lane_host, spec.world_size)
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
         #: Where this world's store is, for consumers in other self-started worlds (``None`` under the launcher).
         self._world_store: WorldStore | None = None
@@ -126,6 +129,20 @@ class TorchrunExecutor(LaneExecutor):
             world_started(self._world.identity)
 
     # -- the backend's part of the lane -------------------------------------------------
+    def open_ranks(self, ranks: Sequence[int], timeout: float) -> None:
+        """The lane's start; under the launcher, a second default group in one process is explained."""
+        try:
+            super().open_ranks(ranks, timeout)
+        except WorkerError as exc:
+            if self._meeting is not None and "default process group twice" in exc.exc_message:
+                exc.add_note(
+                    f"under the torchrun launcher, world rank {self._data_ranks[exc.rank]}'s process already holds "
+                    "torch's default process group, made by another group's rank there (a process holds one): "
+                    "place this group on other ranks (ranks=[...]) or destroy that one first "
+                    "(docs/process-groups.md)"
+                )
+            raise
+
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """Publish the lane in the world's store and tell each rank's process to join (worker 0: a thread here)."""
         world = self._world
@@ -133,7 +150,10 @@ class TorchrunExecutor(LaneExecutor):
         StoreDirectory(world.store, lane_key(self._gid)).publish(address)
         for g in ranks:
             d = self._data_ranks[g]
+            if self._meeting is not None:
+                self._envs[g] = self._meeting.env(g)
             if d == 0 and isinstance(world, LaunchWorld):
+                _env.present_group(self._envs.pop(g))  # here, before the serving thread starts
                 self._local = threading.Thread(
                     target=world.services.serve_group,
                     args=(self._gid, g, self.spec.death_timeout),
@@ -176,6 +196,8 @@ class TorchrunExecutor(LaneExecutor):
             world.stop(wait=0.5 if self._stuck else 10.0)
         elif isinstance(world, LaunchWorld):
             world.dead_ranks.pop(self._gid, None)
+            if self._meeting is not None:
+                self._meeting.close()
             if self._local is not None:
                 self._local.join(2.0)
 

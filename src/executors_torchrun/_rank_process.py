@@ -27,7 +27,7 @@ import torch.distributed as dist
 from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
-from ._env import set_local_device
+from ._env import present_group, set_local_device
 from ._protocol import READY_KEY, StoreDirectory, join_key, lane_key, pop, stopped_key
 from ._row_plane import RowPlane
 from ._transport import Transport
@@ -97,8 +97,8 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
             if message[0] == "stop":
                 break
             _, gid, group_rank, env, death_timeout = message
-            if env:  # a spare taking over a rank: its rank variables come now
-                os.environ.update(env)
+            if env:  # its rank variables: a spare's taking over a rank, a launch's for the group (``_worlds``)
+                present_group(env)
             if not threads:
                 services.serve_group(gid, group_rank, death_timeout, on_driver_gone=_leave)
                 continue

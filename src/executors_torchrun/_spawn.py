@@ -32,19 +32,19 @@ BOOT_ENV = "DISPATCHCORE_TORCHRUN_BOOT"
 _CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
 
 
-def start_store() -> dist.TCPStore:
-    """The store of a self-started world, hosted by the driver on a free loopback port.
+def start_store(host: str = LOOPBACK) -> dist.TCPStore:
+    """A store hosted by the driver on a free port of ``host`` (a self-started world's: loopback).
 
     ``TCPStore(host, 0, is_master=True)`` listens on every interface, and the store carries pickles: its
-    socket is bound to loopback here and handed over (the store then owns and closes it).
+    socket is bound to ``host`` here and handed over (the store then owns and closes it).
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind((LOOPBACK, 0))
+        sock.bind((host, 0))
         sock.listen(socket.SOMAXCONN)
         port = int(sock.getsockname()[1])
         store = dist.TCPStore(
-            LOOPBACK,
+            host,
             port,
             None,
             True,

@@ -8,6 +8,14 @@ own world and stops it at ``shutdown()``.  A world is a store, a gloo
 transport for rows (the driver is data rank 0) and :meth:`World.join`;
 calls never touch it (each group has its own lane).
 
+A plain ``torch.distributed.init_process_group()`` in a worker under the
+launcher meets just its group's ranks: while a process builds a group's
+worker, ``RANK``/``WORLD_SIZE`` are the group's and ``MASTER_ADDR``/``MASTER_PORT``
+name a store the driver serves for that group alone (a :class:`Meeting`;
+with ``TORCHELASTIC_USE_AGENT_STORE`` every rank is its client, and the
+launch's agent store would mix groups' keys).  A process keeps the
+variables of the last group it built.
+
 SIGTERM: torchrun's agent SIGTERMs every process when a rank dies.  Under
 the launcher (never in self-started worlds), if SIGTERM still has its
 default disposition when the first group is made on the main thread, the
@@ -19,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -217,13 +224,34 @@ class LaunchWorld(World):
             time.sleep(0.05)
 
 
+class Meeting:
+    """Where a plain ``init_process_group()`` of one launched group's ranks meets (module doc)."""
+
+    def __init__(self, host: str, world_size: int) -> None:
+        self.store: dist.TCPStore | None = start_store(host)
+        self._env = {
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": host,
+            "MASTER_PORT": str(self.store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+
+    def env(self, group_rank: int) -> dict[str, str]:
+        """The variables ``env://`` reads, for ``group_rank`` (the launch's ``LOCAL_RANK`` stays: it picks the GPU)."""
+        return {**self._env, "RANK": str(group_rank)}
+
+    def close(self) -> None:
+        """Let go of the store, so its port closes (a rank still in its rendezvous then fails)."""
+        self.store = None
+
+
 # -- torchrun ----------------------------------------------------------------------
 _launch: LaunchWorld | None = None
 _launch_lock = threading.Lock()
 
 
 def _torchrun_store(start_timeout: float) -> dist.Store:
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+    if _env.launch_var("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
         raise DispatchRuntimeError(
             "the torchrun backend talks through torchrun's agent store, but TORCHELASTIC_USE_AGENT_STORE "
             "is not 'True' in this launch; start the driver with a plain `torchrun ...`"
@@ -237,7 +265,7 @@ def _torchrun_store(start_timeout: float) -> dist.Store:
 def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWorld:
     """Rank 0: the launch's world, made on first use.  Other ranks serve and exit 0 here."""
     global _launch
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
     if rank != 0:
         serve_and_exit(_torchrun_store(start_timeout), rank, size, timeout, launched=True)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._base import WorkerDiedError
-from .._runtime import RankCallHandle, RemoteFailure
+from .._base import DispatchTimeoutError, WorkerDiedError
+from .._runtime import RankCallHandle, RemoteFailure, stacks_note
 from .._spi import Call
 from .._wire import RowBuffers, Serialized
 from ._address import LaneAddress
@@ -29,6 +29,8 @@ from ._rows import RowPlan
 GONE_GRACE_S = 0.3
 #: How long a link's end waits for the process-death signal to name the cause.
 REASON_WAIT_S = 1.0
+#: How long a start-up past its bound waits for the unfinished ranks' stacks before raising without them.
+START_STACKS_WAIT_S = 2.0
 #: Says why rank ``rank``'s process is certainly gone, or ``None`` (the executor's death signal).
 RankDead = Callable[[int], str | None]
 #: Hears that rank ``rank`` was found gone, and why.
@@ -132,7 +134,13 @@ class LaneDriver:
         part = inline(boot)
         for position, rank in enumerate(ranks):
             self._send(rank, handle, position, cid, (START, cid, part, world_size, self._isolate))
-        handle.result(timeout)
+        try:
+            handle.result(timeout)
+        except DispatchTimeoutError as exc:  # slow or deadlocked: where each unfinished rank is says which
+            stacks = self.stacks(exc.ranks, False, START_STACKS_WAIT_S)
+            if stacks:
+                exc.add_note(stacks_note(stacks))
+            raise
 
     def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:
         """Send ``call`` to its ranks at once (all pickled first); ``handle``: the executor's own, else a plain one."""

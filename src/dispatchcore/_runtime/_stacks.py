@@ -28,9 +28,14 @@ def _is_machinery(frame: FrameType) -> bool:
 
 
 def format_user_stack(frame: FrameType) -> str:
-    """``frame``'s stack, outermost first, from the first frame of the user's code (see the module docstring)."""
+    """``frame``'s stack, outermost first, from the first frame of the user's code (see the module docstring).
+
+    That is the first one past the library's outermost frame (the rank's loop): what runs below it (a
+    ``python -c`` entry, a thread's start) is machinery whatever its module.
+    """
     frames = list(traceback.walk_stack(frame))[::-1]
-    first = next((i for i, (f, _) in enumerate(frames) if not _is_machinery(f)), 0)
+    loop = next((i for i, (f, _) in enumerate(frames) if _top_module(f).startswith(_MACHINERY_PREFIXES)), 0)
+    first = next((i for i, (f, _) in enumerate(frames) if i >= loop and not _is_machinery(f)), 0)
     lines = [f"  ... {first} frames of the method thread's machinery (threading, the rank's loop)\n"] if first else []
     for importing, group in itertools.groupby(
         frames[first:], key=lambda entry: _top_module(entry[0]) in _IMPORT_SYSTEM

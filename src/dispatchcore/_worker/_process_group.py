@@ -1,9 +1,8 @@
 """Torch's default process group over exactly one worker group's ranks, for code that needs it (FSDP2, DCP).
 
-A plain ``init_process_group()`` reads ``RANK``/``WORLD_SIZE`` from the
-environment, which under the torchrun launcher with ``ranks=[...]`` describe
-the whole launch, not the group; this builds the default group on the
-executor's store instead.  The group torch, the mesh and FSDP2 hold is a
+A plain ``init_process_group()`` makes a group the library cannot abort;
+this builds the default group on the executor's store instead, never from
+``RANK``/``WORLD_SIZE``.  The group torch, the mesh and FSDP2 hold is a
 stable outer object that forwards every collective to the link's current
 communicator, which the link alone holds, aborts and rebuilds (see
 ``docs/process-groups.md``).
