@@ -282,8 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check-weights", action="store_true", help="compare rollout and trainer bytes every step")
     args = parser.parse_args(argv)
     if args.backend == "local":
-        parser.error("local's ranks are threads of one process, which holds one torch process group: FSDP2 "
-                     "needs one per rank. Use --backend torchrun (one machine) or --backend ray")
+        parser.error(
+            "local's ranks are threads of one process, which holds one torch process group: FSDP2 "
+            "needs one per rank. Use --backend torchrun (one machine) or --backend ray"
+        )
     launched = args.backend == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID")
     driver = not launched or os.environ.get("RANK") == "0"
     config = GRPOConfig(backend=args.backend, steps=args.steps, seed=args.seed, check_weights=args.check_weights)
