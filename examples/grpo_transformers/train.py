@@ -139,20 +139,17 @@ class Actor(Worker):
         loss is scaled so that FSDP2's gradient mean over ranks is the mean
         over the real rows of the whole batch.
         """
-        cfg, real = self.config, real_rows(data)
+        cfg, rows = self.config, data.meta_info["total_rows"]
         sequences = data.batch["sequences"]
-        mask = (torch.arange(len(sequences)) < real).float()
+        mask = (torch.arange(len(sequences)) < real_rows(data)).float()
         log_prob = response_log_probs(self.model, sequences, cfg.prompt_len)
         delta = data.batch["ref_log_prob"] - log_prob
-        kl = (delta.exp() - delta - 1).mean(dim=-1)
-        per_row = -(data.batch["advantages"][:, None] * log_prob).mean(dim=-1) + cfg.kl_coef * kl
-        loss = (per_row * mask).sum() * self.world_size / data.meta_info["total_rows"]
+        kl = (delta.exp() - delta - 1).mean(dim=-1) * mask
+        per_row = (-(data.batch["advantages"][:, None] * log_prob).mean(dim=-1) + cfg.kl_coef * kl) * mask
         self.optimizer.zero_grad()
-        loss.backward()
+        (per_row.sum() * self.world_size / rows).backward()
         self.optimizer.step()
-        rows = data.meta_info["total_rows"]
-        per_row, kl = per_row.detach(), kl.detach()
-        return {"loss": float((per_row * mask).sum()) / rows, "kl": float((kl * mask).sum()) / rows}
+        return {"loss": float(per_row.detach().sum()) / rows, "kl": float(kl.detach().sum()) / rows}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self) -> dict[str, torch.Tensor]:
