@@ -154,7 +154,9 @@ class Actor(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter gathered whole (a collective: every rank runs it)."""
-        return {name: p.full_tensor() for name, p in self.model.named_parameters()}
+        from torch.distributed.tensor import DTensor
+
+        return {name: p.full_tensor() for name, p in self.model.named_parameters() if isinstance(p, DTensor)}
 
 
 class Reference(Worker):
