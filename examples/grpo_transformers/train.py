@@ -71,6 +71,7 @@ class StepResult:
     reward: float
     loss: float
     kl: float
+    rows: int  # the real rows the trainer's ranks trained on, summed (padding left out)
     weights_exact: bool | None  # None unless `check_weights`
 
 
@@ -131,7 +132,7 @@ class Actor(Worker):
         return dict(self.model.named_parameters())
 
     @register(dispatch_mode=reduce_metrics_mode("sum"))
-    def update_actor(self, data: DataProto) -> dict[str, float]:
+    def update_actor(self, data: DataProto) -> dict[str, float | int]:
         """One GRPO step (on-policy: the PPO ratio is 1, so its clip never acts) with a k3 KL to the reference.
 
         Every rank runs forward and backward on its whole chunk (FSDP2's
@@ -141,7 +142,8 @@ class Actor(Worker):
         """
         cfg, rows = self.config, data.meta_info["total_rows"]
         sequences = data.batch["sequences"]
-        mask = (torch.arange(len(sequences)) < real_rows(data)).float()
+        real = real_rows(data)
+        mask = (torch.arange(len(sequences)) < real).float()
         log_prob = response_log_probs(self.model, sequences, cfg.prompt_len)
         delta = data.batch["ref_log_prob"] - log_prob
         kl = (delta.exp() - delta - 1).mean(dim=-1) * mask
@@ -149,7 +151,7 @@ class Actor(Worker):
         self.optimizer.zero_grad()
         (per_row.sum() * self.world_size / rows).backward()
         self.optimizer.step()
-        return {"loss": float(per_row.detach().sum()) / rows, "kl": float(kl.detach().sum()) / rows}
+        return {"loss": float(per_row.detach().sum()) / rows, "kl": float(kl.detach().sum()) / rows, "rows": real}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_weights(self) -> dict[str, torch.Tensor]:
@@ -265,7 +267,7 @@ def train(
             batch = batch.union(ref.compute_ref_log_prob(batch))
             batch.meta_info["total_rows"] = len(batch)
             metrics = actor.update_actor(batch)
-            result = StepResult(step, float(rewards.mean()), metrics["loss"], metrics["kl"], exact)
+            result = StepResult(step, float(rewards.mean()), metrics["loss"], metrics["kl"], metrics["rows"], exact)
             history.append(result)
             if on_step is not None:
                 on_step(result)

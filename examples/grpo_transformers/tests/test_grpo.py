@@ -20,9 +20,11 @@ from train import GRPOConfig, StepResult, main, train
 from dispatchcore import WorkerError
 
 
-def _check(history: list[StepResult], trace_file: Path, steps: int) -> None:
+def _check(history: list[StepResult], trace_file: Path, config: GRPOConfig) -> None:
+    steps = config.steps
     assert [r.step for r in history] == list(range(1, steps + 1))
     assert all(r.weights_exact for r in history)
+    assert {r.rows for r in history} == {config.prompts * config.samples}  # 8 + 7 real rows: padding left out
     start = sum(r.reward for r in history[:3]) / 3
     end = sum(r.reward for r in history[-3:]) / 3
     assert start < 0.2 < 0.7 < end, [round(r.reward, 3) for r in history]
@@ -38,14 +40,14 @@ def test_the_batch_is_padded_for_the_trainer_group() -> None:
 
 def test_grpo_learns_on_torchrun_with_exact_weights_after_every_sync(tmp_path: Path) -> None:
     config = GRPOConfig(backend="torchrun", check_weights=True)
-    _check(train(config, trace_path=str(tmp_path / "trace.json")), tmp_path / "trace.json", config.steps)
+    _check(train(config, trace_path=str(tmp_path / "trace.json")), tmp_path / "trace.json", config)
 
 
 @pytest.mark.slow
 def test_grpo_learns_on_ray_with_exact_weights_after_every_sync(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("ray_session")
     config = GRPOConfig(backend="ray", check_weights=True)
-    _check(train(config, trace_path=str(tmp_path / "trace.json")), tmp_path / "trace.json", config.steps)
+    _check(train(config, trace_path=str(tmp_path / "trace.json")), tmp_path / "trace.json", config)
 
 
 @pytest.mark.slow
