@@ -1,7 +1,7 @@
 """The example learns, and after every sync the rollout holds exactly the trainer's gathered full parameters.
 
-On self-started torchrun in the default run (about 12 s here: start-up is
-most of it), on Ray marked slow; ``local`` is refused by name.
+On self-started torchrun unmarked (10-14 s on 2 cores, most of it start-up),
+on Ray and under the torchrun launcher marked slow; ``local`` is refused by name.
 """
 
 from __future__ import annotations
