@@ -12,6 +12,7 @@ from typing import Any
 
 from .._base import DispatchRuntimeError
 from .._runtime import RemoteFailure, WorkerHost, cancel_in_process, thread_stacks
+from .._trace import TimedResult
 from .._wire import dumps
 from .._wire._allocator import fill_thread_cache
 from ._address import LaneAddress
@@ -104,6 +105,8 @@ class LaneRank:
         """The DONE message for call ``cid`` and its frame note (``_rows``); an unpicklable result fails the call."""
         if value is None:
             return (DONE, cid, ok, None), b""
+        if ok and isinstance(value, TimedResult) and claimed(self._bulk, value.value):
+            value = value.value  # handed over as it is (a Ray ObjectRef pickled inside would lose its owner)
         as_is = ok and claimed(self._bulk, value)  # a value only the executor's bulk path can hand over
         if not as_is:
             try:
