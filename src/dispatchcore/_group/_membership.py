@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError, did_you_mean
 from .._runtime import isolated_copy
 from .._spi import Call, Executor, Instructions, Operation, backends_replacing_ranks, replaces_ranks
-from .._worker import REJOIN_CALL, MembershipChange
+from .._worker import REJOIN_CALL, MembershipChange, hands_over
+from ._heal import heal
 from ._stragglers import Stragglers
+
+_log = logging.getLogger("dispatchcore")
 
 #: The rejoin's instructions: the core's operation, not a worker method.
 _REJOIN = Instructions(operation=Operation.REJOIN)
@@ -73,6 +78,9 @@ class Membership:
         #: Ranks still running a call that ended (``_stragglers``); a replacement restarts the stuck ones too.
         self.stragglers = Stragglers()
         self.cancel_grace = CANCEL_GRACE_S
+        #: ``WeightSync`` (set by the group: the transfer layer stands above this one), which hands
+        #: replaced ranks a live replica's state (``_heal``).
+        self.transfer: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
     def replace(self, group: Any, ranks: tuple[int, ...], kind: str = "asked for") -> MembershipChange:
@@ -107,6 +115,7 @@ class Membership:
             source_rank=survivors[0] if survivors else ranks[0],
             generation=self.generation,
             env=env,
+            reset=() if survivors and hands_over(group.worker_cls) else ranks,
         )
         all_ranks = tuple(range(n))
         call = Call(
@@ -127,18 +136,46 @@ class Membership:
                 "The group stays broken; shut it down and create a new one"
             ) from exc
         executor.mark_usable()
+        if self.transfer is not None:
+            try:
+                change = heal(group, change, self.transfer)
+            except (WorkerError, DispatchError) as exc:
+                raise DispatchError(
+                    f"rank(s) {list(ranks)} were replaced and the group takes calls, but handing them a live "
+                    f"replica's state failed ({type(exc).__name__}: {exc}); they hold only what setup made. "
+                    f"Replace them again (wg.replace_rank({', '.join(map(str, ranks))})) or restore a checkpoint"
+                ) from exc
+        if change.reset and kind != "asked for":
+            _log.warning("%r: %s", group, reset_note(change, group.worker_cls))
         return change
 
-    def recover(self, group: Any, dead: int, seen: int) -> None:
+    def recover(self, group: Any, dead: int, seen: int) -> MembershipChange | None:
         """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
         with self._lock:
             if self.generation != seen:
-                return
+                return None
             pending = (dead,)
             for _ in range(group.world_size):
                 try:
-                    self._replace(group, pending, "dead")
-                    return
+                    return self._replace(group, pending, "dead")
                 except WorkerDiedError as again:
                     pending = (again.rank,)
             raise DispatchError(f"{group!r}: ranks kept dying while being replaced; giving up")
+
+
+def reset_note(change: MembershipChange | None, worker_cls: type) -> str:
+    """Why replaced ranks kept only setup's state, for a user who must hear it ("" when none did)."""
+    if change is None or not change.reset:
+        return ""
+    if len(change.replaced) == change.world_size:
+        why = "every rank was replaced at once, so no live replica was left to copy from"
+    elif getattr(worker_cls, "replicas", None) is None:
+        why = f"{worker_cls.__name__} is sharded (replicas = None): restore them from a checkpoint"
+    elif not hands_over(worker_cls):
+        why = f"{worker_cls.__name__} defines no replica_state()/load_replica_state() to hand its state over"
+    else:
+        why = f"no live replica of them on mesh {worker_cls.replicas!r} survived"  # type: ignore[attr-defined]
+    return (
+        f"rank(s) {list(change.reset)} were replaced and no replica handed them its state ({why}); unless "
+        "on_membership_change restored it, they hold only what setup made (docs/replacing-ranks.md)"
+    )
