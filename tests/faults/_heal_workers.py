@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dispatchcore import Dispatch, Worker, register
+from dispatchcore import Dispatch, RowShard, Worker, register
 
 
 class Trainer(Worker):
@@ -64,3 +64,11 @@ class TensorParallel(Healing):
     def init_model(self, seed: int) -> None:
         super().init_model(seed + self.rank % 2)  # the two halves differ
         self._register_dispatch_collect_info("tp", dp_rank=self.rank // 2, is_collect=self.rank % 2 == 0)
+
+
+class UnmarkedShards(Healing):
+    """Offers only its half of the rows, as FSDP2 would, without saying ``replicas = None``."""
+
+    def replica_state(self) -> dict[str, Any]:
+        half = self.rank % 2 * 32
+        return {"weight": RowShard(self.weight[half : half + 32], half, (64, 32))}

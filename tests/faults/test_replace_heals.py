@@ -17,11 +17,11 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from dispatchcore import WorkerDiedError, WorkerGroup
+from dispatchcore import WeightOfferError, WorkerDiedError, WorkerGroup
 from dispatchcore._group._heal import heal_from_replica, sources
 
 from . import _heal_workers
-from ._heal_workers import Healing, TensorParallel, Trainer
+from ._heal_workers import Healing, TensorParallel, Trainer, UnmarkedShards
 
 # The ranks import nothing from tests/: the worker classes travel by value.
 cloudpickle.register_pickle_by_value(_heal_workers)
@@ -36,7 +36,10 @@ def pids(wg: WorkerGroup[Any]) -> list[int]:
 
 
 def test_the_hand_over_between_live_ranks_and_who_gives() -> None:
-    """local: rank 1 diverged; rank 0's state goes to it rank to rank.  A mesh's replica is its peer's place."""
+    """local: rank 1 diverged; rank 0's state goes to it rank to rank.  A mesh's replica is its peer's place.
+
+    Sharded state offered as if replicated is refused before anything moves.
+    """
     with WorkerGroup(Healing, 3, backend="local") as wg:
         wg.init_model(0)
         wg.train(3)
@@ -54,6 +57,10 @@ def test_the_hand_over_between_live_ranks_and_who_gives() -> None:
         wg.init_model(0)
         assert sources(wg, (1,)) == {1: 3} and sources(wg, (0, 2)) == {0: 4, 2: 4}
         assert sources(wg, (1, 3, 5)) == {}
+    with WorkerGroup(UnmarkedShards, 2, backend="local") as wg:
+        wg.init_model(0)
+        with pytest.raises(WeightOfferError, match=r"rows 32\.\.64 of .weight. .* held by no source rank"):
+            heal_from_replica(wg, [1], 0)
 
 
 @pytest.mark.slow
@@ -77,8 +84,7 @@ def test_ray_replacement_takes_a_replicas_state(ray_session: Any) -> None:
         with pytest.raises(WorkerDiedError) as died:
             wg.checksum_once()
         assert any("rank(s) [1] were replaced and no replica handed them its state" in n for n in died.value.__notes__)
-        assert wg.replace_rank(2).reset == (2,)
-        assert [s for _, s, _ in checksums(wg)] == [5, 0, 0]
+        assert [s for _, s, _ in checksums(wg)] == [5, 0, 5]  # what the note says: rank 1 holds setup's state
 
 
 @pytest.mark.slow

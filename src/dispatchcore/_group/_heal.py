@@ -12,10 +12,14 @@ the rank survives (``Worker.replicas``), its state goes rank to rank with
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from .._base import DispatchError, WorkerError
 from .._worker import MembershipChange, hands_over
+
+_log = logging.getLogger("dispatchcore")
 
 #: A hook name no worker defines: the hand-over never asks for slices nor lends buffers.
 _NO_HOOK = "_dispatchcore_no_hook"
@@ -48,15 +52,33 @@ def heal_from_replica(group: Any, new_ranks: Sequence[int], source_rank: int, tr
     return True
 
 
-def heal(group: Any, change: MembershipChange, transfer: Any) -> MembershipChange:
-    """After the rejoin: hand each replaced rank a live replica's state; ``change`` naming those left reset."""
-    if change.reset == change.replaced:
-        return change
-    given = sources(group, change.replaced)
-    for source in sorted(set(given.values())):
-        heal_from_replica(group, [r for r, s in given.items() if s == source], source, transfer)
-    reset = tuple(r for r in change.replaced if r not in given)
-    return dataclasses.replace(change, reset=reset) if reset != change.reset else change
+def heal(group: Any, change: MembershipChange, transfer: Any, automatic: bool) -> MembershipChange:
+    """After the rejoin: hand each replaced rank a live replica's state; ``change`` naming those left reset.
+
+    An ``automatic`` replacement (``on_rank_death="replace"``) that leaves ranks reset logs it.
+    """
+    if change.reset != change.replaced:
+        try:
+            given = sources(group, change.replaced)
+            for source in sorted(set(given.values())):
+                heal_from_replica(group, [r for r, s in given.items() if s == source], source, transfer)
+        except (WorkerError, DispatchError) as exc:
+            raise _failed(change.replaced, exc) from exc
+        reset = tuple(r for r in change.replaced if r not in given)
+        change = dataclasses.replace(change, reset=reset) if reset != change.reset else change
+    if change.reset and automatic:
+        _log.warning("%r: %s", group, reset_note(change, group.worker_cls))
+    return change
+
+
+def _failed(ranks: tuple[int, ...], exc: Exception) -> DispatchError:
+    sharded = " (state sharded across ranks, as FSDP2's, has no replica: set replicas = None)"
+    return DispatchError(
+        f"rank(s) {list(ranks)} were replaced and the group takes calls, but handing them a live "
+        f"replica's state failed ({type(exc).__name__}: {exc}); they hold only what setup made"
+        f"{sharded if isinstance(exc, ValueError) else ''}. Replace them again "
+        f"(wg.replace_rank({', '.join(map(str, ranks))})) or restore a checkpoint"
+    )
 
 
 def sources(group: Any, replaced: Sequence[int]) -> dict[int, int]:
@@ -82,3 +104,21 @@ def sources(group: Any, replaced: Sequence[int]) -> dict[int, int]:
         if live:
             found[rank] = live[0]
     return found
+
+
+def reset_note(change: MembershipChange | None, worker_cls: type) -> str:
+    """Why replaced ranks kept only setup's state, for a user who must hear it ("" when none did)."""
+    if change is None or not change.reset:
+        return ""
+    if len(change.replaced) == change.world_size:
+        why = "every rank was replaced at once, so no live replica was left to copy from"
+    elif getattr(worker_cls, "replicas", None) is None:
+        why = f"{worker_cls.__name__} is sharded (replicas = None): restore them from a checkpoint"
+    elif not hands_over(worker_cls):
+        why = f"{worker_cls.__name__} defines no replica_state()/load_replica_state() to hand its state over"
+    else:
+        why = f"no live replica of them on mesh {worker_cls.replicas!r} survived"  # type: ignore[attr-defined]
+    return (
+        f"rank(s) {list(change.reset)} were replaced and no replica handed them its state ({why}); unless "
+        "on_membership_change restored it, they hold only what setup made (docs/replacing-ranks.md)"
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +12,6 @@ from .._spi import Call, Executor, Instructions, Operation, backends_replacing_r
 from .._worker import REJOIN_CALL, MembershipChange, hands_over
 from ._heal import heal
 from ._stragglers import Stragglers
-
-_log = logging.getLogger("dispatchcore")
 
 #: The rejoin's instructions: the core's operation, not a worker method.
 _REJOIN = Instructions(operation=Operation.REJOIN)
@@ -136,18 +133,9 @@ class Membership:
                 "The group stays broken; shut it down and create a new one"
             ) from exc
         executor.mark_usable()
-        if self.transfer is not None:
-            try:
-                change = heal(group, change, self.transfer)
-            except (WorkerError, DispatchError) as exc:
-                raise DispatchError(
-                    f"rank(s) {list(ranks)} were replaced and the group takes calls, but handing them a live "
-                    f"replica's state failed ({type(exc).__name__}: {exc}); they hold only what setup made. "
-                    f"Replace them again (wg.replace_rank({', '.join(map(str, ranks))})) or restore a checkpoint"
-                ) from exc
-        if change.reset and kind != "asked for":
-            _log.warning("%r: %s", group, reset_note(change, group.worker_cls))
-        return change
+        if self.transfer is None:
+            return change
+        return heal(group, change, self.transfer, automatic=kind != "asked for")
 
     def recover(self, group: Any, dead: int, seen: int) -> MembershipChange | None:
         """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
@@ -161,21 +149,3 @@ class Membership:
                 except WorkerDiedError as again:
                     pending = (again.rank,)
             raise DispatchError(f"{group!r}: ranks kept dying while being replaced; giving up")
-
-
-def reset_note(change: MembershipChange | None, worker_cls: type) -> str:
-    """Why replaced ranks kept only setup's state, for a user who must hear it ("" when none did)."""
-    if change is None or not change.reset:
-        return ""
-    if len(change.replaced) == change.world_size:
-        why = "every rank was replaced at once, so no live replica was left to copy from"
-    elif getattr(worker_cls, "replicas", None) is None:
-        why = f"{worker_cls.__name__} is sharded (replicas = None): restore them from a checkpoint"
-    elif not hands_over(worker_cls):
-        why = f"{worker_cls.__name__} defines no replica_state()/load_replica_state() to hand its state over"
-    else:
-        why = f"no live replica of them on mesh {worker_cls.replicas!r} survived"  # type: ignore[attr-defined]
-    return (
-        f"rank(s) {list(change.reset)} were replaced and no replica handed them its state ({why}); unless "
-        "on_membership_change restored it, they hold only what setup made (docs/replacing-ranks.md)"
-    )

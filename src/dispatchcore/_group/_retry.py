@@ -6,7 +6,7 @@ from typing import Any
 
 from .._base import WorkerDiedError
 from .._dispatch import Registration
-from ._membership import reset_note
+from ._heal import reset_note
 from ._site import CallSite
 
 
