@@ -36,7 +36,7 @@ def should_retry(
             f"rank {exc.rank} was replaced (on_rank_death='replace') and the group takes calls "
             f"again; {method!r} was not retried: register it with retry=True if it is safe to run twice"
         )
-        reset = reset_note(change, (root or group).worker_cls)
+        reset = reset_note(change, (root if root is not None else group).worker_cls)
         if reset:
             exc.add_note(reset)
         raise exc

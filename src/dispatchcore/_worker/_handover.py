@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._base import DispatchRuntimeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -47,7 +49,7 @@ class StateHandover:
 
     def load_replica_state(self, state: dict[str, torch.Tensor]) -> None:
         """Take a live replica's :meth:`replica_state` (on a replaced rank, after setup replay)."""
-        raise NotImplementedError(
+        raise DispatchRuntimeError(
             f"{type(self).__name__} defines replica_state() but not load_replica_state(state): define both"
         )
 
