@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -36,6 +37,20 @@ class Trainer(Worker):
     def checksum_once(self) -> float:
         """Not retry-safe: after an automatic replacement the death is raised, with its notes."""
         return float(self.weight.double().sum())
+
+    @register(Dispatch.ONE_TO_ALL)
+    def fail_while_one_hangs(self, stuck: int) -> None:
+        """Rank 0 raises; rank ``stuck`` takes one more step, then stays in the call, deaf to interrupts."""
+        if self.rank == 0:
+            raise RuntimeError("the step failed")
+        if self.rank == stuck:
+            self.train(1)
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                try:
+                    time.sleep(0.05)
+                except BaseException:  # noqa: BLE001, S110 - stuck: the cancel's interrupt does not end it
+                    pass
 
     @register(Dispatch.ONE_TO_ALL)
     def set_version(self, version: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from dispatchcore import WeightOfferError, WorkerDiedError, WorkerGroup
+from dispatchcore import WeightOfferError, WorkerDiedError, WorkerError, WorkerGroup
 from dispatchcore._group._heal import heal_from_replica, sources
 
 from . import _heal_workers
@@ -90,8 +90,11 @@ def test_ray_replacement_takes_a_replicas_state(ray_session: Any) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchrun_replacement_takes_a_replicas_state() -> None:
-    """Self-started torchrun, one spare: rank 1 dies, the spare takes its place and rank 0's state."""
-    with WorkerGroup(Healing, 3, backend="torchrun", death_timeout=5, on_rank_death="replace", spare_ranks=1) as wg:
+    """Self-started torchrun, two spares: rank 1 dies, then rank 1 is stuck past cancel_grace; both times
+    the spare taking its place takes rank 0's state."""
+    with WorkerGroup(
+        Healing, 3, backend="torchrun", death_timeout=5, on_rank_death="replace", spare_ranks=2, cancel_grace=0.5
+    ) as wg:
         wg.init_model(0)
         wg.train(5)
         trained, before = checksums(wg)[0], pids(wg)
@@ -99,3 +102,8 @@ def test_torchrun_replacement_takes_a_replicas_state() -> None:
         assert checksums(wg) == [trained] * 3
         after = pids(wg)
         assert after[0::2] == before[0::2] and after[1] != before[1]
+        with pytest.raises(WorkerError, match="the step failed"):
+            wg.fail_while_one_hangs(1)  # rank 1 stepped once more and stays in the call
+        assert checksums(wg) == [trained] * 3  # the stuck rank was replaced first, and healed
+        last = pids(wg)
+        assert last[0::2] == before[0::2] and last[1] not in (before[1], after[1])
