@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError, did_you_mean
 from .._runtime import isolated_copy
 from .._spi import Call, Executor, Instructions, Operation, backends_replacing_ranks, replaces_ranks
-from .._worker import REJOIN_CALL, MembershipChange
+from .._worker import REJOIN_CALL, MembershipChange, hands_over
+from ._heal import heal
 from ._stragglers import Stragglers
 
 #: The rejoin's instructions: the core's operation, not a worker method.
@@ -73,6 +75,9 @@ class Membership:
         #: Ranks still running a call that ended (``_stragglers``); a replacement restarts the stuck ones too.
         self.stragglers = Stragglers()
         self.cancel_grace = CANCEL_GRACE_S
+        #: ``WeightSync`` (set by the group: the transfer layer stands above this one), which hands
+        #: replaced ranks a live replica's state (``_heal``).
+        self.transfer: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
     def replace(self, group: Any, ranks: tuple[int, ...], kind: str = "asked for") -> MembershipChange:
@@ -107,6 +112,7 @@ class Membership:
             source_rank=survivors[0] if survivors else ranks[0],
             generation=self.generation,
             env=env,
+            reset=() if survivors and hands_over(group.worker_cls) else ranks,
         )
         all_ranks = tuple(range(n))
         call = Call(
@@ -127,18 +133,19 @@ class Membership:
                 "The group stays broken; shut it down and create a new one"
             ) from exc
         executor.mark_usable()
-        return change
+        if self.transfer is None:
+            return change
+        return heal(group, change, self.transfer, automatic=kind != "asked for")
 
-    def recover(self, group: Any, dead: int, seen: int) -> None:
+    def recover(self, group: Any, dead: int, seen: int) -> MembershipChange | None:
         """``on_rank_death="replace"``: replace ``dead`` (and any found dead on the way), unless done since ``seen``."""
         with self._lock:
             if self.generation != seen:
-                return
+                return None
             pending = (dead,)
             for _ in range(group.world_size):
                 try:
-                    self._replace(group, pending, "dead")
-                    return
+                    return self._replace(group, pending, "dead")
                 except WorkerDiedError as again:
                     pending = (again.rank,)
             raise DispatchError(f"{group!r}: ranks kept dying while being replaced; giving up")

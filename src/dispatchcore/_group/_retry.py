@@ -6,6 +6,7 @@ from typing import Any
 
 from .._base import WorkerDiedError
 from .._dispatch import Registration
+from ._heal import reset_note
 from ._site import CallSite
 
 
@@ -29,11 +30,14 @@ def should_retry(
     if shared.on_rank_death != "replace" or retried:
         return False
     root = shared.root() if shared.root is not None else None
-    shared.membership.recover(root if root is not None else group, exc.rank, generation)
+    change = shared.membership.recover(root if root is not None else group, exc.rank, generation)
     if not registration.retry:
         exc.add_note(
             f"rank {exc.rank} was replaced (on_rank_death='replace') and the group takes calls "
             f"again; {method!r} was not retried: register it with retry=True if it is safe to run twice"
         )
+        reset = reset_note(change, (root if root is not None else group).worker_cls)
+        if reset:
+            exc.add_note(reset)
         raise exc
     return True

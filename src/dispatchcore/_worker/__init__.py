@@ -8,6 +8,7 @@ from ._collective import STORE_ENV, CollectiveLink, StoreCollective, ThreadColle
 from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast_object, rank_info
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
+from ._handover import StateHandover, hands_over
 from ._method_names import method_names
 from ._process_group import init_process_group
 from ._rank_context import (
@@ -29,6 +30,7 @@ __all__ = [
     "CollectiveLink",
     "MembershipChange",
     "RankInfo",
+    "StateHandover",
     "StoreCollective",
     "ThreadCollective",
     "Worker",
@@ -41,6 +43,7 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "enter_method",
+    "hands_over",
     "init_process_group",
     "leave_method",
     "method_names",

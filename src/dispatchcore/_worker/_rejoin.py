@@ -24,7 +24,8 @@ REJOIN_CALL = "<rejoin>"
 class MembershipChange:
     """What every rank learns after ranks were replaced (argument of the hook)."""
 
-    #: Ranks now hosted by new processes (their state came from ``__init__`` and setup replay).
+    #: Ranks now hosted by new processes (their state came from ``__init__`` and setup replay, then from a
+    #: live replica where the worker defines ``replica_state``).
     replaced: tuple[int, ...]
     world_size: int
     #: The lowest surviving rank: the one to copy state from.
@@ -34,6 +35,10 @@ class MembershipChange:
     #: Rendezvous variables (``MASTER_ADDR``/``MASTER_PORT``) for a rebuilt
     #: ``torch.distributed`` world; already in ``os.environ`` when the hook runs.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Replaced ranks whose state is only what setup made: the worker defines no ``replica_state``, is
+    #: sharded (``replicas = None``), or no live replica was left.  In the hook it says what the driver
+    #: knew before the hand-over; ``replace_rank`` returns the final answer (a mesh replica found missing).
+    reset: tuple[int, ...] = ()
 
     def is_new(self, rank: int) -> bool:
         """Whether ``rank`` is one of the replacement processes."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._handover import StateHandover
 from ._mesh import DispatchCollectInfo
 from ._rank_context import call_cancelled, current_rank_context
 
@@ -18,12 +19,15 @@ if TYPE_CHECKING:
     from ._rejoin import MembershipChange
 
 
-class Worker(DispatchCollectInfo):
+class Worker(DispatchCollectInfo, StateHandover):
     """Base class of every worker; subclass it and decorate methods with ``@register``.
 
     Mesh declarations for nd dispatch (``_register_dispatch_collect_info``,
     ``get_dispatch_collect`` / ``set_dispatch_collect``) come from
-    :class:`~dispatchcore._worker._mesh.DispatchCollectInfo`.
+    :class:`~dispatchcore._worker._mesh.DispatchCollectInfo`; the state a
+    replaced rank takes from a live replica (``replica_state`` /
+    ``load_replica_state``, ``replicas``) from
+    :class:`~dispatchcore._worker._handover.StateHandover`.
     """
 
     _rank: int
@@ -61,10 +65,12 @@ class Worker(DispatchCollectInfo):
 
         Override it to rebuild what spans ranks: tear down and re-create a
         ``torch.distributed`` world (``os.environ`` already holds the new
-        ``MASTER_ADDR``/``MASTER_PORT``), and bring the new ranks' state in
-        line with the survivors' (copy it from ``change.source_rank``, or
-        reload a checkpoint).  On a new rank it runs after the setup calls
-        were replayed.  The default does nothing.
+        ``MASTER_ADDR``/``MASTER_PORT``).  A worker defining
+        :meth:`replica_state` has the new ranks' state handed over from a live
+        replica after this hook; one without can copy it here from
+        ``change.source_rank`` or reload a checkpoint (``change.reset`` names
+        the ranks left with setup's state).  On a new rank it runs after the
+        setup calls were replayed.  The default does nothing.
         """
 
     @property
