@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from dispatchcore import WeightOfferError, WorkerDiedError, WorkerError, WorkerGroup
+from dispatchcore import WeightOfferError, WorkerDiedError, WorkerError, WorkerGroup, create_colocated_worker_cls
 from dispatchcore._group._heal import heal_from_replica, sources
 
 from . import _heal_workers
@@ -61,6 +61,22 @@ def test_the_hand_over_between_live_ranks_and_who_gives() -> None:
         wg.init_model(0)
         with pytest.raises(WeightOfferError, match=r"rows 32\.\.64 of .weight. .* held by no source rank"):
             heal_from_replica(wg, [1], 0)
+
+
+def test_colocated_roles_hand_over_each_roles_state() -> None:
+    """local: a colocated class hands over every role that defines a hand-over, each under its role's name."""
+    cls = create_colocated_worker_cls({"actor": Healing, "ref": Trainer})
+    with WorkerGroup(cls, 2, backend="local") as wg:
+        actor, ref = wg.spawn(["actor", "ref"]).values()
+        actor.init_model(0)
+        ref.init_model(1)
+        actor[1].train(2)
+        ref[1].train(2)
+        ref_before = checksums(ref)
+        assert checksums(actor)[1] != checksums(actor)[0]
+        assert heal_from_replica(wg, [1], 0)
+        assert checksums(actor)[1] == checksums(actor)[0]
+        assert checksums(ref) == ref_before  # no hand-over of its own: left as it was
 
 
 @pytest.mark.slow

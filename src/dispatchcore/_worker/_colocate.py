@@ -14,6 +14,7 @@ from typing import Any
 
 from .._base import DispatchAttributeError, DispatchTypeError, DispatchValueError
 from .._dispatch import REGISTRATION_ATTR, registered_methods
+from ._handover import hands_over
 from ._worker import Worker
 
 
@@ -103,6 +104,7 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
         raise DispatchAttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     namespace: dict[str, Any] = {
+        **_handover_members(specs),
         "__init__": __init__,
         "__getattr__": __getattr__,
         "on_membership_change": on_membership_change,
@@ -116,6 +118,30 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
     name = "Colocated_" + "_".join(specs)
     cls = type(name, (Worker,), namespace)
     return cls
+
+
+def _handover_members(specs: Mapping[str, ClassWithInitArgs]) -> dict[str, Any]:
+    """The roles' state hand-overs as one: ``"<role>.<name>"`` tensors (``docs/replacing-ranks.md``)."""
+    roles = [role for role, spec in specs.items() if hands_over(spec.cls)]
+    if not roles:
+        return {}
+    kinds = {specs[role].cls.replicas for role in roles}  # type: ignore[attr-defined]
+
+    def replica_state(self: Any) -> dict[str, Any]:
+        objects = self._dispatchcore_role_objects
+        return {f"{r}.{k}": v for r in roles for k, v in (objects[r].replica_state() or {}).items()}
+
+    def load_replica_state(self: Any, state: dict[str, Any]) -> None:
+        for role in roles:
+            prefix = f"{role}."
+            part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            self._dispatchcore_role_objects[role].load_replica_state(part)
+
+    return {
+        "replica_state": replica_state,
+        "load_replica_state": load_replica_state,
+        "replicas": kinds.pop() if len(kinds) == 1 else None,
+    }
 
 
 #: Short alias of :func:`create_colocated_worker_cls`.
