@@ -132,9 +132,11 @@ class Sleeper(Worker):
         """Blocked in C with the cancel's signal masked, as C code that blocks signals is: only a restart ends it."""
         from dispatchcore._runtime._cancel import INTERRUPT_SIGNAL
 
-        if INTERRUPT_SIGNAL is not None:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL})
-        time.sleep(FOREVER)
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL} if INTERRUPT_SIGNAL else set())
+        try:
+            time.sleep(FOREVER)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
 
 
 def _group(request: pytest.FixtureRequest, backend: str, **options: Any) -> WorkerGroup[Any]:
