@@ -183,7 +183,8 @@ def machine() -> list[str]:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!RELIABILITY.md")  # not the report
+    dirty = " (with uncommitted changes)" if changed else ""
     return [
         f"- Machine: {usable} usable cores ({os.cpu_count()} logical; {cpu}), {ram} RAM, "
         f"{platform.system()} {platform.release()}",
