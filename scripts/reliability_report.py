@@ -5,6 +5,7 @@
     python scripts/reliability_report.py --quick      # CI's subset of cases
     python scripts/reliability_report.py --from rows.jsonl   # render recorded rows, run nothing
     python scripts/reliability_report.py -- -k ray    # extra arguments go to pytest
+    python scripts/reliability_report.py --update -- -k test_failed_step   # re-measure some rows, keep the rest
 
 Tests record rows with the ``record(table, **row)`` fixture of
 ``tests/faults/conftest.py`` (one JSON line per row in
@@ -73,6 +74,36 @@ def read_rows(path: Path) -> dict[str, list[dict[str, Any]]]:
         row = json.loads(line)
         tables.setdefault(str(row.pop("table", "untitled")), []).append(row)
     return tables
+
+
+def read_report(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The tables of a report this script wrote, each row's cells as their text (what ``--update`` keeps)."""
+    tables: dict[str, list[dict[str, Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    columns: list[str] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.startswith("## "):
+            rows, columns = tables.setdefault(line[3:], []), []
+        elif line.startswith("| ") and line.endswith(" |"):
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line[2:-2])]
+            if not columns:
+                columns = cells
+            elif set(cells) != {"---"}:
+                rows.append(dict(zip(columns, cells, strict=False)))
+    return tables
+
+
+def merge_rows(kept: dict[str, list[dict[str, Any]]], fresh: dict[str, list[dict[str, Any]]]) -> int:
+    """Put ``fresh`` rows into ``kept``: a row replaces the one of its table with the same fault; how many."""
+    for name, rows in fresh.items():
+        table = kept.setdefault(name, [])
+        for row in rows:
+            same = [i for i, old in enumerate(table) if old.get("fault") == row.get("fault")]
+            if same:
+                table[same[0]] = row
+            else:
+                table.append(row)
+    return sum(len(rows) for rows in fresh.values())
 
 
 def _table_key(name: str) -> tuple[int, str, int, str]:
@@ -152,7 +183,8 @@ def machine() -> list[str]:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/RELIABILITY.md")  # not the report
+    dirty = " (with uncommitted changes)" if changed else ""
     return [
         f"- Machine: {usable} usable cores ({os.cpu_count()} logical; {cpu}), {ram} RAM, "
         f"{platform.system()} {platform.release()}",
@@ -218,6 +250,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI's subset of cases (no DISPATCHCORE_FAULTS_FULL)")
     parser.add_argument("--from", dest="source", type=Path, help="render these recorded rows; run nothing")
     parser.add_argument("--rows", type=Path, help="also keep the recorded rows (JSON lines) here")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the report's other rows; replace or add only those this run records"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.source is not None:
@@ -230,10 +265,17 @@ def main(argv: Iterable[str] | None = None) -> int:
         code, summary, seconds = run_suite(rows, full=not args.quick, pytest_args=args.pytest_args)
         kind = "CI subset (--quick)" if args.quick else "full (DISPATCHCORE_FAULTS_FULL=1)"
         extra = f", pytest {' '.join(args.pytest_args)}" if args.pytest_args else ""
+        run = f"{kind}{extra}; `pytest tests/faults` took {seconds:.0f} s"
+        tables = read_rows(rows)
+        if args.update:
+            kept = read_report(args.out)
+            count = merge_rows(kept, tables)
+            tables = kept
+            run = f"update: {count} rows re-measured ({run}); the others as the last full run measured them"
         write_report(
             args.out,
-            read_rows(rows),
-            run=f"{kind}{extra}; `pytest tests/faults` took {seconds:.0f} s",
+            tables,
+            run=run,
             summary=summary,
             exit_code=code,
         )

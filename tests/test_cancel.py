@@ -5,7 +5,7 @@ until every rank is in the method (pytest-timeout bounds the wait), then it
 is cancelled.  The methods would run for ten minutes or for ever, far past
 each test's timeout, so a test that passes proves the cancel ended them.
 One group per backend serves every case whose ranks leave the call; a rank
-blocked in C never does, so those cases build a group of their own: it is
+blocked in C (on torchrun: with the cancel's signal masked) never does, so those cases build a group of their own: it is
 restarted (``on_rank_death="replace"``) or declared broken.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -126,6 +127,17 @@ class Sleeper(Worker):
     def sleep_in_c(self) -> None:
         time.sleep(FOREVER)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_in_c_deaf(self) -> None:
+        """Blocked in C with the cancel's signal masked, as C code that blocks signals is: only a restart ends it."""
+        from dispatchcore._runtime._cancel import INTERRUPT_SIGNAL
+
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL} if INTERRUPT_SIGNAL else set())
+        try:
+            time.sleep(FOREVER)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
+
 
 def _group(request: pytest.FixtureRequest, backend: str, **options: Any) -> WorkerGroup[Any]:
     if backend == "ray":
@@ -202,9 +214,9 @@ def test_on_timeout_cancel_stops_the_call_and_keeps_the_group(group: WorkerGroup
     assert group.bump() == [n + 1 for n in before]
 
 
-def _cancel_a_call_blocked_in_c(wg: WorkerGroup[Any]) -> None:
-    future = wg.sleep_in_c()
-    _wait_until_in(wg, "sleep_in_c")
+def _cancel_a_call_blocked_in_c(wg: WorkerGroup[Any], method: str = "sleep_in_c") -> None:
+    future = getattr(wg, method)()
+    _wait_until_in(wg, method)
     assert future.cancel() is True
     with pytest.raises(CallCancelledError):
         future.get()
@@ -222,13 +234,15 @@ def _assert_broken_by_stuck_ranks(wg: WorkerGroup[Any]) -> None:
 
 @pytest.mark.parametrize("backend", [_backend(name) for name in RESTARTING])
 def test_ranks_blocked_in_c_are_restarted_before_the_next_call(request: pytest.FixtureRequest, backend: str) -> None:
+    # torchrun's signal ends a plain sleep (tests/test_cancel_blocked_in_c.py): its ranks mask it here
+    method = "sleep_in_c_deaf" if backend == "torchrun" else "sleep_in_c"
     with _group(request, backend, on_rank_death="replace", cancel_grace=1.0, **RESTARTING[backend]) as wg:
         assert wg.bump() == [1, 1]
-        _cancel_a_call_blocked_in_c(wg)
+        _cancel_a_call_blocked_in_c(wg, method)
         assert wg.bump() == [1, 1]  # new workers: the stuck ones were restarted
         assert wg.bump() == [2, 2]
         if backend == "torchrun":  # both spares are spent: without one, torchrun cannot restart a rank
-            _cancel_a_call_blocked_in_c(wg)
+            _cancel_a_call_blocked_in_c(wg, method)
             _assert_broken_by_stuck_ranks(wg)
 
 

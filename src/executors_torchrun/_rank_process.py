@@ -5,7 +5,8 @@ group's rank is a :class:`~dispatchcore.executor.LaneRank`.  A self-started
 process hosts one group, served on its main thread (glibc's main arena
 keeps the freed memory, see ``keep_freed_memory``), and leaves as soon as
 that group's lane ends, even mid-call; a launch's process serves each group
-on a thread of its own.  Beside them run the process's
+on a thread of its own.  On the main thread a cancel also interrupts a
+blocking system call (``install_cancel_signal``).  Beside them run the process's
 :class:`~._row_plane.RowPlane` (lazy rows) and :class:`~._bridge.Bridge`
 (weights).
 """
@@ -24,7 +25,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, keep_freed_memory
+from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, install_cancel_signal, keep_freed_memory
 
 from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
@@ -49,6 +50,7 @@ class Services:
     ) -> None:
         """Serve rank ``group_rank`` of group ``gid`` until its lane ends (then ``on_driver_gone()``, mid-call too)."""
         set_local_device()
+        install_cancel_signal()  # where this is the main thread (self-started): a cancel ends a blocking sleep too
 
         def prepare(host: WorkerHost) -> None:
             self.rows.equip(host, death_timeout)

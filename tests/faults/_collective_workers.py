@@ -16,6 +16,7 @@ value (see ``_workers``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -131,8 +132,17 @@ class CollectiveWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def sleep_long(self, seconds: float) -> int:
-        """Block in C (``time.sleep``): an interrupt asked of the rank cannot reach it."""
-        time.sleep(seconds)
+        """Block in C (``time.sleep``) with the cancel's signal masked: no interrupt asked of the rank reaches it.
+
+        Unmasked, a self-started torchrun rank would leave the sleep 1 s after a cancel (a signal).
+        """
+        from dispatchcore._runtime._cancel import INTERRUPT_SIGNAL
+
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL} if INTERRUPT_SIGNAL else set())
+        try:
+            time.sleep(seconds)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)

@@ -2,7 +2,7 @@
 that owns every time bound."""
 
 from ._call_handle import RankCallHandle, liveness_poll
-from ._cancel import cancel_in_process
+from ._cancel import cancel_in_process, install_cancel_signal
 from ._isolation import ATOMS, check_copyable, isolated_copy
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import stacks_note, thread_stacks
@@ -20,6 +20,7 @@ __all__ = [
     "check_copyable",
     "check_spec_picklable",
     "first_failure",
+    "install_cancel_signal",
     "isolated_copy",
     "liveness_poll",
     "run_isolated",

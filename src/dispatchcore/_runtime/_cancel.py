@@ -19,12 +19,17 @@ in this order:
    (``PyThreadState_SetAsyncExc``): at its next Python instruction.  Code
    blocked in other C (a sleep, a user's own process group) sees it only
    when that C call returns; the driver restarts such a rank after its
-   grace period.
+   grace period.  Where the process's main thread runs the methods and
+   :func:`install_cancel_signal` ran there (torchrun's self-started
+   ranks), the interrupt is :data:`INTERRUPT_SIGNAL` sent to that thread
+   instead: it also ends a blocking system call (``time.sleep``, a socket,
+   a subprocess wait), whose handler then raises ``CallInterrupted``.
 
 A cancel that arrives before the rank started the call (it was queued)
 makes the rank skip it.  Only the call named by its id is ever touched:
 the gate clears a pending interrupt the moment the method returns, so the
-next call cannot receive it.
+next call cannot receive it (a signal that lands later finds no interrupted
+call and does nothing).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import signal
 import threading
 from threading import get_ident
 from typing import Any
@@ -43,6 +49,9 @@ from .._worker import CancelFlag
 INTERRUPT_AFTER_S = 1.0
 #: How many ids of calls cancelled before they started a rank remembers.
 _DOOMED_KEPT = 256
+#: What interrupts a main thread's blocking system call: a real-time signal, which torch, torchrun
+#: (it forwards SIGUSR1/2 under SLURM) and Ray leave alone (``None`` where the platform has none).
+INTERRUPT_SIGNAL: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
 
 
 class RunningCall(CancelFlag):
@@ -57,6 +66,8 @@ class RunningCall(CancelFlag):
     requested = False
     link: Any = None
     interrupted = False
+    #: The signal's handler raised ``CallInterrupted`` here already (it raises once per interrupt).
+    signalled = False
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Task[Any] | None = None
 
@@ -83,6 +94,8 @@ class CallGate:
         self._by_thread: dict[int, RunningCall] = {}
         self._doomed: set[int] = set()
         self._doomed_order: collections.deque[int] = collections.deque()
+        #: The main thread, once :func:`install_cancel_signal` put the handler there.
+        self.signal_thread: int | None = None
 
     def enter(self, call_id: int) -> RunningCall | None:
         """Mark ``call_id`` running on this thread; ``None`` when it was cancelled before it began."""
@@ -148,7 +161,10 @@ class CallGate:
             if self._by_thread.get(running.thread) is not running or running.interrupted:
                 return  # it returned (or a call it made runs now: interrupt only the innermost call)
             running.interrupted = True
-            _set_async_exc(running.thread, CallInterrupted)
+            if running.thread == self.signal_thread and signal.getsignal(INTERRUPT_SIGNAL) is _on_signal:  # type: ignore[arg-type]
+                signal.pthread_kill(running.thread, INTERRUPT_SIGNAL)  # type: ignore[arg-type]
+            else:
+                _set_async_exc(running.thread, CallInterrupted)
 
 
 #: This process's gate: every ``WorkerHost`` enters its calls here.
@@ -163,6 +179,36 @@ def cancel_in_process(call_id: int, interrupt_after: float = INTERRUPT_AFTER_S) 
     skip it when it comes.
     """
     return GATE.cancel(call_id, interrupt_after)
+
+
+def install_cancel_signal() -> bool:
+    """On the main thread that runs this process's rank methods: let a cancel's interrupt end a blocking system call.
+
+    ``time.sleep``, a socket or a subprocess wait then ends in ``CallInterrupted``
+    and the rank takes the next call, not a restart (``docs/calls-that-cannot-hang.md``).
+    Returns whether it is in place: never off the main thread, nor where
+    :data:`INTERRUPT_SIGNAL` has a handler already (the process's own: left alone).
+    """
+    if INTERRUPT_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(INTERRUPT_SIGNAL) is not _on_signal:
+        if signal.getsignal(INTERRUPT_SIGNAL) is not signal.SIG_DFL:
+            return False
+        signal.signal(INTERRUPT_SIGNAL, _on_signal)
+    GATE.signal_thread = get_ident()
+    return True
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """On the main thread: raise ``CallInterrupted`` in the call an interrupt is pending for, once; else nothing.
+
+    No lock (the main thread may hold the gate's): a call that returned is
+    no longer the thread's, so a late signal finds nothing to interrupt.
+    """
+    running = GATE._by_thread.get(get_ident())  # noqa: SLF001 - the gate's own handler
+    if running is not None and running.interrupted and not running.signalled:
+        running.signalled = True
+        raise CallInterrupted
 
 
 def _abort_collectives(running: RunningCall) -> None:
