@@ -183,7 +183,8 @@ def machine() -> list[str]:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = _git("rev-parse", "--short", "HEAD")
-    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/RELIABILITY.md")  # not the report
+    # the report itself does not count as a change
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/RELIABILITY.md")
     dirty = " (with uncommitted changes)" if changed else ""
     return [
         f"- Machine: {usable} usable cores ({os.cpu_count()} logical; {cpu}), {ram} RAM, "
