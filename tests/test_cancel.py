@@ -130,7 +130,7 @@ class Sleeper(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def sleep_in_c_deaf(self) -> None:
         """Blocked in C with the cancel's signal masked, as C code that blocks signals is: only a restart ends it."""
-        from dispatchcore._runtime._cancel import INTERRUPT_SIGNAL
+        from dispatchcore.executor import INTERRUPT_SIGNAL
 
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL} if INTERRUPT_SIGNAL else set())
         try:

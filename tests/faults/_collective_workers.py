@@ -136,7 +136,7 @@ class CollectiveWorker(Worker):
 
         Unmasked, a self-started torchrun rank would leave the sleep 1 s after a cancel (a signal).
         """
-        from dispatchcore._runtime._cancel import INTERRUPT_SIGNAL
+        from dispatchcore.executor import INTERRUPT_SIGNAL
 
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {INTERRUPT_SIGNAL} if INTERRUPT_SIGNAL else set())
         try:

@@ -38,6 +38,15 @@ def check_on_rank_death(value: Any, backend: str, executor_cls: type[Executor]) 
     )
 
 
+#: The class a replaced rank's state hand-over moves tensors with; ``_sync`` registers ``WeightSync``.
+_REPLICA_TRANSFER: list[Callable[..., Any]] = []
+
+
+def use_replica_transfer(transfer: Callable[..., Any]) -> None:
+    """Register the transfer class replacements heal with (the layer above calls this on import)."""
+    _REPLICA_TRANSFER[:] = [transfer]
+
+
 class SetupLog:
     """The setup calls of one group (all its role views), in the order they succeeded."""
 
@@ -75,9 +84,9 @@ class Membership:
         #: Ranks still running a call that ended (``_stragglers``); a replacement restarts the stuck ones too.
         self.stragglers = Stragglers()
         self.cancel_grace = CANCEL_GRACE_S
-        #: ``WeightSync`` (set by the group: the transfer layer stands above this one), which hands
-        #: replaced ranks a live replica's state (``_heal``).
-        self.transfer: Callable[..., Any] | None = None
+        #: What hands replaced ranks a live replica's state (``_heal``): ``WeightSync``, which the
+        #: transfer layer above this one registers on import (:func:`use_replica_transfer`).
+        self.transfer: Callable[..., Any] | None = _REPLICA_TRANSFER[0] if _REPLICA_TRANSFER else None
         self._lock = threading.Lock()
 
     def replace(self, group: Any, ranks: tuple[int, ...], kind: str = "asked for") -> MembershipChange:

@@ -22,7 +22,6 @@ from .._base import (
 from .._dispatch import Registration, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Call, Executor, GroupSpec, get_executor_class
-from .._sync import WeightSync
 from .._worker import MembershipChange, method_names
 from ._bind import bind_call
 from ._call_options import check_timeout
@@ -127,7 +126,6 @@ class WorkerGroup(Generic[W]):
         )  # fmt: skip
         shared.root = weakref.ref(self)
         shared.membership.cancel_grace = check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
-        shared.membership.transfer = WeightSync  # what hands a replaced rank a replica's state (``_heal``)
         shared.ledger.send = ledger_sender(shared, tuple(range(world_size)))
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)

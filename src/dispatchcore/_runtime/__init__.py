@@ -2,7 +2,7 @@
 that owns every time bound."""
 
 from ._call_handle import RankCallHandle, liveness_poll
-from ._cancel import cancel_in_process, install_cancel_signal
+from ._cancel import INTERRUPT_SIGNAL, cancel_in_process, install_cancel_signal
 from ._isolation import ATOMS, check_copyable, isolated_copy
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import stacks_note, thread_stacks
@@ -12,6 +12,7 @@ from ._worker_host import RemoteFailure, WorkerHost, first_failure
 
 __all__ = [
     "ATOMS",
+    "INTERRUPT_SIGNAL",
     "RankCallHandle",
     "RankThread",
     "RemoteFailure",

@@ -35,6 +35,7 @@ from .._rows import (
 )
 from .._runtime import (
     ATOMS,
+    INTERRUPT_SIGNAL,
     RankCallHandle,
     RankThread,
     RemoteFailure,
@@ -84,6 +85,7 @@ from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_
 __all__ = [
     "ATOMS",
     "COLLECTIVE_STORE_ENV",
+    "INTERRUPT_SIGNAL",
     "LOOPBACK",
     "PLAIN",
     "RANK_ENV_KEYS",
