@@ -119,6 +119,22 @@ class Executor(ABC):
         """
         raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
 
+    # -- optional: growing and shrinking a group (WorkerGroup.grow / shrink) -------------
+    def add_ranks(self, count: int) -> dict[str, str]:
+        """Start ``count`` ranks numbered from the current world size, their workers built at the new size.
+
+        Returns the rendezvous variables every rank adopts; the default
+        raises (see ``docs/elastic-groups.md``).
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot add ranks to a running group; create a larger group")
+
+    def remove_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Stop ``ranks`` (idle: the core waited for their calls) and number the others ``0..n-1`` in order.
+
+        Returns the rendezvous variables every remaining rank adopts; the default raises.
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot remove ranks from a running group; create a smaller one")
+
     # -- optional: where each rank is (WorkerGroup.rank_stacks, notes on timeouts) ----
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
         """The current Python stack of each of ``ranks`` answering within ``timeout``, read while a method runs."""

@@ -19,6 +19,7 @@ from ._rank_context import (
     swap_collective,
 )
 from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
+from ._resize import GroupResized, holds_sharded_group, renumber
 from ._worker import Worker
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "CancelFlag",
     "ClassWithInitArgs",
     "CollectiveLink",
+    "GroupResized",
     "MembershipChange",
     "RankInfo",
     "StoreCollective",
@@ -41,11 +43,13 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "enter_method",
+    "holds_sharded_group",
     "init_process_group",
     "leave_method",
     "method_names",
     "rank_context",
     "rank_info",
     "rejoin",
+    "renumber",
     "swap_collective",
 ]
