@@ -6,7 +6,6 @@ ends the driver's process too (plant deaths with the ``faulty`` backend).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -109,13 +108,13 @@ class LocalExecutor(Executor):
         if self._closed:
             raise DispatchError("this local group is shut down")
         n = self.spec.world_size
-        self.spec = dataclasses.replace(self.spec, world_size=n + count)
+        self.resize_spec(n + count)
         try:
             self._start_ranks(range(n, n + count))
         except BaseException:
             self._stop(self.rank_threads[n:], 2.0)
             del self.rank_threads[n:]
-            self.spec = dataclasses.replace(self.spec, world_size=n)
+            self.resize_spec(n)
             self._relink()
             raise
         return {}
@@ -127,7 +126,7 @@ class LocalExecutor(Executor):
         gone = set(ranks)
         self._stop([t for r, t in enumerate(self.rank_threads) if r in gone], 2.0)
         self.rank_threads = [t for r, t in enumerate(self.rank_threads) if r not in gone]
-        self.spec = dataclasses.replace(self.spec, world_size=len(self.rank_threads))
+        self.resize_spec(len(self.rank_threads))
         self._relink()
         return {}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from abc import ABC, abstractmethod
@@ -134,6 +135,10 @@ class Executor(ABC):
         Returns the rendezvous variables every remaining rank adopts; the default raises.
         """
         raise DispatchError(f"the {self.name!r} backend cannot remove ranks from a running group; create a smaller one")
+
+    def resize_spec(self, world_size: int) -> None:
+        """Record the group's new size in :attr:`spec` (for :meth:`add_ranks` / :meth:`remove_ranks`)."""
+        self.spec = dataclasses.replace(self.spec, world_size=world_size)
 
     # -- optional: where each rank is (WorkerGroup.rank_stacks, notes on timeouts) ----
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
