@@ -12,21 +12,18 @@ import time
 import uuid
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dispatchcore import DispatchError
 
 from ._pool import PlacementError
 from ._tags import CONTROL_GROUP
 
-if TYPE_CHECKING:
-    from ._executor import RayExecutor
-
 #: Placement groups a grow reserved, per executor: each with the names of the actors still placed in it.
-_reserved: weakref.WeakKeyDictionary[RayExecutor, list[tuple[Any, set[str]]]] = weakref.WeakKeyDictionary()
+_reserved: weakref.WeakKeyDictionary[Any, list[tuple[Any, set[str]]]] = weakref.WeakKeyDictionary()
 
 
-def _check(executor: RayExecutor, verb: str) -> None:
+def _check(executor: Any, verb: str) -> None:
     if executor.closed:
         raise DispatchError(f"ray group {executor.spec.name!r} is shut down")
     if executor._detached:
@@ -36,7 +33,7 @@ def _check(executor: RayExecutor, verb: str) -> None:
         )
 
 
-def add_ranks(executor: RayExecutor, count: int) -> dict[str, str]:
+def add_ranks(executor: Any, count: int) -> dict[str, str]:
     """Start ``count`` actors (placed as the group's), hand them the lane, build their workers at the new size."""
     _check(executor, "grow")
     group, n = executor._rank_actors, executor.spec.world_size
@@ -64,7 +61,7 @@ def add_ranks(executor: RayExecutor, count: int) -> dict[str, str]:
     return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
 
 
-def remove_ranks(executor: RayExecutor, ranks: Sequence[int]) -> dict[str, str]:
+def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:
     """End ``ranks``' lane links, kill their actors (and a grow's placement group left empty), renumber the rest."""
     _check(executor, "shrink")
     group, gone = executor._rank_actors, set(ranks)
@@ -75,7 +72,8 @@ def remove_ranks(executor: RayExecutor, ranks: Sequence[int]) -> dict[str, str]:
     executor._kill(group.actors[r] for r in sorted(gone))
     _unreserve(executor, set(leaving))
     for field in (group.actors, group.names, group.infos, executor._actor_opts):
-        field[:] = [field[r] for r in keep]
+        kept: list[Any] = [field[r] for r in keep]
+        field[:] = kept
     executor._serve_refs = {new: executor._serve_refs[old] for new, old in enumerate(keep)}
     executor._row_addresses.clear()
     executor.resize_spec(len(keep))
@@ -83,13 +81,13 @@ def remove_ranks(executor: RayExecutor, ranks: Sequence[int]) -> dict[str, str]:
     return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
 
 
-def release(executor: RayExecutor) -> None:
+def release(executor: Any) -> None:
     """At shutdown: remove the placement groups grows reserved (their actors are killed or let go)."""
     for pg, _ in _reserved.pop(executor, []):
         _remove(executor, pg)
 
 
-def _placements(executor: RayExecutor, count: int, deadline: float) -> list[dict[str, Any]]:
+def _placements(executor: Any, count: int, deadline: float) -> list[dict[str, Any]]:
     """Actor options for ``count`` new ranks: unique names; a pooled group's in a new placement group."""
     base = {k: v for k, v in executor._actor_opts[0].items() if k not in ("name", "scheduling_strategy")}
     names = [f"{executor.spec.name}-rank{executor.spec.world_size + i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
@@ -121,16 +119,17 @@ def _placements(executor: RayExecutor, count: int, deadline: float) -> list[dict
     ]
 
 
-def _fresh_env(executor: RayExecutor, deadline: float) -> list[dict[str, str]]:
+def _fresh_env(executor: Any, deadline: float) -> list[dict[str, str]]:
     """Every rank's variables at the new size, on a fresh rendezvous port of rank 0's node."""
     group = executor._rank_actors
     ask = group.actors[0].describe.options(concurrency_group=CONTROL_GROUP).remote(True)
     port = executor._wait([ask], deadline, "pick a rendezvous port")[0]["port"]
     group.infos[0] = {**group.infos[0], "port": port}
-    return executor._rank_env(group.infos)
+    envs: list[dict[str, str]] = executor._rank_env(group.infos)
+    return envs
 
 
-def _unreserve(executor: RayExecutor, names: set[str]) -> None:
+def _unreserve(executor: Any, names: set[str]) -> None:
     """Remove a grow's placement group once none of its actors is left."""
     kept = []
     for pg, placed in _reserved.get(executor, []):
@@ -143,7 +142,7 @@ def _unreserve(executor: RayExecutor, names: set[str]) -> None:
         _reserved[executor] = kept
 
 
-def _remove(executor: RayExecutor, pg: Any) -> None:
+def _remove(executor: Any, pg: Any) -> None:
     from ray.util.placement_group import remove_placement_group
 
     try:

@@ -11,21 +11,18 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dispatchcore import DispatchError
 from dispatchcore.executor import LOOPBACK, free_port, rank_environment
 
 from ._worlds import KILL_WAIT_S, SpawnedWorld
 
-if TYPE_CHECKING:
-    from ._executor import TorchrunExecutor
-
 #: Why a removed rank's process is gone, as rows fetched from it report it.
 REMOVED = "its rank was removed from the group (shrink)"
 
 
-def _spawned(executor: TorchrunExecutor, verb: str) -> SpawnedWorld:
+def _spawned(executor: Any, verb: str) -> SpawnedWorld:
     if executor.closed:
         raise DispatchError("this torchrun group is shut down")
     world = executor._world
@@ -39,7 +36,7 @@ def _spawned(executor: TorchrunExecutor, verb: str) -> SpawnedWorld:
     return world
 
 
-def add_ranks(executor: TorchrunExecutor, count: int) -> dict[str, str]:
+def add_ranks(executor: Any, count: int) -> dict[str, str]:
     """Give ``count`` spare processes the next rank numbers and open them on the lane at the new size."""
     world = _spawned(executor, "grow")
     spares = [d for d in world.spares if world.processes[d].poll() is None]
@@ -68,7 +65,7 @@ def add_ranks(executor: TorchrunExecutor, count: int) -> dict[str, str]:
     return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "WORLD_SIZE": str(size)}
 
 
-def remove_ranks(executor: TorchrunExecutor, ranks: Sequence[int]) -> dict[str, str]:
+def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:
     """End ``ranks``' lane links (their processes leave), wait for them, number the rest ``0..n-1``."""
     world = _spawned(executor, "shrink")
     gone = set(ranks)

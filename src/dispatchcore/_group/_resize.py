@@ -118,7 +118,7 @@ def _check_rows(site: CallSite, removed: tuple[int, ...], moved: list[int]) -> N
 
 
 def _follow(members: Sequence[Any], n: int, mapping: dict[int, int], size: int, removed: tuple[int, ...] = ()) -> None:
-    """Point the group and its views at the new world: whole-group ones follow it; others keep their ranks, renumbered."""
+    """Point the group and its views at the new world: whole-group ones follow it; others keep their ranks."""
     whole = tuple(range(n))
     for member in members:
         site = member._site
@@ -138,7 +138,13 @@ def _follow(members: Sequence[Any], n: int, mapping: dict[int, int], size: int, 
 
 
 def _rejoin(
-    group: Any, site: CallSite, n: int, env: dict[str, str], *, added: tuple[int, ...] = (), removed: tuple[int, ...] = ()
+    group: Any,
+    site: CallSite,
+    n: int,
+    env: dict[str, str],
+    *,
+    added: tuple[int, ...] = (),
+    removed: tuple[int, ...] = (),
 ) -> GroupResized:
     """Every rank takes its number and the new size; new ranks replay setup (rank 0's arguments); the hook runs."""
     membership = site.shared.membership

@@ -125,7 +125,7 @@ class LaneDriver:
             self._reader.add(entry, (entry.calls, entry.control))
 
     def renumber(self, keep: Sequence[int], reason: str) -> None:
-        """After a shrink: end the links of the ranks not in ``keep`` (``reason``), number ``keep``'s ``0..k-1`` in order."""
+        """After a shrink: end the links of the ranks not in ``keep`` (``reason``); number ``keep``'s ``0..k-1``."""
         kept = set(keep)
         for rank, entry in list(self._ranks.items()):
             if rank not in kept:

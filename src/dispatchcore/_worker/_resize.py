@@ -38,7 +38,10 @@ def holds_sharded_group(link: CollectiveLink) -> bool:
 
 def renumber(worker: Any, rank: int, world_size: int) -> None:
     """Give ``worker`` (and the role objects of a colocated or fused worker) its new rank and world size."""
-    roles = [*getattr(worker, "_dispatchcore_role_objects", {}).values(), *vars(worker).get("_dispatchcore_fused", {}).values()]
+    roles = [
+        *getattr(worker, "_dispatchcore_role_objects", {}).values(),
+        *vars(worker).get("_dispatchcore_fused", {}).values(),
+    ]
     for obj in (worker, *roles):
         if hasattr(obj, "_rank"):
             obj._rank, obj._world_size = rank, world_size

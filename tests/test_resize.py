@@ -1,0 +1,213 @@
+"""Groups that grow and shrink between calls (``wg.grow`` / ``wg.shrink``) on local, self-started torchrun and Ray.
+
+A rollout group goes 2 -> 4 -> 3 between steps of a training loop; after each
+resize a DP call gives what a fresh group of the new size gives (a fresh local
+group: the workers are deterministic, and every backend gives the same values),
+the new ranks hold the trainer's weights byte for byte before their first call,
+and nothing the removed ranks had is left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from dispatchcore import (
+    DataProto,
+    Dispatch,
+    DispatchError,
+    GroupResized,
+    WeightSync,
+    Worker,
+    WorkerGroup,
+    collective,
+    register,
+    trace,
+)
+from dispatchcore.testing.weight_workers import WeightTrainer, make_weights
+
+pytestmark = pytest.mark.timeout(240)
+
+#: Backend name and its options: torchrun self-started ranks grow onto spare processes.
+BACKENDS = {"local": {}, "torchrun": {"spare_ranks": 2}, "ray": {}}
+
+
+class Rollout(Worker):
+    """Deterministic: each output row depends on its input, the weights, this rank and the world size."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+        self.seed = -1
+        self.changes: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
+        self.calls = 0
+
+    @register(Dispatch.ONE_TO_ALL, setup=True)
+    def setup(self, seed: int) -> None:
+        self.seed = seed
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in weights:
+            self.held[name] = t.clone()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return dict(self.held)
+
+    def on_membership_change(self, change: Any) -> None:
+        self.changes.append((change.previous_world_size, change.world_size, change.added, change.removed))
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate(self, data: DataProto) -> DataProto:
+        self.calls += 1
+        time.sleep(data.meta_info.get("sleep", 0))
+        total = sum(float(t.double().sum()) for t in self.held.values() if t.is_floating_point())
+        x = data.batch["x"].double()
+        y = x * 3 + total + self.seed + self.rank * 1000 + self.world_size * 100000
+        return DataProto.from_dict({"y": y})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def state(self) -> tuple[dict[str, torch.Tensor], int, int, int, list[Any]]:
+        """What each rank holds, before counting as a generate call."""
+        return self.held, self.rank, self.world_size, self.calls, self.changes
+
+    @register(Dispatch.ONE_TO_ALL)
+    def reduce(self) -> float:
+        """A ``dispatchcore.collective`` sum over the ranks: its communicator follows the size."""
+        return float(collective.all_reduce(torch.ones(1))[0])
+
+
+def _start(backend: str, request: pytest.FixtureRequest) -> tuple[WorkerGroup[Any], WorkerGroup[Rollout]]:
+    """A one-rank trainer and a two-rank rollout group on ``backend``."""
+    if backend == "ray":
+        pytest.importorskip("ray")
+        request.getfixturevalue("ray_session")
+    trainer = WorkerGroup(WeightTrainer, 1, backend=backend, init_kwargs={"sharded": False})
+    try:
+        return trainer, WorkerGroup(Rollout, 2, backend=backend, **BACKENDS[backend])
+    except BaseException:
+        trainer.shutdown()
+        raise
+
+
+def _fresh(size: int, trainer_step: int | None, batch: DataProto) -> DataProto:
+    """What a fresh group of ``size`` ranks gives after setup and the trainer's weights of ``trainer_step``."""
+    with WorkerGroup(Rollout, size) as fresh, WorkerGroup(WeightTrainer, 1, init_kwargs={"sharded": False}) as t:
+        fresh.setup(7)
+        if trainer_step is not None:
+            t.set_step(trainer_step)
+            WeightSync(t, fresh)(trainer_step)
+        return fresh.generate(batch)
+
+
+def _assert_current(rollout: WorkerGroup[Rollout], step: int, ranks: range) -> None:
+    """Ranks ``ranks`` hold the trainer's weights of ``step``, byte for byte, and have run no generate call."""
+    want = make_weights(step=step)
+    for held, rank, _, calls, _ in (rollout.state()[r] for r in ranks):
+        assert calls == 0, f"rank {rank} ran a call before it had the weights"
+        assert sorted(held) == sorted(want)
+        for name, t in want.items():
+            assert held[name].dtype == t.dtype and held[name].shape == t.shape
+            assert held[name].reshape(-1).view(torch.uint8).equal(t.reshape(-1).view(torch.uint8)), name
+
+
+def _alive(backend: str, wg: WorkerGroup[Any], removed: Any = None) -> int:
+    """How many rank threads, processes or actors of ``wg`` run (Ray: the group's, plus ``removed`` if it does)."""
+    executor: Any = wg.executor
+    if backend == "local":
+        prefix = f"dispatchcore-{executor.spec.name}-rank"
+        return sum(t.name.startswith(prefix) and t.is_alive() for t in threading.enumerate())
+    if backend == "torchrun":
+        world = executor._world
+        return sum(proc.poll() is None for d, proc in world.processes.items() if d not in world.spares)
+    import ray
+
+    try:
+        ray.get(removed.describe.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - the actor is gone, as it should be
+        return wg.world_size
+    return wg.world_size + 1
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=[pytest.mark.slow] if b != "local" else []) for b in BACKENDS]
+)
+def test_rollout_grows_and_shrinks_between_training_steps(backend: str, request: pytest.FixtureRequest) -> None:
+    batch = DataProto.from_dict({"x": torch.arange(13)}, auto_padding=True)
+    trainer, rollout = _start(backend, request)
+    try:
+        rollout.setup(7)
+        sync = WeightSync(trainer, rollout)
+        view = rollout[1:]
+        for step in (1, 2, 3):
+            trainer.set_step(step)
+            sync(step)
+            if step == 2:  # grow 2 -> 4: the new ranks get setup, then this step's weights, before any call
+                change = rollout.grow(2, sync=sync, version=step)
+                assert isinstance(change, GroupResized) and change.added == (2, 3) and change.world_size == 4
+                _assert_current(rollout, step, range(2, 4))
+                assert view.state()[0][1:3] == (1, 4)  # a view follows its rank into the new world
+            if step == 3:  # shrink 4 -> 3 by a middle rank: the ranks above move down
+                removed = rollout.executor.actor(1) if backend == "ray" else None  # type: ignore[attr-defined]
+                change = rollout.shrink(1)
+                assert change.removed == (1,) and change.world_size == 3
+                with pytest.raises(DispatchError, match=r"names rank\(s\) \[1\], which shrink removed"):
+                    view.state()
+                assert _alive(backend, rollout, removed) == 3
+            out = rollout.generate(batch)
+            size = rollout.world_size
+            assert out.batch["y"].equal(_fresh(size, step, batch).batch["y"]), f"step {step} on {size} ranks"
+            states = rollout.state()
+            assert [(s[1], s[2]) for s in states] == [(r, size) for r in range(size)]
+            assert rollout.reduce() == [float(size)] * size
+        # The hook ran on every rank, the new ones included, with the old and new sizes.
+        assert [s[4] for s in states] == [[(2, 4, (2, 3), ()), (4, 3, (), (1,))]] * 3
+    finally:
+        rollout.shutdown()
+        trainer.shutdown()
+    if backend != "ray":
+        assert _alive(backend, rollout) == 0
+
+
+def test_shrink_refuses_while_lazy_rows_live_on_ranks_that_go_or_move() -> None:
+    from dispatchcore._rows import ROW_STORE
+
+    before = len(ROW_STORE)
+    with WorkerGroup(Rollout, 3, lazy=True) as wg:
+        wg.setup(7)
+        kept = wg.generate(DataProto.from_dict({"x": torch.arange(6)}))
+        with pytest.raises(DispatchError, match=r"rank 1: .*rank 2: "):
+            wg.shrink(1)
+        assert wg.world_size == 3
+        del kept
+        wg.shrink(1)
+        assert wg.world_size == 2
+        assert len(ROW_STORE) == before, "a removed rank's rows are left behind"
+
+
+def test_resize_waits_for_the_call_in_flight() -> None:
+    with WorkerGroup(Rollout, 2) as wg:
+        wg.setup(7)
+        batch = DataProto.from_dict({"x": torch.arange(4)}, meta_info={"sleep": 0.5})
+        future = wg.generate.options(blocking=False)(batch)
+        with trace() as tracer:
+            wg.grow(1)
+        assert future.done(), "grow returned before the call in flight finished"
+        assert [e["name"] for e in tracer.events if e["ph"] == "X" and "grow" in e["name"]] == ["grow 2 -> 3"]
+        assert future.get().batch["y"].equal(_fresh(2, None, batch).batch["y"]), "it ran on the old membership"
+        assert wg.world_size == 3
+
+
+def test_what_cannot_resize_says_why() -> None:
+    with WorkerGroup(Rollout, 2, backend="mock") as wg:
+        with pytest.raises(DispatchError, match="'mock' backend cannot add ranks"):
+            wg.grow(1)
+    with WorkerGroup(Rollout, 2) as wg:
+        with pytest.raises(DispatchError, match="on the group, not on a view"):
+            wg[0:1].grow(1)
+        with pytest.raises(ValueError, match="would leave no rank"):
+            wg.shrink(0, 1)
+        with pytest.raises(ValueError, match="number of ranks >= 1"):
+            wg.grow(0)
