@@ -211,3 +211,20 @@ def test_what_cannot_resize_says_why() -> None:
             wg.shrink(0, 1)
         with pytest.raises(ValueError, match="number of ranks >= 1"):
             wg.grow(0)
+
+
+def test_the_demo_grows_and_shrinks_its_rollout_group_and_learns_as_before() -> None:
+    from dispatchcore.demo import DemoConfig, run_demo
+
+    history = run_demo(DemoConfig(backend="local", world_size=2, steps=25, rollout_ranks=2, resize={8: 2, 16: -1}))
+    assert [m.rollout_ranks for m in history] == [2] * 7 + [4] * 8 + [3] * 10
+    first = sum(m.reward for m in history[:3]) / 3
+    last = sum(m.reward for m in history[-3:]) / 3
+    assert first < 0.3 and last > first + 0.3, (first, last)
+
+
+def test_the_demo_refuses_a_resize_schedule_without_a_rollout_group(capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatchcore.demo.loop import main
+
+    assert main(["--resize", "3:+1", "--steps", "4"]) != 0
+    assert "--rollout-ranks" in capsys.readouterr().err
