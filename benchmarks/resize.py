@@ -115,6 +115,7 @@ def main() -> None:
             import ray
 
             ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+            WorkerGroup(Rollout, 1, backend="ray").shutdown()  # Ray's worker pool warm, as a running job's is
         m = measure(backend, repeats)
         rows.append(
             [

@@ -25,6 +25,8 @@ from dispatchcore import (
     Worker,
     WorkerGroup,
     collective,
+    create_colocated_worker_cls,
+    make_nd_compute_dataproto_dispatch_fn,
     register,
     trace,
 )
@@ -228,3 +230,31 @@ def test_the_demo_refuses_a_resize_schedule_without_a_rollout_group(capsys: pyte
 
     assert main(["--resize", "3:+1", "--steps", "4"]) != 0
     assert "--rollout-ranks" in capsys.readouterr().err
+
+
+class MeshRollout(Rollout):
+    """Two ranks per dp rank (think tensor parallel); the mesh follows the rank, declared again on a change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._register_dispatch_collect_info("infer", self.rank // 2, self.rank % 2 == 0)
+
+    def on_membership_change(self, change: Any) -> None:
+        super().on_membership_change(change)
+        self._register_dispatch_collect_info("infer", self.rank // 2, self.rank % 2 == 0)
+
+    @register(make_nd_compute_dataproto_dispatch_fn("infer"))
+    def infer(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"y": data.batch["x"] * 10 + self.rank // 2 + 100 * self.world_size})
+
+
+def test_nd_meshes_and_roles_see_the_new_world() -> None:
+    batch = DataProto.from_dict({"x": torch.arange(7)}, auto_padding=True)
+    roles = create_colocated_worker_cls({"gen": MeshRollout})
+    with WorkerGroup(MeshRollout, 2) as wg, WorkerGroup(MeshRollout, 4) as fresh, WorkerGroup(roles, 2) as colocated:
+        wg.infer(batch)  # the mesh is asked (and cached) at 2 ranks
+        wg.grow(2)
+        assert wg.infer(batch).batch["y"].equal(fresh.infer(batch).batch["y"])
+        gen = colocated.spawn(["gen"])["gen"]
+        colocated.grow(2)
+        assert gen.world_size == 4 and [s[1:3] for s in gen.state()] == [(r, 4) for r in range(4)]

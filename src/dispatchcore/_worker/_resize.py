@@ -37,7 +37,11 @@ def holds_sharded_group(link: CollectiveLink) -> bool:
 
 
 def renumber(worker: Any, rank: int, world_size: int) -> None:
-    """Give ``worker`` (and the role objects of a colocated or fused worker) its new rank and world size."""
+    """Give ``worker`` (and the role objects of a colocated or fused worker) its new rank and world size.
+
+    Mesh declarations are dropped: a rank's dp rank may follow from its
+    number, so ``on_membership_change`` declares them again (nd calls refuse an undeclared mesh).
+    """
     roles = [
         *getattr(worker, "_dispatchcore_role_objects", {}).values(),
         *vars(worker).get("_dispatchcore_fused", {}).values(),
@@ -45,3 +49,5 @@ def renumber(worker: Any, rank: int, world_size: int) -> None:
     for obj in (worker, *roles):
         if hasattr(obj, "_rank"):
             obj._rank, obj._world_size = rank, world_size
+        if isinstance(getattr(obj, "_dispatch_collect_info", None), dict):
+            obj._dispatch_collect_info.clear()
