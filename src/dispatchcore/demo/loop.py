@@ -126,7 +126,7 @@ def run_demo(
         generate, sync, rollout = actor.generate_sequences, None, None
         if config.rollout_ranks is not None:  # a separate rollout group, its weights synced from the actor
             spares = sum(c for c in config.resize.values() if c > 0) if config.backend == "torchrun" else 0
-            extra = {"spare_ranks": spares} if spares else {}
+            extra: dict[str, Any] = {"spare_ranks": spares} if spares else {}
             rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, **options, **extra))
             rollout.init_model(model)
             generate, sync = rollout.generate_sequences, WeightSync(actor, rollout)
