@@ -9,8 +9,13 @@ and nothing the removed ranks had is left behind.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -258,3 +263,62 @@ def test_nd_meshes_and_roles_see_the_new_world() -> None:
         gen = colocated.spawn(["gen"])["gen"]
         colocated.grow(2)
         assert gen.world_size == 4 and [s[1:3] for s in gen.state()] == [(r, 4) for r in range(4)]
+
+
+LAUNCHED = textwrap.dedent(
+    """
+    import os
+    import torch
+    from dispatchcore import DataProto, Dispatch, DispatchError, Worker, WorkerGroup, collective, register
+
+    class R(Worker):
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def gen(self, data):
+            return DataProto.from_dict({"y": data.batch["x"] * 10 + self.rank * 1000 + self.world_size * 100000})
+
+        @register(Dispatch.ONE_TO_ALL)
+        def where(self):
+            total = collective.all_reduce(torch.ones(1))
+            return self.rank, self.world_size, int(os.environ["RANK"]), float(total[0])
+
+    wg = WorkerGroup(R, 2, backend="torchrun")  # launch ranks 0, 1; 2 and 3 idle
+    batch = DataProto.from_dict({"x": torch.arange(10)}, auto_padding=True)
+
+    def same_as_fresh():
+        with WorkerGroup(R, wg.world_size, backend="local") as fresh:
+            assert wg.gen(batch).batch["y"].equal(fresh.gen(batch).batch["y"])
+
+    wg.grow(2)
+    print("grown", wg.where())
+    same_as_fresh()
+    try:
+        wg.grow(1)
+    except DispatchError as exc:
+        print("refused:", exc)
+    wg.shrink(1)
+    print("shrunk", wg.where())
+    same_as_fresh()
+    wg.grow(1)  # onto launch rank 1, idle again
+    print("regrown", wg.where())
+    same_as_fresh()
+    wg.shutdown()
+    print("done")
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+def test_under_the_launcher_a_group_grows_onto_idle_ranks_only(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(LAUNCHED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_"))}
+    command = [shutil.which("torchrun") or "torchrun", "--standalone", "--nproc-per-node=4", str(script)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=200, env={**env, "PYTHONUNBUFFERED": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "grown [(0, 4, 0, 4.0), (1, 4, 1, 4.0), (2, 4, 2, 4.0), (3, 4, 3, 4.0)]" in out
+    assert "refused: under the torchrun launcher a group grows only onto idle ranks of the launch" in out
+    assert "shrunk [(0, 3, 0, 3.0), (1, 3, 2, 3.0), (2, 3, 3, 3.0)]" in out
+    assert "regrown [(0, 4, 0, 4.0), (1, 4, 2, 4.0), (2, 4, 3, 4.0), (3, 4, 1, 4.0)]" in out
+    assert out.rstrip().endswith("done")
