@@ -322,3 +322,29 @@ def test_under_the_launcher_a_group_grows_onto_idle_ranks_only(tmp_path: Path) -
     assert "shrunk [(0, 3, 0, 3.0), (1, 3, 2, 3.0), (2, 3, 3, 3.0)]" in out
     assert "regrown [(0, 4, 0, 4.0), (1, 4, 2, 4.0), (2, 4, 3, 4.0), (3, 4, 1, 4.0)]" in out
     assert out.rstrip().endswith("done")
+
+
+@pytest.mark.slow
+def test_a_pooled_ray_group_grows_into_a_new_placement_group(request: pytest.FixtureRequest) -> None:
+    """A placement group is fixed-size: a grow reserves one like the pool's, gone with its last rank."""
+    pytest.importorskip("ray")
+    ray = request.getfixturevalue("ray_session")
+    from executors_ray import RayResourcePool
+
+    def reserved() -> int:
+        return sum(pg["state"] == "CREATED" for pg in ray.util.placement_group_table().values())
+
+    before = reserved()
+    pool = RayResourcePool([2], use_gpu=False, cpus_per_process=0.5)
+    with WorkerGroup(Rollout, 2, backend="ray", resource_pool=pool) as wg:
+        wg.setup(7)
+        wg.grow(2)
+        assert reserved() == before + 2
+        assert [s[1:3] for s in wg.state()] == [(r, 4) for r in range(4)]
+        wg.shrink(3)
+        assert reserved() == before + 2  # rank 2 still lives in the grow's placement group
+        wg.shrink(2)
+        assert reserved() == before + 1
+        wg.grow(1)
+        assert reserved() == before + 2
+    assert reserved() == before  # the grow's placement group went with the group (the pool's with its last user)
