@@ -83,8 +83,9 @@ def _quiesce(group: Any, verb: str) -> CallSite:
     if group._parent is not None:
         raise DispatchError(f"{verb} resizes the whole group: call it on the group, not on a view ({group!r})")
     site.check_open(group)
-    while any(not handle.done() for handle in list(site.shared.calls)):
+    while any(not handle.done() for handle in list(site.shared.calls)) and not site.executor.broken:
         time.sleep(_POLL_S)
+    site.check_open(group)  # a call that broke the group meanwhile: say so rather than resize it
     clear_stragglers(group, site)
     _refuse_sharded(group, site, verb)
     return site
