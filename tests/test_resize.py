@@ -189,7 +189,7 @@ def test_shrink_refuses_while_lazy_rows_live_on_ranks_that_go_or_move() -> None:
             wg.shrink(1)
         assert wg.world_size == 3
         del kept
-        wg.shrink(1)
+        wg.shrink([1])
         assert wg.world_size == 2
         assert len(ROW_STORE) == before, "a removed rank's rows are left behind"
 

@@ -54,7 +54,7 @@ def grow(group: Any, members: Sequence[Any], count: int, sync: Any, version: Any
     return change
 
 
-def shrink(group: Any, members: Sequence[Any], ranks: Sequence[int]) -> GroupResized:
+def shrink(group: Any, members: Sequence[Any], ranks: Sequence[Any]) -> GroupResized:
     """Remove ``ranks`` from ``group``: their calls over, their kept rows freed (or refused), their ranks stopped."""
     site = group._site
     n = site.world_size

@@ -270,12 +270,15 @@ class WorkerGroup(Generic[W]):
         """
         return grow(self, list((self._parent or self)._members), count, sync, version)
 
-    def shrink(self, *ranks: int) -> GroupResized:
-        """Remove ``ranks`` between calls; the ranks above them are renumbered down (``docs/elastic-groups.md``).
+    def shrink(self, *ranks: int | Iterable[int]) -> GroupResized:
+        """Remove ``ranks`` (``wg.shrink(3)``, ``wg.shrink([2, 3])``) between calls; the ranks above move down.
 
         Waits for calls in flight, refuses while lazy results still live on
-        ranks that go or move, stops the removed ranks' threads, processes or actors.
+        ranks that go or move, stops the removed ranks' threads, processes
+        or actors (``docs/elastic-groups.md``).
         """
+        if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
+            ranks = tuple(ranks[0])
         return shrink(self, list((self._parent or self)._members), ranks)
 
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
