@@ -208,9 +208,13 @@ def test_resize_waits_for_the_call_in_flight() -> None:
 
 
 def test_what_cannot_resize_says_why() -> None:
-    with WorkerGroup(Rollout, 2, backend="mock") as wg:
-        with pytest.raises(DispatchError, match="'mock' backend cannot add ranks"):
-            wg.grow(1)
+    for backend in ("mock", "faulty"):
+        with WorkerGroup(Rollout, 2, backend=backend) as wg:
+            with pytest.raises(DispatchError, match=f"'{backend}' backend cannot add ranks"):
+                wg.grow(1)
+            with pytest.raises(DispatchError, match=f"'{backend}' backend cannot remove ranks"):
+                wg.shrink(1)
+            assert wg.world_size == 2
     with WorkerGroup(Rollout, 2) as wg:
         with pytest.raises(DispatchError, match="on the group, not on a view"):
             wg[0:1].grow(1)
