@@ -352,3 +352,23 @@ def test_a_pooled_ray_group_grows_into_a_new_placement_group(request: pytest.Fix
         wg.grow(1)
         assert reserved() == before + 2
     assert reserved() == before  # the grow's placement group went with the group (the pool's with its last user)
+
+
+class Sharded(Worker):
+    """Holds torch's default group over its ranks, as an FSDP2 trainer does (a DeviceMesh of fixed size)."""
+
+    def __init__(self) -> None:
+        self.mesh = collective.init_process_group()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def size(self) -> int:
+        return int(self.mesh.size())
+
+
+@pytest.mark.slow
+def test_a_sharded_group_is_refused_with_the_way() -> None:
+    with WorkerGroup(Sharded, 2, backend="torchrun") as wg:
+        for resize in (lambda: wg.grow(1), lambda: wg.shrink(1)):
+            with pytest.raises(DispatchError, match=r"is sharded: rank\(s\) \[0, 1\] .*re-shard from the checkpoint"):
+                resize()
+        assert wg.size() == [2, 2]
