@@ -77,6 +77,7 @@ from ._trace import DriverTraffic, Tracer, driver_traffic, trace
 from ._transfer import RowShard, Shard, Slice, WeightMismatchError, WeightOfferError, WeightTypeError
 from ._worker import (
     ClassWithInitArgs,
+    GroupResized,
     MembershipChange,
     Worker,
     colocate,
@@ -120,6 +121,7 @@ __all__ = [
     "DriverTraffic",
     "Execute",
     "Executor",
+    "GroupResized",
     "GroupSpec",
     "LazyDataProto",
     "MembershipChange",

@@ -70,26 +70,65 @@ class LocalExecutor(Executor):
         self._closed = False
         #: Calls not known to be finished (see ``shutdown``).
         self._calls: weakref.WeakSet[RankCallHandle] = weakref.WeakSet()
-        self.rank_threads = [
+        self._start_timeout = float(options["start_timeout"])
+        self.rank_threads: list[RankThread] = []
+        try:
+            self._start_ranks(range(spec.world_size))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_ranks(self, ranks: range) -> None:
+        """Threads and workers for ``ranks`` (the next numbers), all ranks meeting in one collective of the new size."""
+        spec = self.spec
+        self.rank_threads += [
             RankThread(
                 WorkerHost(spec.worker_cls, rank, spec.world_size, spec.init_args, dict(spec.init_kwargs)),
                 f"dispatchcore-{spec.name}-rank{rank}",
             )
-            for rank in range(spec.world_size)
+            for rank in ranks
         ]
-        ranks = tuple(range(spec.world_size))
-        started = _LocalCallHandle(self, Call("__init__", ranks, [()] * len(ranks), [{}] * len(ranks)))
-        collective = ThreadCollective(self.name, spec.world_size)  # one per group: its rank threads meet in it
-        for position, rank in enumerate(self.rank_threads):
+        self._relink()
+        started = _LocalCallHandle(self, Call("__init__", tuple(ranks), [()] * len(ranks), [{}] * len(ranks)))
+        for position, rank in enumerate(ranks):
+            host = self.rank_threads[rank].host
+            host.share_kept_rows = not spec.isolate  # isolate=False: lazy rows read in place
+            host.tensor_link = LINK  # weight transfers: views handed over in this process
+            self.rank_threads[rank].put(functools.partial(_start, started, position, host))
+        started.result(self._start_timeout)
+
+    def _relink(self) -> None:
+        """One collective per group and size: its rank threads meet in it (a host relinks at its next method)."""
+        collective = ThreadCollective(self.name, len(self.rank_threads))
+        for rank in self.rank_threads:
             rank.host.collective = collective
-            rank.host.share_kept_rows = not spec.isolate  # isolate=False: lazy rows read in place
-            rank.host.tensor_link = LINK  # weight transfers: views handed over in this process
-            rank.put(functools.partial(_start, started, position, rank.host))
+
+    def add_ranks(self, count: int) -> dict[str, str]:
+        """New rank threads, their workers built at the new size (the rest take it at the resize's rejoin)."""
+        if self._closed:
+            raise DispatchError("this local group is shut down")
+        n = self.spec.world_size
+        self.resize_spec(n + count)
         try:
-            started.result(float(options["start_timeout"]))
+            self._start_ranks(range(n, n + count))
         except BaseException:
-            self.shutdown()
+            self._stop(self.rank_threads[n:], 2.0)
+            del self.rank_threads[n:]
+            self.resize_spec(n)
+            self._relink()
             raise
+        return {}
+
+    def remove_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Stop ``ranks``' threads (idle: their calls are over); the others move down to ``0..n-1``."""
+        if self._closed:
+            raise DispatchError("this local group is shut down")
+        gone = set(ranks)
+        self._stop([t for r, t in enumerate(self.rank_threads) if r in gone], 2.0)
+        self.rank_threads = [t for r, t in enumerate(self.rank_threads) if r not in gone]
+        self.resize_spec(len(self.rank_threads))
+        self._relink()
+        return {}
 
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
@@ -157,12 +196,16 @@ class LocalExecutor(Executor):
         if self._closed:
             return
         self._closed = True
-        for rank in self.rank_threads:
-            rank.request_stop()
         # Ranks may be stuck in a call that outlived its timeout or was abandoned (Ctrl-C): do not wait for them.
         stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
-        deadline = time.monotonic() + (0.0 if stuck else 2.0)
-        for rank in self.rank_threads:
+        self._stop(self.rank_threads, 0.0 if stuck else 2.0)
+
+    @staticmethod
+    def _stop(threads: list[RankThread], wait: float) -> None:
+        for rank in threads:
+            rank.request_stop()
+        deadline = time.monotonic() + wait
+        for rank in threads:
             rank.join(deadline - time.monotonic())
 
 

@@ -34,6 +34,7 @@ from dispatchcore.executor import (
 )
 from dispatchcore.wire import Serialized, dumps
 
+from . import _grow
 from ._actor import actor_class
 from ._bulk import DriverBulk, KeptResult
 from ._handle import RowsCallHandle
@@ -234,6 +235,15 @@ class RayExecutor(Executor):
         self._open_ranks(ranks, env)
         self._add_spares(used_spares)
         return {key: env[0][key] for key in ("MASTER_ADDR", "MASTER_PORT")}
+
+    # -- growing and shrinking (``_grow``) ----------------------------------------------
+    def add_ranks(self, count: int) -> dict[str, str]:
+        """New actors placed as the group's (a pooled group's in a new placement group; see ``_grow``)."""
+        return _grow.add_ranks(self, count)
+
+    def remove_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """The removed ranks' actors are killed; the rest are renumbered (see ``_grow``)."""
+        return _grow.remove_ranks(self, ranks)
 
     def spares_ready(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for the spare actors' processes; how many are up."""
@@ -506,6 +516,7 @@ class RayExecutor(Executor):
         self._collective = None  # the collective store (its port closes with it)
         if kill and self.ray.is_initialized():
             self._kill(actors)
+            _grow.release(self)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             self._pool.release()

@@ -30,7 +30,7 @@ from dispatchcore.executor import (
     rank_environment,
 )
 
-from . import _env
+from . import _env, _grow
 from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
 from ._protocol import StoreDirectory, lane_key
 from ._row_plane import RowPlane
@@ -283,6 +283,15 @@ class TorchrunExecutor(LaneExecutor):
         """Self-started worlds with a spare left (the launcher's agent owns its processes)."""
         world = self._world
         return not self.closed and isinstance(world, SpawnedWorld) and bool(world.spares)
+
+    # -- growing and shrinking (``_grow``) ----------------------------------------------
+    def add_ranks(self, count: int) -> dict[str, str]:
+        """Spare processes take the new ranks (self-started worlds; see ``_grow``)."""
+        return _grow.add_ranks(self, count)
+
+    def remove_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """The removed ranks' processes leave; the rest are renumbered (see ``_grow``)."""
+        return _grow.remove_ranks(self, ranks)
 
     # -- lazy results: rows fetched process to process ----------------------------------
     def row_address(self, rank: int) -> Any:

@@ -63,6 +63,15 @@ def test_the_hand_over_between_live_ranks_and_who_gives() -> None:
             heal_from_replica(wg, [1], 0)
 
 
+def test_a_grown_rank_takes_rank_0s_state() -> None:
+    """local: ranks added by ``grow`` start from rank 0's trained state, not setup's."""
+    with WorkerGroup(Healing, 2, backend="local") as wg:
+        wg.init_model(0)
+        wg.train(3)
+        wg.grow(1)
+        assert checksums(wg) == [checksums(wg)[0]] * 3 and checksums(wg)[0][1] == 3
+
+
 def test_colocated_roles_hand_over_each_roles_state() -> None:
     """local: a colocated class hands over every role that defines a hand-over, each under its role's name."""
     cls = create_colocated_worker_cls({"actor": Healing, "ref": Trainer})

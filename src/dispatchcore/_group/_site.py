@@ -5,6 +5,7 @@ A group and its views share one :class:`SharedRanks`; each adds a :class:`CallSi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ class SharedRanks:
     root: Callable[[], Any] | None = None
     #: Each method's signature binder by its name on the ranks, read on its first call (``_bind``).
     binders: dict[str, Any] = field(default_factory=dict)
+    #: Handles of the calls sent, while anything holds them: a resize waits until each is done.
+    calls: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
 
 
 @dataclass
@@ -44,6 +47,8 @@ class CallSite:
     prefix: str
     call_timeout: float | None
     closed: bool = False
+    #: Why this view takes no more calls (a shrink removed ranks it names), else ``None``.
+    refused: str | None = None
     #: ``len(ranks)``, read on every call.
     world_size: int = field(init=False)
 
@@ -67,6 +72,8 @@ class CallSite:
         """Raise :class:`DispatchError` when the group (or its root) is shut down or its executor broken."""
         if self.shared.closed or self.closed:  # a view shut down refuses calls; its parent goes on
             raise DispatchError(f"{group!r} is shut down; create a new WorkerGroup")
+        if self.refused is not None:
+            raise DispatchError(f"{group!r} can take no more calls: {self.refused}")
         reason = self.shared.executor.broken
         if not reason:
             return

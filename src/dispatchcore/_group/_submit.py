@@ -73,15 +73,19 @@ def send(group: Any, site: CallSite, call: Call, trace: CallTrace | None, settle
         trace.dispatched(call)
     ledger = shared.ledger
     if beside or not ledger.unfreed:  # no frees queued (the usual case): nothing to attach
-        return submit_call(shared.executor, call, shared.backend)
+        handle = submit_call(shared.executor, call, shared.backend)
+        shared.calls.add(handle)
+        return handle
     frees = ledger.take_frees(call.ranks)
     if frees:
         call.instructions = replace(call.instructions, free=tuple(k for keys in frees.values() for k in keys))
     try:
-        return submit_call(shared.executor, call, shared.backend)
+        handle = submit_call(shared.executor, call, shared.backend)
     except BaseException:
         ledger.give_back(frees)
         raise
+    shared.calls.add(handle)
+    return handle
 
 
 def ledger_sender(shared: SharedRanks, ranks: tuple[int, ...]) -> Callable[[Call], Submitted]:

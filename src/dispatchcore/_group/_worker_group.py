@@ -22,7 +22,7 @@ from .._base import (
 from .._dispatch import Registration, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
 from .._spi import Call, Executor, GroupSpec, get_executor_class
-from .._worker import MembershipChange, method_names
+from .._worker import GroupResized, MembershipChange, method_names
 from ._bind import bind_call
 from ._call_options import check_timeout
 from ._config import plain_config, resolve_backend
@@ -30,6 +30,7 @@ from ._group_view import select_by_index, select_ranks
 from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
+from ._resize import grow, shrink
 from ._site import CallSite, SharedRanks
 from ._submit import Submitted, ledger_sender, submit
 
@@ -141,6 +142,10 @@ class WorkerGroup(Generic[W]):
         self._mesh_cache: dict[str, list[tuple[int, bool]]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        root = parent or self
+        if parent is None:
+            self._members: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
+        root._members.add(self)  # a resize points every view at the new world
         for name, registration in methods.items():
             setattr(self, name, proxy_class(name)(self, site, name, registration))
         self.on_bound(parent)
@@ -254,6 +259,27 @@ class WorkerGroup(Generic[W]):
             raise DispatchValueError(f"replace_rank needs rank numbers in 0..{size - 1}, got {list(ranks)}")
         wanted = tuple(sorted({site.ranks[r] for r in ranks}))  # a view's ranks are positions in it
         return site.shared.membership.replace(self._parent or self, wanted)
+
+    def grow(self, count: int, *, sync: Any = None, version: Any = None) -> GroupResized:
+        """Add ``count`` ranks between calls (replicas: rollout engines, DP replicas); ``docs/elastic-groups.md``.
+
+        Calls in flight finish first; new ranks are built, replay setup, and
+        ``on_membership_change`` runs on every rank.  ``sync``: a
+        ``WeightSync`` into this group, run into the new ranks (as ``version``)
+        before their first call.  Backends that cannot raise, saying why.
+        """
+        return grow(self, list((self._parent or self)._members), count, sync, version)
+
+    def shrink(self, *ranks: int | Iterable[int]) -> GroupResized:
+        """Remove ``ranks`` (``wg.shrink(3)``, ``wg.shrink([2, 3])``) between calls; the ranks above move down.
+
+        Waits for calls in flight, refuses while lazy results still live on
+        ranks that go or move, stops the removed ranks' threads, processes
+        or actors (``docs/elastic-groups.md``).
+        """
+        if len(ranks) == 1 and isinstance(ranks[0], (list, tuple, range)):
+            ranks = tuple(ranks[0])
+        return shrink(self, list((self._parent or self)._members), ranks)
 
     def rank_stacks(self, *, all_threads: bool = False, timeout: float = 10.0) -> dict[int, str]:
         """Where each rank is now: the Python stack of the thread running its methods, by rank.

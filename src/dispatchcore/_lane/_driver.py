@@ -126,6 +126,16 @@ class LaneDriver:
             entry.calls.place_with(functools.partial(self._place, entry))
             self._reader.add(entry, (entry.calls, entry.control))
 
+    def renumber(self, keep: Sequence[int], reason: str) -> None:
+        """After a shrink: end the links of the ranks not in ``keep`` (``reason``); number ``keep``'s ``0..k-1``."""
+        kept = set(keep)
+        for rank, entry in list(self._ranks.items()):
+            if rank not in kept:
+                self._end(entry, reason, found=False)
+        self._ranks = {new: self._ranks[old] for new, old in enumerate(keep)}
+        for new, entry in self._ranks.items():
+            entry.rank = new
+
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
         """Build the worker on each of ``ranks`` from ``boot``; raises what ``__init__`` or the wait raised."""
         n = len(ranks)

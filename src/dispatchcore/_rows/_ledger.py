@@ -87,6 +87,18 @@ class RowLedger:
             self._held[rank] = max(0, self._held.get(rank, 0) - nbytes)
             self.unfreed.setdefault(rank, []).append(key)
 
+    def held_on(self, ranks: Sequence[int]) -> dict[int, int]:
+        """Bytes of kept rows still referenced on each of ``ranks`` that holds any."""
+        with self._lock:
+            return {r: self._held[r] for r in ranks if self._held.get(r, 0) > 0}
+
+    def renumber(self, mapping: dict[int, int]) -> None:
+        """After a shrink: ranks keep their bookkeeping under their new numbers; ranks not in ``mapping`` are gone."""
+        with self._lock:
+            self._held = {mapping[r]: b for r, b in self._held.items() if r in mapping}
+            self.unfreed = {mapping[r]: keys for r, keys in self.unfreed.items() if r in mapping}
+            self.dead = {mapping[r] for r in self.dead if r in mapping}
+
     def take_frees(self, ranks: Sequence[int]) -> dict[int, list[str]]:
         """The keys queued for ``ranks``, handed to the call about to reach them (keys kept here: freed now)."""
         if not self.unfreed:

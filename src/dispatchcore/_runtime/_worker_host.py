@@ -21,7 +21,16 @@ from .._trace import TimedResult, now_us
 from .._transfer import TensorLink
 from .._transfer import run_step as run_transfer_step
 from .._wire import find_unpicklable
-from .._worker import CollectiveLink, enter_method, leave_method, rank_context, rejoin, swap_collective
+from .._worker import (
+    CollectiveLink,
+    enter_method,
+    holds_sharded_group,
+    leave_method,
+    rank_context,
+    rejoin,
+    renumber,
+    swap_collective,
+)
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
 from ._unpicklable import wording
 
@@ -215,9 +224,26 @@ class WorkerHost:
                 finally:
                     leave_method(previous)
                 return True, None
+            if operation is Operation.RESIZE:
+                return True, self._resize(running, *args)
             return True, run_transfer_step(self, args)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, label, exc)
+
+    def _resize(self, running: RunningCall, change: Any, rank: int, replay: list[Any]) -> Any:
+        """``Operation.RESIZE``: with no ``change``, whether this rank's group is sharded; else rejoin as ``rank``."""
+        if change is None:
+            return holds_sharded_group(self.collective)
+        self.rank, self.world_size = rank, change.world_size
+        renumber(self.worker, rank, change.world_size)
+        if "WORLD_SIZE" in change.env:  # a process of its own: its rank variables follow
+            os.environ["RANK"] = str(rank)
+        previous = enter_method(running, self._method_context())
+        try:
+            rejoin(self.worker, change, replay)
+        finally:
+            leave_method(previous)
+        return None
 
     def _method_context(self) -> tuple[Any, int, int]:
         """The collective context a method runs in (made again when the executor relinked)."""

@@ -18,6 +18,8 @@ class Operation(enum.Enum):
     TRANSFER = "transfer"
     #: After a replacement: replay setup on new ranks, then ``on_membership_change`` (``_worker.rejoin``).
     REJOIN = "rejoin"
+    #: After a resize: renumber, replay setup on new ranks, the hook; or a probe (``_worker._resize``).
+    RESIZE = "resize"
 
 
 @dataclass(frozen=True)

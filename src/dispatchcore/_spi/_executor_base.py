@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from abc import ABC, abstractmethod
@@ -118,6 +119,26 @@ class Executor(ABC):
         The default raises (see ``docs/replacing-ranks.md``).
         """
         raise DispatchError(f"the {self.name!r} backend cannot replace ranks; shut the group down and create a new one")
+
+    # -- optional: growing and shrinking a group (WorkerGroup.grow / shrink) -------------
+    def add_ranks(self, count: int) -> dict[str, str]:
+        """Start ``count`` ranks numbered from the current world size, their workers built at the new size.
+
+        Returns the rendezvous variables every rank adopts; the default
+        raises (see ``docs/elastic-groups.md``).
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot add ranks to a running group; create a larger group")
+
+    def remove_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
+        """Stop ``ranks`` (idle: the core waited for their calls) and number the others ``0..n-1`` in order.
+
+        Returns the rendezvous variables every remaining rank adopts; the default raises.
+        """
+        raise DispatchError(f"the {self.name!r} backend cannot remove ranks from a running group; create a smaller one")
+
+    def resize_spec(self, world_size: int) -> None:
+        """Record the group's new size in :attr:`spec` (for :meth:`add_ranks` / :meth:`remove_ranks`)."""
+        self.spec = dataclasses.replace(self.spec, world_size=world_size)
 
     # -- optional: where each rank is (WorkerGroup.rank_stacks, notes on timeouts) ----
     def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:

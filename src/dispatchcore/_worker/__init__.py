@@ -20,6 +20,7 @@ from ._rank_context import (
     swap_collective,
 )
 from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
+from ._resize import GroupResized, holds_sharded_group, renumber
 from ._worker import Worker
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "CancelFlag",
     "ClassWithInitArgs",
     "CollectiveLink",
+    "GroupResized",
     "MembershipChange",
     "RankInfo",
     "StateHandover",
@@ -44,11 +46,13 @@ __all__ = [
     "create_colocated_worker_raw_cls",
     "enter_method",
     "hands_over",
+    "holds_sharded_group",
     "init_process_group",
     "leave_method",
     "method_names",
     "rank_context",
     "rank_info",
     "rejoin",
+    "renumber",
     "swap_collective",
 ]

@@ -17,6 +17,23 @@ def positive_int(text: str) -> int:
     return value
 
 
+def resize_schedule(text: str) -> dict[int, int]:
+    """An argparse type: ``STEP:+K`` / ``STEP:-K`` pairs, comma-separated (``10:+2,20:-1``), as ``{step: change}``."""
+    schedule: dict[int, int] = {}
+    for part in text.split(","):
+        step, _, change = part.strip().partition(":")
+        try:
+            at, by = int(step), int(change)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected STEP:+K or STEP:-K pairs like 10:+2,20:-1, got {part!r}"
+            ) from None
+        if at < 1 or by == 0:
+            raise argparse.ArgumentTypeError(f"{part!r}: the step must be at least 1 and the change not 0")
+        schedule[at] = by
+    return schedule
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", help="local | ray | torchrun (default: DISPATCHCORE_BACKEND or local)")
     parser.add_argument("--world-size", type=positive_int, help="ranks per group (default 2; torchrun: the launch)")
@@ -35,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="generate on a separate group of K ranks, the actor's weights synced to it every step "
         "(default: the actor generates)",
+    )
+    parser.add_argument(
+        "--resize",
+        type=resize_schedule,
+        metavar="SCHEDULE",
+        default={},
+        help="grow or shrink the rollout group before the steps named, e.g. 10:+2,20:-1 (needs --rollout-ranks; "
+        "a shrink removes the highest ranks; torchrun grows onto spare processes)",
     )
 
 

@@ -24,6 +24,7 @@ import torch
 
 from .. import (
     DataProto,
+    DispatchValueError,
     Tracer,
     WeightSync,
     Worker,
@@ -58,6 +59,8 @@ class DemoConfig:
     lazy: bool = False
     #: Ranks of a separate rollout group (weights synced from the actor every step); None: the actor generates.
     rollout_ranks: int | None = None
+    #: ``{step: change}``: the rollout group grows (+k) or loses its highest ranks (-k) before that step.
+    resize: dict[int, int] = field(default_factory=dict)
     backend_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +76,8 @@ class StepMetrics:
     step_s: float
     #: DataProto payload bytes that crossed the driver during the step (sent + received).
     driver_bytes: int = 0
+    #: The rollout group's size during the step (``None``: the actor generates).
+    rollout_ranks: int | None = None
 
 
 def group_baseline_advantages(scores: torch.Tensor, samples: int) -> torch.Tensor:
@@ -118,9 +123,11 @@ def run_demo(
         actor.init_model(model)
         ref.init_model(model, replicas)
         reward_wg.init_task(config.shift)
-        generate, sync = actor.generate_sequences, None
+        generate, sync, rollout = actor.generate_sequences, None, None
         if config.rollout_ranks is not None:  # a separate rollout group, its weights synced from the actor
-            rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, **options))
+            spares = sum(c for c in config.resize.values() if c > 0) if config.backend == "torchrun" else 0
+            extra: dict[str, Any] = {"spare_ranks": spares} if spares else {}
+            rollout = groups.enter_context(WorkerGroup(RolloutWorker, config.rollout_ranks, **options, **extra))
             rollout.init_model(model)
             generate, sync = rollout.generate_sequences, WeightSync(actor, rollout)
         compute_reward, compute_ref = reward_wg.compute_reward, ref.compute_ref_log_prob
@@ -130,13 +137,25 @@ def run_demo(
         if on_ready is not None:
             on_ready()
         for step in range(1, config.steps + 1):
+            if rollout is not None and step in config.resize:
+                _resize(rollout, config.resize[step], sync, step - 1)
             metrics = _step(step, config, tracer, generator, calls, actor, sync)
+            metrics.rollout_ranks = None if rollout is None else rollout.world_size
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
         if config.checkpoint:
             actor.save_checkpoint(config.checkpoint)
     return history
+
+
+def _resize(rollout: WorkerGroup[Any], change: int, sync: WeightSync | None, version: int) -> None:
+    """Grow the rollout group by ``change`` ranks (the actor's weights into them first), or remove its highest."""
+    if change > 0:
+        rollout.grow(change, sync=sync, version=version)
+    else:
+        size = rollout.world_size
+        rollout.shrink(*range(max(1, size + change), size))
 
 
 def _step(
@@ -186,6 +205,7 @@ class ProgressTable:
         out = out or sys.stdout  # looked up per table, so redirected stdout (tests, tools) is honoured
         self.total, self.out = total, out
         self.tty = out.isatty()
+        self.rollout_ranks: int | None = None
         header = (
             f"{'step':>5} {'reward':>7} {'loss':>8} {'kl':>8} {'dispatch':>9} {'compute':>9} {'collect':>9} "
             f"{'step':>8} {'via driver':>10}"
@@ -196,6 +216,9 @@ class ProgressTable:
     def __call__(self, m: StepMetrics) -> None:
         if self.tty:
             print("\r\033[K", end="", file=self.out)
+        if m.rollout_ranks != self.rollout_ranks and self.rollout_ranks is not None:
+            print(f"      rollout group: {self.rollout_ranks} -> {m.rollout_ranks} ranks", file=self.out)
+        self.rollout_ranks = m.rollout_ranks
         print(
             f"{m.step:>5} {m.reward:>7.3f} {m.loss:>8.4f} {m.kl:>8.4f} {m.dispatch_s * 1e3:>7.1f}ms "
             f"{m.compute_s * 1e3:>7.1f}ms {m.collect_s * 1e3:>7.1f}ms {m.step_s * 1e3:>6.0f}ms "
@@ -248,7 +271,10 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         lazy=args.lazy,
         rollout_ranks=args.rollout_ranks,
+        resize=args.resize,
     )
+    if config.resize and config.rollout_ranks is None:
+        raise DispatchValueError("--resize changes the rollout group's size: give it one with --rollout-ranks K")
     if backend not in available_backends():
         WorkerGroup(Worker, 1, backend=backend)  # raises BackendNotFoundError with its fix, before any output
     driver = is_driver()

@@ -1,0 +1,117 @@
+"""Growing and shrinking a torchrun group: new ranks join through the lane; removed ones leave with it.
+
+A self-started world's processes share one row transport, sized when the
+world starts, so a grow hands the new ranks to spare processes started with
+the group (``spare_ranks=k``).  Under the launcher its agent owns every
+process: a group grows only onto the launch's idle ranks (hosting no group),
+and a removed rank's process goes on serving the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from dispatchcore import DispatchError
+from dispatchcore.executor import LOOPBACK, free_port, rank_environment
+
+from ._worlds import KILL_WAIT_S, LaunchWorld, SpawnedWorld, World
+
+#: Why a removed rank's process is gone, as rows fetched from it report it.
+REMOVED = "its rank was removed from the group (shrink)"
+
+
+def _world(executor: Any) -> World:
+    if executor.closed:
+        raise DispatchError("this torchrun group is shut down")
+    world: World = executor._world
+    return world
+
+
+def _idle_launch_ranks(executor: Any, world: LaunchWorld) -> list[int]:
+    """The launch's ranks hosting no live group of this driver (each live group answers ``world.dead_ranks``)."""
+    busy: set[int] = set()
+    for ask in list(world.dead_ranks.values()):
+        group = getattr(ask, "__self__", None)
+        busy.update(getattr(group, "_data_ranks", ()))
+    busy.update(executor._data_ranks)
+    return [d for d in range(world.size) if d not in busy]
+
+
+def add_ranks(executor: Any, count: int) -> dict[str, str]:
+    """New ranks: the launch's idle ranks under the launcher, else spare processes (see the module doc)."""
+    world = _world(executor)
+    if isinstance(world, LaunchWorld):
+        idle = _idle_launch_ranks(executor, world)
+        if len(idle) < count:
+            raise DispatchError(
+                f"under the torchrun launcher a group grows only onto idle ranks of the launch (ones hosting no "
+                f"group): {len(idle)} of its {world.size} are idle ({idle}), {count} asked for. Launch with more "
+                "processes (--nproc-per-node), shut down a group placed there, or run the driver without torchrun "
+                "(self-started ranks) to grow onto spare_ranks"
+            )
+        return _open(executor, idle[:count], {})
+    assert isinstance(world, SpawnedWorld)  # noqa: S101 - the two kinds of world
+    spares = [d for d in world.spares if world.processes[d].poll() is None]
+    if len(spares) < count:
+        raise DispatchError(
+            f"growing by {count} needs {count} spare process(es); {len(spares)} left. Self-started torchrun ranks "
+            f"grow onto the spare processes started with the group: create it with "
+            f"spare_ranks={executor._spares_given - len(spares) + count} (each process joins the world's row "
+            "transport at start-up, so none can be added later)"
+        )
+    taken = []
+    for _ in range(count):
+        d = world.take_spare()
+        assert d is not None  # noqa: S101 - counted above
+        taken.append(d)
+    n = executor.spec.world_size
+    port = free_port(LOOPBACK)
+    envs = {g: rank_environment(g, n + count, master_addr=LOOPBACK, master_port=port) for g in range(n, n + count)}
+    for g, d in zip(envs, taken, strict=True):
+        world.output.label(d, f"rank {g}")
+    return _open(executor, taken, envs, {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})
+
+
+def _open(
+    executor: Any, data_ranks: list[int], envs: dict[int, dict[str, str]], rendezvous: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Host the next rank numbers on ``data_ranks`` and open them on the lane at the new size."""
+    n = executor.spec.world_size
+    added = range(n, n + len(data_ranks))
+    executor._data_ranks.extend(data_ranks)
+    executor._envs.update(envs)
+    executor.resize_spec(n + len(data_ranks))
+    try:
+        executor.open_ranks(added, executor._start_timeout)
+    except BaseException:
+        executor.mark_broken(f"ranks {list(added)} did not start while the group grew")
+        raise
+    # Under the launcher a process serves several groups: its environment is left alone.
+    return {} if rendezvous is None else {**rendezvous, "WORLD_SIZE": str(executor.spec.world_size)}
+
+
+def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:
+    """End ``ranks``' lane links (their processes leave), wait for them, number the rest ``0..n-1``."""
+    world = _world(executor)
+    gone = set(ranks)
+    keep = [g for g in range(executor.spec.world_size) if g not in gone]
+    leaving = [executor._data_ranks[g] for g in sorted(gone)]
+    executor.lane.renumber(keep, REMOVED)
+    executor._data_ranks = [executor._data_ranks[g] for g in keep]
+    executor.resize_spec(len(keep))
+    if not isinstance(world, SpawnedWorld):  # a launch's process goes on serving its other groups
+        return {}
+    for d in leaving:
+        proc = world.processes.get(d)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_WAIT_S)
+        world.mark_dead(d, REMOVED)
+        world.kill(d)  # still there after the wait: ended now (and marked gone for row fetches)
+    for g, d in enumerate(executor._data_ranks):
+        world.output.label(d, f"rank {g}")
+    port = free_port(LOOPBACK)
+    return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "WORLD_SIZE": str(len(keep))}
