@@ -1,10 +1,11 @@
 """Growing and shrinking a torchrun group: new ranks join through the lane; removed ones leave with it.
 
-A self-started world's processes share one row transport, sized when the
-world starts, so a grow hands the new ranks to spare processes started with
-the group (``spare_ranks=k``).  Under the launcher its agent owns every
-process: a group grows only onto the launch's idle ranks (hosting no group),
-and a removed rank's process goes on serving the others.
+A self-started world hands the new ranks to its spare processes first
+(``spare_ranks=k``), then to processes it starts now: every live process,
+the driver's too, joins the row transport's next generation at the new
+size (``SpawnedWorld.add_processes``).  Under the launcher its agent owns
+every process: a group grows only onto the launch's idle ranks (hosting no
+group), and a removed rank's process goes on serving the others.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _idle_launch_ranks(executor: Any, world: LaunchWorld) -> list[int]:
 
 
 def add_ranks(executor: Any, count: int) -> dict[str, str]:
-    """New ranks: the launch's idle ranks under the launcher, else spare processes (see the module doc)."""
+    """New ranks: the launch's idle ranks under the launcher, else spare or new processes (see the module doc)."""
     world = _world(executor)
     if isinstance(world, LaunchWorld):
         idle = _idle_launch_ranks(executor, world)
@@ -50,22 +51,21 @@ def add_ranks(executor: Any, count: int) -> dict[str, str]:
                 f"under the torchrun launcher a group grows only onto idle ranks of the launch (ones hosting no "
                 f"group): {len(idle)} of its {world.size} are idle ({idle}), {count} asked for. Launch with more "
                 "processes (--nproc-per-node), shut down a group placed there, or run the driver without torchrun "
-                "(self-started ranks) to grow onto spare_ranks"
+                "(self-started ranks) to grow by starting processes"
             )
         return _open(executor, idle[:count], {})
     assert isinstance(world, SpawnedWorld)  # noqa: S101 - the two kinds of world
     spares = [d for d in world.spares if world.processes[d].poll() is None]
     if len(spares) < count:
-        raise DispatchError(
-            f"growing by {count} needs {count} spare process(es); {len(spares)} left. Self-started torchrun ranks "
-            f"grow onto the spare processes started with the group: create it with "
-            f"spare_ranks={executor._spares_given - len(spares) + count} (each process joins the world's row "
-            "transport at start-up, so none can be added later)"
-        )
+        try:
+            world.add_processes(count - len(spares), executor.spec.world_size + count, executor._start_timeout)
+        except BaseException:
+            executor.mark_broken(f"{count - len(spares)} new process(es) did not join while the group grew")
+            raise
     taken = []
     for _ in range(count):
         d = world.take_spare()
-        assert d is not None  # noqa: S101 - counted above
+        assert d is not None  # noqa: S101 - counted above, or just started
         taken.append(d)
     n = executor.spec.world_size
     port = free_port(LOOPBACK)

@@ -17,7 +17,10 @@ Rows of lazy results, between any two processes of a world (``_row_plane``)::
     rows/<rank>   ("fetch", requester, fetch_id, [RowRequest])    to the producing process
                   ("free", [key])                                 drop kept rows now
                   ("quit",)                                       ends its data thread
-    rowsre/<rank> ("rows", fetch_id, producer, header, first_tag) payload posted, row tags
+                  ("transport", generation, [rank])               join the row transport's next generation
+    transport/<generation>/<rank>  "" once joined, else why not (the driver waits for every member)
+    rowsre/<rank> ("rows", fetch_id, producer, header, first_tag, generation)
+                                                  payload posted on that generation, row tags
                   ("failed", fetch_id, producer, message)         e.g. the rows were freed
                   ("dead", fetch_id, producer, detail)            pushed by the consumer's watcher
                   ("stopped", fetch_id)                           the world is stopping
@@ -68,6 +71,10 @@ def rows_reply_key(rank: int) -> str:
 
 def dead_key(rank: int) -> str:
     return f"dead/{rank}"
+
+
+def transport_key(generation: int, rank: int) -> str:
+    return f"transport/{generation}/{rank}"
 
 
 STOPPING_KEY = "stopping"

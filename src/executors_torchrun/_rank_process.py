@@ -18,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
@@ -29,7 +29,7 @@ from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, install
 
 from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
-from ._protocol import READY_KEY, StoreDirectory, join_key, lane_key, pop, stopped_key
+from ._protocol import READY_KEY, StoreDirectory, join_key, lane_key, pop, stopped_key, transport_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
@@ -66,13 +66,18 @@ class Services:
                 rank.host.close()
 
 
-def serve_and_exit(store: dist.Store, rank: int, size: int, timeout: timedelta, *, launched: bool) -> NoReturn:
+def serve_and_exit(
+    store: dist.Store, rank: int, members: Sequence[int], timeout: timedelta, *, launched: bool, generation: int = 0
+) -> NoReturn:
     """Say this process is up, join the world's transport, serve until told to stop, then exit 0.
 
     A launch's process serves each group on a thread of its own; a self-started one, one group on this thread.
+    A process added to a running world joins its transport's newest ``generation`` over ``members``.
     """
     store.add(READY_KEY, 1)
-    transport = Transport(store, rank, size, timeout, loopback=not launched)
+    transport = Transport(store, rank, members, timeout, loopback=not launched, generation=generation)
+    if generation:  # added to a running world: the driver waits for this
+        store.set(transport_key(generation, rank), b"")  # type: ignore[arg-type]  # the binding takes bytes
     ended = serve_process(store, transport, threads=launched)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -34,7 +34,7 @@ from dispatchcore.executor import (
 
 from ._bridge_rows import BridgeLane, RowBridges, WorldStore
 from ._env import set_local_device
-from ._protocol import STOPPING_KEY, dead_key, encode, home_of, pop, rows_key, rows_reply_key
+from ._protocol import STOPPING_KEY, dead_key, encode, home_of, pop, rows_key, rows_reply_key, transport_key
 from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
 from ._wire import Header, pack, unpack
 
@@ -84,11 +84,23 @@ class RowPlane:
             if message[0] == "free":
                 free_kept_rows(message[1])
                 continue
+            if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
+                self._rebuild(store, *message[1:])
+                continue
             _, requester, fetch_id, requests = message
             try:
                 self._answer(store, requester, fetch_id, requests)
             except Exception:  # noqa: BLE001, S112 - the requester (or the store) is gone
                 continue
+
+    def _rebuild(self, store: dist.Store, generation: int, members: list[int]) -> None:
+        """Join the row transport's next generation, then say so (the driver waits for every member)."""
+        try:
+            self._transport.rebuild(generation, members)
+        except Exception as exc:  # noqa: BLE001 - the driver reports it, naming this process
+            store.set(transport_key(generation, self.rank), f"{type(exc).__name__}: {exc}".encode())  # type: ignore[arg-type]
+        else:
+            store.set(transport_key(generation, self.rank), b"")  # type: ignore[arg-type]
 
     def _answer(self, store: dist.Store, requester: int, fetch_id: int, requests: list[RowRequest]) -> None:
         """Post the requested rows to ``requester``, then tell it their header and tags."""
@@ -96,12 +108,13 @@ class RowPlane:
         try:
             packed = pack([take_kept_rows(request) for request in requests])
             first = self._tags.take(packed.header.tags)
-            works = post_sends(packed, requester, first, self._tags, self._transport.groups(self.rank, requester))
+            generation, peer, groups = self._transport.link(self.rank, requester)
+            works = post_sends(packed, peer, first, self._tags, groups)
         except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
             store.queue_push(reply, encode(("failed", fetch_id, self.rank, f"{type(exc).__name__}: {exc}")))
             return
         self._reaper.add(works, packed)
-        store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first)))
+        store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first, generation)))
 
     def free(self, process: int, keys: Sequence[str]) -> None:
         """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
@@ -280,9 +293,10 @@ class _HomeLane:
     def request(self, d: int, fetch_id: int, requests: list[RowRequest], death_timeout: float) -> None:
         self._plane._store.queue_push(rows_key(d), encode(("fetch", self._plane.rank, fetch_id, requests)))
 
-    def post_recv(self, d: int, header: Header, first: int) -> tuple[list[Any], list[Any], list[Any]]:
+    def post_recv(self, d: int, header: Header, first: int, generation: int) -> tuple[list[Any], list[Any], list[Any]]:
         plane = self._plane
-        return post_recvs(header, d, first, plane._tags, plane._transport.groups(d, plane.rank))
+        _, peer, groups = plane._transport.link(d, plane.rank, generation)
+        return post_recvs(header, peer, first, plane._tags, groups)
 
     def failed(self, d: int) -> None:
         """Nothing to drop: the world's transport is shared, and a dead process is marked by the driver."""

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -120,41 +121,66 @@ def spawn_ranks(
     driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
+    members = list(range(world_size + spares + 1))
     processes: dict[int, subprocess.Popen[bytes]] = {}
-    inherited = {k: v for k, v in os.environ.items() if k not in RANK_ENV_KEYS}
-    inherited.update(cpu_thread_environment(world_size))  # spares take a rank's place: same share
     for rank in range(world_size + spares):
-        boot = {
-            "host": LOOPBACK,
-            "port": store_port,
-            "prefix": prefix,
-            "data_rank": rank + 1,
-            "data_size": world_size + spares + 1,
-            "timeout": transport_timeout,
-            "path": [p for p in sys.path if p],
-        }
         ranks = (
             rank_environment(rank, world_size, master_addr=LOOPBACK, master_port=master_port)
             if rank < world_size
             else {}
         )
-        env = {**inherited, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(boot)}
-        if relay is not None:
-            env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
-        pipe = subprocess.PIPE if relay is not None else None
-        proc = processes[rank + 1] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-c", _CHILD_CODE],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=pipe,
-            stderr=pipe,
-            close_fds=True,
-        )
-        if relay is not None:
-            if rank < world_size:
-                relay.label(rank + 1, f"rank {rank}")
-            relay.attach(rank + 1, proc)
+        boot = Boot(store_port, prefix, transport_timeout, members, 0, world_size)
+        processes[rank + 1] = spawn_process(rank + 1, boot, ranks, relay)
+        if relay is not None and rank < world_size:
+            relay.label(rank + 1, f"rank {rank}")
     return processes
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a self-started process needs to join its world: the store, and the row transport's generation."""
+
+    store_port: int
+    prefix: str
+    transport_timeout: float
+    #: The data ranks of the generation it joins (``_transport``).
+    members: list[int]
+    generation: int
+    #: The group's size, which sets each process's share of the CPU threads.
+    world_size: int
+
+
+def spawn_process(
+    data_rank: int, boot: Boot, ranks: dict[str, str], relay: OutputRelay | None
+) -> subprocess.Popen[bytes]:
+    """Start the process of ``data_rank`` (``ranks``: its rank variables; none for a spare)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in RANK_ENV_KEYS}
+    inherited.update(cpu_thread_environment(boot.world_size))  # spares take a rank's place: same share
+    settings = {
+        "host": LOOPBACK,
+        "port": boot.store_port,
+        "prefix": boot.prefix,
+        "data_rank": data_rank,
+        "members": boot.members,
+        "generation": boot.generation,
+        "timeout": boot.transport_timeout,
+        "path": [p for p in sys.path if p],
+    }
+    env = {**inherited, **ranks, "GROUP_RANK": "0", BOOT_ENV: json.dumps(settings)}
+    if relay is not None:
+        env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
+    pipe = subprocess.PIPE if relay is not None else None
+    proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+        [sys.executable, "-c", _CHILD_CODE],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=pipe,
+        stderr=pipe,
+        close_fds=True,
+    )
+    if relay is not None:
+        relay.attach(data_rank, proc)
+    return proc
 
 
 def wait_ready(
@@ -214,4 +240,5 @@ def child_main() -> None:
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
-    serve_and_exit(store, boot["data_rank"], boot["data_size"], timedelta(seconds=boot["timeout"]), launched=False)
+    timeout = timedelta(seconds=boot["timeout"])
+    serve_and_exit(store, boot["data_rank"], boot["members"], timeout, launched=False, generation=boot["generation"])

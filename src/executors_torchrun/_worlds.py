@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import signal
 import socket
 import subprocess
@@ -39,15 +40,15 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore import DispatchRuntimeError, WorkerDiedError
+from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
 from dispatchcore.executor import address_toward
 
 from . import _env
 from ._bridge import Bridge
-from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, stopped_key
+from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
 from ._rank_process import Services, serve_and_exit
 from ._row_plane import RowPlane
-from ._spawn import OutputRelay, reap, spawn_ranks, start_store, wait_ready
+from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
 #: Seconds ``stop`` waits for processes to leave before leaving them to their fate.
@@ -126,6 +127,7 @@ class SpawnedWorld(World):
         self.prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(self.prefix, master)
         self.processes = spawn_ranks(world_size, master.port, self.prefix, transport_timeout, spares, self.output)
+        self._boot = Boot(master.port, self.prefix, transport_timeout, [], 0, world_size)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
@@ -133,7 +135,7 @@ class SpawnedWorld(World):
             late = f"{n} self-started ranks were not all up after {start_timeout:g} s; "
             wait_ready(store, n, start_timeout, late + "raise WorkerGroup(..., start_timeout=...)", self.processes)
             timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-            transport = Transport(store, 0, world_size + spares + 1, timeout, loopback=True)
+            transport = Transport(store, 0, range(world_size + spares + 1), timeout, loopback=True)
         except BaseException:
             reap(self.processes, 0.0)
             self.output.join(1.0)
@@ -153,6 +155,68 @@ class SpawnedWorld(World):
             if self.processes[d].poll() is None:
                 return d
         return None
+
+    def add_processes(self, count: int, world_size: int, timeout: float) -> None:
+        """Start ``count`` more spares, and rebuild the row transport over every live process and them.
+
+        Each live process joins the transport's next generation on its data thread (``_row_plane``), the new
+        ones as they start, the driver here; the old generations stay for rows already on their way.
+        """
+        with self._lock:
+            live = [d for d, proc in sorted(self.processes.items()) if proc.poll() is None and d not in self._marked]
+        first = max(self.processes) + 1
+        added = list(range(first, first + count))
+        generation = self.transport.generation + 1
+        members = [0, *live, *added]
+        for d in live:
+            self.store.queue_push(rows_key(d), encode(("transport", generation, members)))
+        boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
+        for d in added:
+            self.processes[d] = spawn_process(d, boot, {}, self.output)
+        failure: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                self.transport.rebuild(generation, members)
+            except BaseException as exc:  # noqa: BLE001 - raised below, on the driver's thread
+                failure.append(exc)
+
+        joining = threading.Thread(target=join, name="dispatchcore-transport", daemon=True)
+        joining.start()
+        self._await_members(generation, members[1:], joining, failure, timeout)
+        self.spares.extend(added)
+
+    def _await_members(
+        self,
+        generation: int,
+        members: list[int],
+        joining: threading.Thread,
+        failure: list[BaseException],
+        timeout: float,
+    ) -> None:
+        """Wait until every member and the driver are in ``generation``; fail fast on an exit or an error."""
+        deadline = time.monotonic() + timeout
+        waiting = list(members)
+        store = self.store.clone()  # type: ignore[attr-defined]  # the driver's own join may block the world's
+        while waiting or joining.is_alive():
+            for d in list(waiting):
+                if store.check([transport_key(generation, d)]):
+                    error = bytes(store.get(transport_key(generation, d))).decode()
+                    if error:
+                        raise DispatchRuntimeError(f"process {d} could not join the grown row transport: {error}")
+                    waiting.remove(d)
+                elif self.processes[d].poll() is not None:
+                    raise DispatchRuntimeError(f"process {d} exited with code {self.processes[d].poll()} while joining")
+            if failure:
+                raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
+            if time.monotonic() > deadline:
+                raise DispatchTimeoutError(
+                    f"processes {waiting or [0]} had not joined the grown row transport after {timeout:g} s; "
+                    "raise WorkerGroup(..., start_timeout=...)"
+                )
+            time.sleep(0.02)
+        if failure:
+            raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
 
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
@@ -268,7 +332,7 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
     if rank != 0:
-        serve_and_exit(_torchrun_store(start_timeout), rank, size, timeout, launched=True)
+        serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True)
     with _launch_lock:
         if _launch is None:
             store = _torchrun_store(start_timeout)
@@ -277,7 +341,7 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
                 "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
             )
             wait_ready(store, size - 1, start_timeout, late, {})
-            _launch = LaunchWorld(store, Transport(store, 0, size, timeout))
+            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout))
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
