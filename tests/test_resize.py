@@ -31,6 +31,7 @@ from dispatchcore import (
     WorkerGroup,
     collective,
     create_colocated_worker_cls,
+    driver_traffic,
     make_nd_compute_dataproto_dispatch_fn,
     register,
     trace,
@@ -176,6 +177,61 @@ def test_rollout_grows_and_shrinks_between_training_steps(backend: str, request:
         trainer.shutdown()
     if backend != "ray":
         assert _alive(backend, rollout) == 0
+
+
+class Relay(Rollout):
+    """Says which rank was handed which rows: lazy rows moved rank to rank land where the split says."""
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def relay(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"y": data.batch["y"], "at": torch.full((len(data),), self.rank)})
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.slow
+def test_self_started_torchrun_without_spares_grows_by_starting_processes() -> None:
+    """No spares: a grow starts processes, which join the row transport rebuilt over every process at the new size."""
+    batch = DataProto.from_dict({"x": torch.arange(8)}, auto_padding=True)
+    trainer = WorkerGroup(WeightTrainer, 1, backend="torchrun", init_kwargs={"sharded": False})
+    rollout = WorkerGroup(Relay, 2, backend="torchrun")
+    processes: dict[int, Any] = rollout.executor._world.processes  # type: ignore[attr-defined]
+    try:
+        rollout.setup(7)
+        sync = WeightSync(trainer, rollout)
+        trainer.set_step(1)
+        sync(1)
+        by_two = rollout.generate.options(lazy=True)(batch)  # rows kept on the old ranks 0, 1
+        trainer.set_step(2)
+        sync(2)
+        change = rollout.grow(2, sync=sync, version=2)
+        assert change.added == (2, 3) and len(processes) == 4, "the two new ranks' processes were started now"
+        _assert_current(rollout, 2, range(2, 4))
+        assert rollout.generate(batch).batch["y"].equal(_fresh(4, 2, batch).batch["y"])
+        assert rollout.reduce() == [4.0] * 4
+        by_four = rollout.generate.options(lazy=True)(batch)
+        before = driver_traffic()
+        to_new = rollout.relay(by_two)  # new ranks 2, 3 take rows 4..7 from old rank 1
+        to_old = rollout[0:2].relay(by_four)  # old rank 1 takes rows 4..7 from new ranks 2, 3
+        assert (driver_traffic() - before).sent_bytes == 0, "rows went through the driver"
+        assert to_new.batch["at"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert to_new.batch["y"].equal(_fresh(2, 1, batch).batch["y"])
+        assert to_old.batch["at"].tolist() == [0] * 4 + [1] * 4
+        assert to_old.batch["y"].equal(_fresh(4, 2, batch).batch["y"])
+        del by_two, by_four
+        rollout.shrink(3)
+        assert rollout.generate(batch).batch["y"].equal(_fresh(3, 2, batch).batch["y"])
+        assert rollout.reduce() == [3.0] * 3
+        assert [s[4] for s in rollout.state()] == [[(2, 4, (2, 3), ()), (4, 3, (), (3,))]] * 3
+        assert _gone(processes[4].pid), "the removed rank's process is left behind"
+        with pytest.raises(DispatchError, match=r"; 0 spares left: create the group with spare_ranks=1 "):
+            rollout.replace_rank(1)  # replacements come from spares only
+    finally:
+        rollout.shutdown()
+        trainer.shutdown()
+    assert len(processes) == 4 and all(_gone(proc.pid) for proc in processes.values())
 
 
 def test_shrink_refuses_while_lazy_rows_live_on_ranks_that_go_or_move() -> None:
