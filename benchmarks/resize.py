@@ -1,6 +1,6 @@
 """Growing a rollout group (``wg.grow``) against starting a fresh group of the new size, in the same run.
 
-Run ``python -m benchmarks.resize [--quick] [--backends local,torchrun,ray]``.
+Run ``python -m benchmarks.resize [--quick] [--backends local,torchrun,torchrun-new,ray]``.
 Per backend, a trainer of 1 rank offers a 49 MiB weight set
 (``WEIGHTS``) and a rollout group of 2 ranks holds it; then:
 
@@ -12,8 +12,10 @@ Per backend, a trainer of 1 rank offers a 49 MiB weight set
 * the driver's cost of one empty call (median, ms) at 2 ranks, after the grow
   (4 ranks), after the shrink (3) and on the fresh group of 4.
 
-torchrun grows onto spare processes (``spare_ranks=2``), started with the
-group: their start-up is in the group's, not in the grow's.
+``torchrun`` grows onto spare processes (``spare_ranks=2``), started with the
+group: their start-up is in the group's, not in the grow's; ``torchrun-new``
+has no spares: the grow starts two processes and rebuilds the row transport
+at the new size.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from dispatchcore import Dispatch, WeightSync, Worker, WorkerGroup, register
 
 from ._common import median_ms, print_table
 
+#: Per row: its backend and the rollout group's options.
+FORMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local": ("local", {}),
+    "torchrun": ("torchrun", {"spare_ranks": 2}),
+    "torchrun-new": ("torchrun", {}),
+    "ray": ("ray", {}),
+}
 #: ``name: (shape, dtype)``: 49 MiB in 12 tensors.
 WEIGHTS = {f"layer.{i}.w": ((1024, 1024 + 64 * i), torch.float32) for i in range(12)}
 
@@ -75,8 +84,8 @@ def _check(values: list[float]) -> None:
         raise AssertionError(f"a rank does not hold the trainer's weights: {values} != {want}")
 
 
-def measure(backend: str, repeats: int) -> dict[str, float]:
-    options = {"spare_ranks": 2} if backend == "torchrun" else {}
+def measure(form: str, repeats: int) -> dict[str, float]:
+    backend, options = FORMS[form]
     out: dict[str, float] = {}
     with WorkerGroup(Trainer, 1, backend=backend) as trainer, WorkerGroup(Rollout, 2, backend=backend, **options) as wg:
         wg.configure(0.7)
@@ -106,7 +115,7 @@ def measure(backend: str, repeats: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--backends", default="local,torchrun,ray")
+    parser.add_argument("--backends", default=",".join(FORMS))
     args = parser.parse_args()
     repeats = 20 if args.quick else 100
     rows = []
