@@ -228,10 +228,16 @@ def test_self_started_torchrun_without_spares_grows_by_starting_processes() -> N
         assert _gone(processes[4].pid), "the removed rank's process is left behind"
         with pytest.raises(DispatchError, match=r"; 0 spares left: create the group with spare_ranks=1 "):
             rollout.replace_rank(1)  # replacements come from spares only
+        rollout.grow(1, sync=sync, version=2)  # the transport again, without the removed process
+        _assert_current(rollout, 2, range(3, 4))
+        by_four = rollout.generate.options(lazy=True)(batch)
+        mixed = rollout.ranks([3, 0]).relay(by_four)  # the newest rank and rank 0 swap rows with every other
+        assert mixed.batch["at"].tolist() == [3] * 4 + [0] * 4
+        assert mixed.batch["y"].equal(_fresh(4, 2, batch).batch["y"])
     finally:
         rollout.shutdown()
         trainer.shutdown()
-    assert len(processes) == 4 and all(_gone(proc.pid) for proc in processes.values())
+    assert len(processes) == 5 and all(_gone(proc.pid) for proc in processes.values())
 
 
 def test_shrink_refuses_while_lazy_rows_live_on_ranks_that_go_or_move() -> None:

@@ -216,6 +216,8 @@ class Transport:
             if generation is not None and generation not in self._generations:  # its rebuild is finishing here
                 self._cond.wait_for(lambda: generation in self._generations, self._timeout.total_seconds())
             g = self.generation if generation is None else generation
+            if g not in self._generations:
+                raise DispatchError(f"this process never joined generation {g} of its world's row transport")
             ranks, gloo = self._generations[g]
         other = receiver if sender == self.rank else sender
         if other not in ranks:
