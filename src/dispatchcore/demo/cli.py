@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SCHEDULE",
         default={},
         help="grow or shrink the rollout group before the steps named, e.g. 10:+2,20:-1 (needs --rollout-ranks; "
-        "a shrink removes the highest ranks; torchrun grows onto spare processes)",
+        "a shrink removes the highest ranks; torchrun starts the ranks it adds up front, as spares)",
     )
 
 
