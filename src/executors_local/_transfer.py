@@ -40,7 +40,7 @@ class LocalTensorLink:
         got = []
         for x, target in zip(entry[0], into, strict=True):
             if target is not None:
-                target.copy_(x.reshape(target.shape))
+                target.copy_(x if x.shape == target.shape else x.reshape(target.shape))
             got.append(x if target is None else target)
         return lambda: (got, True)
 

@@ -206,8 +206,9 @@ def _slot(state: _Transfer, piece: Piece) -> torch.Tensor:
         # From the process's buffer pool: the last bucket's buffers, freed once applied, come back
         # without page faults (a fresh 256 MiB allocation costs 4-7x the copy, MEASURED.md).
         buffer = state.buffers[piece.name] = numpy_tensor(tuple(wanted.shape), wanted.dtype)
-    flat = buffer.reshape(1) if buffer.dim() == 0 else buffer
-    return flat.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0]).view(piece.shape)
+    if buffer.dim() == 0:
+        return buffer
+    return buffer.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0])
 
 
 def _move(
