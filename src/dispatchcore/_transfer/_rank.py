@@ -159,8 +159,8 @@ def _source_view(state: _Transfer, piece: Piece, cast: bool) -> torch.Tensor:
     tensor, held = state.offered[piece.source_name]
     t = rows_view(tensor, held.offset, piece.rows, piece.cut)
     if cast:
-        t = t.detach().to(piece.dtype).contiguous()
-    return t.detach()
+        t = t.to(piece.dtype).contiguous()
+    return t.detach() if t.requires_grad else t
 
 
 def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, torch.Tensor]:
