@@ -31,7 +31,7 @@ from dispatchcore import (
     trace,
 )
 from dispatchcore.executor import TensorSpec, plan_transfer, run_step
-from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
+from dispatchcore.testing.weight_workers import WEIGHT_SET, WeightRollout, WeightTrainer, expected, make_weights
 from executors_ray.testing import ray_session  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
@@ -388,3 +388,35 @@ def test_a_transfer_makes_four_calls_and_two_per_bucket() -> None:
             counts.append(len(calls) - 2 * report.buckets)
         _check(dst, None, 1, step=1, dtype=torch.float16)
     assert counts == [4, 4, 5]
+
+
+#: A tensor of 2.8 MiB: its bucket go by Ray's object store, not inline in the steps' messages.
+_LARGE = {**WEIGHT_SET, "big": ((700, 1024), "float32")}
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_buckets_over_a_mebibyte_go_by_the_store_and_arrive_exactly() -> None:
+    with (
+        WorkerGroup(WeightTrainer, 1, backend="ray", init_args=(_LARGE,)) as src,
+        WorkerGroup(WeightRollout, 1, backend="ray") as dst,
+    ):
+        report = WeightSync(src, dst)(version=3)
+        assert report.transport == "ray" and report.driver_bytes == 0
+        for got, version, _ in dst.state():
+            assert version == 3
+            for name, full in make_weights(_LARGE).items():
+                assert got[name].dtype == full.dtype and torch.equal(got[name], full), name
+
+
+def test_a_plan_is_made_again_only_when_what_it_is_made_of_changes() -> None:
+    with WorkerGroup(WeightTrainer, 2, backend="local") as src, WorkerGroup(WeightRollout, 2, backend="local") as dst:
+        sync = WeightSync(src, dst, bucket_bytes=100)
+        sync(version=1)
+        first = sync.last_plan
+        dst.configure()
+        sync(version=2)
+        assert sync.last_plan is first  # the same layout, names and wants
+        dst.configure(cut=1)
+        sync(version=3)
+        assert sync.last_plan is not first
+        _check(dst, 1, 3)

@@ -22,6 +22,7 @@ from dispatchcore.executor import (
     Executor,
     GroupSpec,
     Instructions,
+    Operation,
     RankCallHandle,
     RankThread,
     ThreadCollective,
@@ -133,7 +134,8 @@ class LocalExecutor(Executor):
     def submit(self, call: Call) -> RankCallHandle:
         if self._closed:
             raise DispatchError("this local group is shut down")
-        isolate = self.spec.isolate
+        # A transfer step's arguments are the core's own frozen records (buckets, wants): nothing to isolate.
+        isolate = self.spec.isolate and call.instructions.operation is not Operation.TRANSFER
         copy_result = isolate and not call.results_are_copied
         method, instructions, threads = call.method, call.instructions, self.rank_threads
         bare = not any(call.args) and not any(call.kwargs)

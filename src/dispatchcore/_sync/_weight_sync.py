@@ -132,6 +132,8 @@ class WeightSync:
         self._warned = False
         #: The last transfer's ``{name: (shape, dtype)}``: the next asks ``want`` with it beside ``layout``.
         self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+        #: What the last plan was made of: the same layout, names and wants plan the same again.
+        self._planned: tuple[Any, ...] | None = None
         #: The plan of the last transfer (for inspection and tests).
         self.last_plan: TransferPlan | None = None
 
@@ -207,7 +209,7 @@ class WeightSync:
         try:
             with timeline.driver("plan"):
                 held, tensors, wants = self._ask(src, dst, tid)
-                plan = self.last_plan = plan_transfer(held, tensors, wants, self.bucket_bytes)
+                plan = self._plan(held, tensors, wants)
             how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
             begins: list[Any] = [(plan.wanted[d], *how) for d in range(len(dst.ranks))]
             with timeline.driver("buckets"):
@@ -234,6 +236,13 @@ class WeightSync:
             version, transport, len(tensors), len(plan.buckets), plan.nbytes, driver_bytes, seconds, self.verify_each,
             timeline.phases,
         )  # fmt: skip
+
+    def _plan(self, held: list[dict[str, Held]], tensors: dict[str, TensorSpec], wants: list[Any]) -> TransferPlan:
+        """The last plan where nothing it was made of changed (planning hundreds of names costs milliseconds)."""
+        made = (held, tensors, wants, self.bucket_bytes)
+        if self.last_plan is None or self._planned != made:
+            self.last_plan, self._planned = plan_transfer(held, tensors, wants, self.bucket_bytes), made
+        return self.last_plan
 
     def _ask(self, src: Side, dst: Side, tid: int) -> tuple[list[dict[str, Held]], dict[str, TensorSpec], list[Any]]:
         """What every source rank holds (an offer it cannot take refused by name), the specs, what each wants.

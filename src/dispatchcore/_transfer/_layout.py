@@ -90,11 +90,12 @@ def row_elements(shape: tuple[int, ...], cut: Slice | None) -> int:
 
 def rows_view(tensor: torch.Tensor, offset: int, rows: tuple[int, int], cut: Slice | None) -> torch.Tensor:
     """Full-tensor rows ``rows`` (columns ``cut``) of ``tensor``, which holds rows from ``offset``: a view."""
-    t = tensor.reshape(1) if tensor.dim() == 0 else tensor
-    t = t.narrow(0, rows[0] - offset, rows[1] - rows[0])
+    if tensor.dim() == 0:
+        return tensor  # its one row
+    t = tensor.narrow(0, rows[0] - offset, rows[1] - rows[0])
     if cut is not None:
         t = t.narrow(cut.dim, cut.start, cut.stop - cut.start)
-    return t.reshape(()) if tensor.dim() == 0 else t
+    return t
 
 
 def held_of(value: torch.Tensor | RowShard) -> tuple[torch.Tensor, Held]:

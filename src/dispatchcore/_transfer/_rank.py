@@ -159,8 +159,8 @@ def _source_view(state: _Transfer, piece: Piece, cast: bool) -> torch.Tensor:
     tensor, held = state.offered[piece.source_name]
     t = rows_view(tensor, held.offset, piece.rows, piece.cut)
     if cast:
-        t = t.detach().to(piece.dtype).contiguous()
-    return t.detach()
+        t = t.to(piece.dtype).contiguous()
+    return t.detach() if t.requires_grad else t
 
 
 def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, torch.Tensor]:
@@ -206,8 +206,9 @@ def _slot(state: _Transfer, piece: Piece) -> torch.Tensor:
         # From the process's buffer pool: the last bucket's buffers, freed once applied, come back
         # without page faults (a fresh 256 MiB allocation costs 4-7x the copy, MEASURED.md).
         buffer = state.buffers[piece.name] = numpy_tensor(tuple(wanted.shape), wanted.dtype)
-    flat = buffer.reshape(1) if buffer.dim() == 0 else buffer
-    return flat.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0]).view(piece.shape)
+    if buffer.dim() == 0:
+        return buffer
+    return buffer.narrow(0, piece.rows[0] - wanted.rows[0], piece.rows[1] - piece.rows[0])
 
 
 def _move(
