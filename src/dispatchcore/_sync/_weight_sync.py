@@ -60,6 +60,8 @@ class TransferReport:
     tensors: int
     buckets: int
     bytes_moved: int
+    #: Bytes of the driver path a backend without a rank-to-rank link takes (Ray's buckets of at most
+    #: 1 MiB cross the driver inside the control lane's messages and are not counted: docs/weight-sync.md).
     driver_bytes: int
     seconds: float
     #: Whether the destinations' weights were checked against the sources' (``verify=True``) before the version.
