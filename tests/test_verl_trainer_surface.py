@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from typing import Any
 
 import pytest
 import torch
@@ -140,12 +142,23 @@ def test_a_raising_worker_surfaces_at_ray_get_as_worker_error(wg: RayWorkerGroup
         ray.get(wg.fail(), timeout=60)
 
 
+def _wait_until_dead(actor: Any, timeout: float = 60.0) -> None:
+    """``ray.kill`` lands asynchronously: a task sent just after it may still run, so ask until one fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, "the killed actor still answers"
+        time.sleep(0.05)
+
+
 def test_ray_get_on_a_dead_actor_is_rays_actor_died_error() -> None:
     group = RayWorkerGroup(cpu_pool(1), RayClassWithInitArgs(Trainee), name_prefix="verl_dead")
     try:
         ray.kill(group.workers[0], no_restart=True)
-        with pytest.raises(ray.exceptions.RayActorError):  # the kill lands asynchronously: wait until it has
-            ray.get(group.workers[0].__ray_ready__.remote(), timeout=60)
+        _wait_until_dead(group.workers[0])
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(group.update_weights(1), timeout=60)
     finally:
