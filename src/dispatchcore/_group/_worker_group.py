@@ -240,6 +240,11 @@ class WorkerGroup(Generic[W]):
         return self._site.shared.membership.setup_log
 
     @property
+    def trace_label(self) -> str:
+        """The group's name in traces: its ranks' tracks are ``f"{trace_label} rank {r}"`` (views share it)."""
+        return self._site.shared.label
+
+    @property
     def call_timeout(self) -> float | None:
         """The group's default call bound (``None``: calls may run as long as they need)."""
         return self._site.call_timeout

@@ -45,8 +45,7 @@ class Side:
         """The side a ``WorkerGroup`` (or a view of one) plays in a transfer."""
         executor = wg.executor
         ranks = tuple(wg.rank_ids)
-        site = getattr(wg, "_site", None)  # the group's name in traces (no public property has it)
-        track = site.shared.label if site is not None else repr(wg)
+        track = getattr(wg, "trace_label", None) or repr(wg)
         label = repr(wg)
         return cls(role, label, executor, ranks, wg.role_prefix, wg.call_timeout, executor.spec.isolate, wg, track)
 
