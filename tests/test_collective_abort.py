@@ -11,7 +11,6 @@ abort freed it.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -23,13 +22,13 @@ from dispatchcore import (
     CallCancelledError,
     Dispatch,
     DispatchTimeoutError,
-    Worker,
     WorkerError,
     WorkerGroup,
     collective,
     register,
 )
 from dispatchcore.testing import Fault
+from faults._replica_workers import Replica as ReplicaSteps
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -38,26 +37,8 @@ BACKENDS = ["local", "torchrun", "ray"]
 GRACE_S = 600.0
 
 
-class Replica(Worker):
-    """A data-parallel replica: each step averages a gradient over the group and applies it."""
-
-    def __init__(self) -> None:
-        self.weights = torch.zeros(4)
-        self.steps = 0
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def step(self, failing_rank: int = -1) -> float:
-        if self.rank == failing_rank:
-            raise ValueError("a bad batch")
-        grad = torch.full((4,), float(self.rank + 1))
-        collective.all_reduce(grad, op="avg")
-        self.weights += grad
-        self.steps += 1
-        return float(self.weights.sum())
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def state(self) -> tuple[int, int, float]:
-        return os.getpid(), self.steps, float(self.weights.sum())
+class Replica(ReplicaSteps):
+    """The shared replica, with the ways a step can be left unfinished."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def park(self, seconds: float) -> None:

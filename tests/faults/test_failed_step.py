@@ -14,7 +14,6 @@ next call's answer.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,10 +23,11 @@ import cloudpickle
 import pytest
 import torch
 
-from dispatchcore import CallCancelledError, Dispatch, DispatchTimeoutError, Worker, WorkerGroup, collective, register
+from dispatchcore import CallCancelledError, Dispatch, DispatchTimeoutError, WorkerGroup, collective, register
 
 from ._harness import FAULT_TABLE, backend_params, ctrl_c_after, fault_row, full_only
 from ._leaks import Snapshot, settle, timed
+from ._replica_workers import Replica as ReplicaSteps
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -45,26 +45,8 @@ PER_STEP = 6.0
 SAME_PROCESS_GROUP = ("torchrun",)
 
 
-class Replica(Worker):
-    """A data-parallel replica: each step averages a gradient over the group and applies it."""
-
-    def __init__(self) -> None:
-        self.weights = torch.zeros(4)
-        self.steps = 0
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def step(self, failing_rank: int = -1) -> float:
-        if self.rank == failing_rank:
-            raise ValueError("a bad batch")
-        grad = torch.full((4,), float(self.rank + 1))
-        collective.all_reduce(grad, op="avg")
-        self.weights += grad
-        self.steps += 1
-        return float(self.weights.sum())
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def state(self) -> tuple[int, int, float]:
-        return os.getpid(), self.steps, float(self.weights.sum())
+class Replica(ReplicaSteps):
+    """The shared replica, with the ways a step can be left unfinished."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def late_step(self) -> None:
