@@ -44,13 +44,17 @@ class LaneRank:
         self._on_driver_gone = on_driver_gone
         self._isolate = True
 
-    def serve(self, address: LaneAddress | str, timeout: float = 60.0) -> None:
-        """Connect both links to the driver at ``address`` and run its calls here until it closes the lane."""
+    def serve(self, address: LaneAddress | str, timeout: float = 60.0, *, secret: bytes | None = None) -> None:
+        """Connect both links to the driver at ``address`` and run its calls here until it closes the lane.
+
+        ``secret``: the driver's lane secret, as the executor handed it over (``None``: this
+        process's :func:`lane_secret`, e.g. set by ``use_lane_secret``).
+        """
         if not isinstance(address, LaneAddress):
             address = LaneAddress.decode(address)
-        calls = connect_lane(address, self.rank, timeout)
+        calls = connect_lane(address, self.rank, timeout, secret)
         try:
-            control = connect_lane(address, self.rank | CONTROL_LINK, timeout)
+            control = connect_lane(address, self.rank | CONTROL_LINK, timeout, secret)
         except BaseException:
             calls.close()  # not left for the garbage collector: the driver's door is gone or refused us
             raise
