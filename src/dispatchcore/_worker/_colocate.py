@@ -9,6 +9,7 @@ gets colocation for free.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,7 +85,9 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
         self._dispatchcore_role_objects = {}
         for role, spec in specs.items():
             extra = role_kwargs.get(role) or {}
-            self._dispatchcore_role_objects[role] = spec.cls(*spec.args, **{**spec.kwargs, **extra})
+            self._dispatchcore_role_objects[role] = obj = spec.cls(*spec.args, **{**spec.kwargs, **extra})
+            if hasattr(obj, "__dict__"):  # a role reads the host's weights_version (dispatchcore.versioned)
+                obj.__dict__["_dispatchcore_colocated_host"] = weakref.ref(self)
 
     def on_membership_change(self: Any, change: Any) -> None:
         # Every role's hook, in the order the roles were given.
