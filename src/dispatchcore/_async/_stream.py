@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -114,7 +115,7 @@ class RolloutStream:
         self.lost: list[LostBatch] = []
         #: Finished batches a policy threw away at take time.
         self.evicted: list[Evicted] = []
-        #: Every batch handed to the trainer, in order.
+        #: Every batch handed to the trainer, in order (without its rows: the trainer's step holds those).
         self.consumed: list[RolloutBatch] = []
         self._cond = threading.Condition()
         self._closing = self._closed = False
@@ -142,7 +143,7 @@ class RolloutStream:
             for batch in chosen:
                 self._ready.remove(batch)
             self._consumed += len(chosen)
-            self.consumed.extend(chosen)
+            self.consumed.extend(dataclasses.replace(b, data=None, prompts=None) for b in chosen)  # no rows held
             self._cond.notify_all()
             version = self.trainer_version
         data = DataProto.concat([b.data for b in chosen]) if len(chosen) > 1 else chosen[0].data
@@ -155,14 +156,14 @@ class RolloutStream:
             self._evict_stale()
             state = self._state(self.trainer_version)
             chosen = self.policy.select(list(self._ready), want, state)
-            live = sum(1 for s in self._slots if s.busy == "generate") + len(self._ready)
+            generating = sum(1 for s in self._slots if s.busy == "generate")
             if len(chosen) >= want:
                 return list(chosen[:want])
-            if self._closed or (self._exhausted and not self._requeued and live == 0):
+            if self._closed or (self._exhausted and not self._requeued and generating == 0):
                 if chosen:
                     return list(chosen)
                 raise StreamEnded(f"the rollout stream of {self.method!r} has no more batches ({self._why_ended()})")
-            self._check_stuck(live)
+            self._check_stuck(generating + len(self._ready))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise DispatchTimeoutError(
@@ -193,7 +194,7 @@ class RolloutStream:
         working = [s for s in self._slots if s.retired is None]
         return any(self.policy.admit(self._state(self.trainer_version, s.version)) for s in working)
 
-    def publish(self, version: int, *, interrupt: bool = False) -> None:
+    def publish(self, version: int) -> None:
         """The trainer is at ``version`` now: ranks take these weights at their next call boundary.
 
         With ``snapshot=`` it first copies the trainer's weights into the stage
@@ -201,8 +202,6 @@ class RolloutStream:
         from ``weights_from`` then runs as soon as that rank is between
         generate calls, while the trainer trains.  Without ``weights_from`` the
         caller updates the rollout ranks itself (a colocated role, say).
-        ``interrupt=True`` cancels generate calls still running on older
-        weights and requeues their prompts (their partial work is lost).
         """
         version = int(version)
         if version < self.trainer_version:
@@ -217,11 +216,7 @@ class RolloutStream:
                 for slot in self._slots:
                     slot.version = max(slot.version, version)
                 self._target = None
-            running = [s.future for s in self._slots if s.busy == "generate" and s.version < version]
             self._cond.notify_all()
-        if interrupt:
-            for future in running:
-                future.cancel()
 
     def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until every working rank holds the last published version (raises ``DispatchTimeoutError``)."""
@@ -277,21 +272,25 @@ class RolloutStream:
             return [s.version for s in self._slots]
 
     # -- shutdown ------------------------------------------------------------------
-    def close(self, *, drain: bool = False, timeout: float | None = 60.0) -> None:
-        """Stop: ``drain=True`` lets running generate calls finish (their batches are dropped), else cancels them.
+    def drain(self) -> None:
+        """Start no new prompts: what runs finishes and can still be taken; then ``take`` raises ``StreamEnded``."""
+        with self._cond:
+            self._exhausted = True
+            self._cond.notify_all()
 
-        Every reference to rows is dropped, so the ranks free them (with the
-        group's next call or its shutdown); the pump thread ends.
+    def close(self, *, timeout: float | None = 60.0) -> None:
+        """Stop: start nothing more, wait for the running generate calls, drop every batch not taken.
+
+        Running calls are waited for, not cancelled: a cancelled lazy call
+        would leave its rows on the rank.  Every reference to rows is dropped,
+        so the ranks free them (with the group's next call or its shutdown);
+        the pump thread ends.
         """
         with self._cond:
             if self._closed:
                 return
-            self._closing, self._drop = True, not drain
-            running = [s.future for s in self._slots if s.busy == "generate"]
+            self._closing = self._drop = True
             self._cond.notify_all()
-        if not drain:
-            for future in running:
-                future.cancel()
         self._pump.join(timeout)
         with self._cond:
             self._closed = True
