@@ -431,6 +431,11 @@ class RolloutStream:
         batch.version = self.initial_version if oldest is None else int(oldest)
         batch.newest = batch.version if newest is None else int(newest)
         batch.data, batch.finished = value, time.monotonic()
+        if batch.version < slot.version:
+            return DispatchRuntimeError(
+                f"rollout rank {slot.rank} stamped version {batch.version} though it was told {slot.version}: "
+                "without weights_from=, update the ranks' weights and weights_version yourself before publish()"
+            )
         if slot.last_stamp is not None and batch.version < slot.last_stamp:
             return DispatchRuntimeError(
                 f"rollout rank {slot.rank} stamped version {batch.version} after {slot.last_stamp}: versions go back"
@@ -445,8 +450,13 @@ class RolloutStream:
             self._ready.remove(batch)
             again = self.policy.on_stale == "regenerate" and not self._closing
             self.evicted.append(Evicted(batch.seq, batch.rank, batch.version, self.trainer_version, again))
-            if again:
-                self._requeued.appendleft((batch.prompts, batch.attempt))
+            if again and batch.attempt + 1 >= self.max_attempts:
+                self._fatal = DispatchRuntimeError(
+                    f"prompt batch of seq {batch.seq} was evicted as too stale {self.max_attempts} times: "
+                    f"the rollout ranks' weights lag the trainer (v{self.trainer_version}); {self.describe()}"
+                )
+            elif again:
+                self._requeued.appendleft((batch.prompts, batch.attempt + 1))
             self._cond.notify_all()
 
 
