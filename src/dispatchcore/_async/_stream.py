@@ -448,14 +448,10 @@ class RolloutStream:
         state = self._state(self.trainer_version)
         for batch in [b for b in self._ready if self.policy.evict(b, state)]:
             self._ready.remove(batch)
-            again = self.policy.on_stale == "regenerate" and not self._closing
+            # Regenerated up to max_attempts times, then dropped (a batch slower than k steps never fits).
+            again = self.policy.on_stale == "regenerate" and not self._closing and batch.attempt + 1 < self.max_attempts
             self.evicted.append(Evicted(batch.seq, batch.rank, batch.version, self.trainer_version, again))
-            if again and batch.attempt + 1 >= self.max_attempts:
-                self._fatal = DispatchRuntimeError(
-                    f"prompt batch of seq {batch.seq} was evicted as too stale {self.max_attempts} times: "
-                    f"the rollout ranks' weights lag the trainer (v{self.trainer_version}); {self.describe()}"
-                )
-            elif again:
+            if again:
                 self._requeued.appendleft((batch.prompts, batch.attempt + 1))
             self._cond.notify_all()
 
