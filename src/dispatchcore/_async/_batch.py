@@ -13,7 +13,7 @@ class RolloutBatch:
     ``version`` is the rank's weight version when the call began (the oldest
     its rows used), ``newest`` the one it held at the end; ``seq`` is the
     admission order (0, 1, ...), ``attempt`` how many earlier tries of the same
-    prompts were lost.
+    prompts were lost or evicted; ``submitted`` and ``finished`` are wall-clock seconds.
     """
 
     seq: int

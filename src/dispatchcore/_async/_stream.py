@@ -31,6 +31,7 @@ from .._base import (
 )
 from .._data import DataProto
 from .._sync import WeightSync
+from .._trace import active_tracer, now_us
 from ._batch import Evicted, LostBatch, RolloutBatch, TakenStep
 from ._policy import StalenessPolicy, StreamState
 from ._prompts import prompt_batches
@@ -318,9 +319,10 @@ class RolloutStream:
     def _run(self) -> None:
         while True:
             with self._cond:
-                if self._closing and not any(s.busy for s in self._slots):
+                stopping = self._closing or self._fatal is not None  # a failed stream starts nothing more
+                if stopping and not any(s.busy for s in self._slots):
                     return
-                starts = [] if self._closing else self._plan_starts()
+                starts = [] if stopping else self._plan_starts()
             for slot, kind in starts:
                 self._start(slot, kind)
             finished = [s for s in self._slots if s.busy and s.future is not None and s.future.done()]
@@ -374,7 +376,7 @@ class RolloutStream:
                 slot.future = self._syncs[slot.rank].start(slot.sync_version)
             else:
                 assert slot.batch is not None  # noqa: S101 - set with busy by _plan_starts
-                slot.batch.submitted = time.monotonic()
+                slot.batch.submitted = now_us() / 1e6
                 slot.future = slot.proxy(slot.batch.prompts)
         except BaseException as exc:  # noqa: BLE001 - a refused call is that batch's (or sync's) failure
             slot.future = _Failed(exc)
@@ -430,7 +432,12 @@ class RolloutStream:
         oldest, newest = meta.pop(VERSION_KEY), meta.pop(NEWEST_KEY, None)  # kept on the batch: concat keeps meta equal
         batch.version = self.initial_version if oldest is None else int(oldest)
         batch.newest = batch.version if newest is None else int(newest)
-        batch.data, batch.finished = value, time.monotonic()
+        batch.data, batch.finished = value, now_us() / 1e6
+        tracer = active_tracer()  # the pump runs in the stream creator's context: its trace block
+        if tracer is not None:
+            track = f"{self.group.trace_label} rank {slot.rank} batches"
+            name = f"batch {batch.seq} v{batch.version}" + (f"-{batch.newest}" if batch.newest != batch.version else "")
+            tracer.slice(track, name, batch.submitted * 1e6, batch.finished * 1e6, version=batch.version)
         if batch.version < slot.version:
             return DispatchRuntimeError(
                 f"rollout rank {slot.rank} stamped version {batch.version} though it was told {slot.version}: "
