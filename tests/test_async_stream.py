@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -70,12 +71,13 @@ class Rollout(Worker):
     def __init__(self) -> None:
         self.w = torch.zeros(2)
         self.fail_dir: str | None = None
+        self.die = False
 
     @register(Dispatch.ONE_TO_ALL)
-    def reset(self, fail_dir: str | None = None) -> None:
+    def reset(self, fail_dir: str | None = None, die: bool = False) -> None:
         self.w.zero_()
         self.__dict__.pop("weights_version", None)
-        self.fail_dir = fail_dir
+        self.fail_dir, self.die = fail_dir, die
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         for _, t in weights:
@@ -93,6 +95,8 @@ class Rollout(Worker):
             marker = Path(self.fail_dir) / f"{pid}"
             if not marker.exists():  # the first try of this batch raises, on whichever rank runs it
                 marker.touch()
+                if self.die:
+                    os._exit(3)
                 raise RuntimeError(f"generation of prompt batch {pid} broke")
         time.sleep(float(prompts.batch["sleep"][0]))
         n = len(prompts)
@@ -111,12 +115,24 @@ BACKENDS = ["local", "torchrun"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def groups(request: pytest.FixtureRequest) -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
-    backend = request.param
-    if backend not in available_backends():
-        pytest.skip(f"{backend} backend unavailable")
-    with WorkerGroup(Trainer, 1, backend=backend) as trainer, WorkerGroup(Rollout, 2, backend=backend) as rollout:
-        yield trainer, rollout
+def started(request: pytest.FixtureRequest) -> Iterator[list[WorkerGroup]]:
+    """One trainer and one rollout group per backend for the module, started again if a test broke them."""
+    if request.param not in available_backends():
+        pytest.skip(f"{request.param} backend unavailable")
+    held: list[WorkerGroup] = [request.param]  # type: ignore[list-item]
+    yield held
+    for wg in held[1:]:
+        wg.shutdown()
+
+
+@pytest.fixture
+def groups(started: list[Any]) -> tuple[WorkerGroup, WorkerGroup]:
+    backend = started[0]
+    if len(started) == 1 or started[2].executor.broken:
+        for wg in started[1:]:
+            wg.shutdown()
+        started[1:] = [WorkerGroup(Trainer, 1, backend=backend), WorkerGroup(Rollout, 2, backend=backend)]
+    return started[1], started[2]
 
 
 def _prompts(sleeps: list[float], rows: int = 2) -> list[DataProto]:
@@ -229,6 +245,23 @@ def test_drain_hands_over_what_runs_then_ends(groups: tuple[WorkerGroup, WorkerG
     with pytest.raises(dispatchcore.StreamEnded, match="ran out"):
         stream.take()
     stream.close()
+
+
+def test_a_dead_rank_loses_its_batches_and_the_group_says_so(
+    groups: tuple[WorkerGroup, WorkerGroup], tmp_path: Path
+) -> None:
+    trainer, rollout = groups  # one rank dies: the next test starts the groups again
+    if rollout.backend == "local":
+        pytest.skip("a local rank is a thread: it cannot die")
+    trainer.reset()
+    rollout.reset(str(tmp_path), die=True)
+    stream = RolloutStream(rollout.generate, _prompts([0.005] * 4), policy=MaxStaleness(1), weights_from=trainer)
+    with pytest.raises(dispatchcore.DispatchError, match=r"died"):  # no spares: the group is broken (core rule)
+        _run(trainer, rollout, stream)
+    assert isinstance(stream.lost[0].error, dispatchcore.WorkerDiedError) and stream.lost[0].regenerated
+    assert "out@" in stream.describe()
+    stream.close()
+    assert not stream._pump.is_alive()
 
 
 @pytest.mark.slow

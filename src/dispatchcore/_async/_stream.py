@@ -398,9 +398,17 @@ class RolloutStream:
         if error is None:
             slot.version = max(slot.version, int(slot.sync_version or 0))
         elif isinstance(error, WorkerDiedError):
-            slot.retired = error
+            self._retire(slot, error)
         else:
             self._fatal = error
+
+    def _retire(self, slot: _Slot, error: BaseException) -> None:
+        """A dead rank: generate nothing more there; its finished, untaken batches died with it, so regenerate them."""
+        slot.retired = error
+        for batch in [b for b in self._ready if b.rank == slot.rank]:
+            self._ready.remove(batch)
+            self.lost.append(LostBatch(batch.seq, slot.rank, error, True))
+            self._requeued.append((batch.prompts, batch.attempt))
 
     def _generated(self, slot: _Slot, value: Any, error: BaseException | None) -> None:
         batch = slot.batch
@@ -414,7 +422,7 @@ class RolloutStream:
             return
         cancelled = isinstance(error, CallCancelledError)
         if isinstance(error, WorkerDiedError):
-            slot.retired = error
+            self._retire(slot, error)
         again = not self._closing and (cancelled or batch.attempt + 1 < self.max_attempts)
         self.lost.append(LostBatch(batch.seq, slot.rank, error, again))
         if again:
