@@ -12,7 +12,9 @@ batch per rollout rank.
 * **async k**: ``RolloutStream(..., policy=MaxStaleness(k))`` with the
   trainer's weights snapshot into a one-rank stage group at each step
   boundary (``snapshot=``) and each rollout rank updated from the stage at
-  its next call boundary (``weights_from=``), while the trainer trains.
+  its next call boundary (``weights_from=``), while the trainer trains;
+* **k=1 no stage**: the same with ``weights_from=trainer`` (each rank's sync
+  waits for the trainer's running step).
 
 Modes alternate within each round; the table gives the median samples per
 second over rounds, the ratio to sync, and the staleness histogram of every
@@ -124,14 +126,16 @@ def run_sync(trainer: WorkerGroup, rollout: WorkerGroup, batches: list[DataProto
 
 
 def run_async(
-    trainer: WorkerGroup, rollout: WorkerGroup, stage: WorkerGroup, batches: list[DataProto], k: int
+    trainer: WorkerGroup, rollout: WorkerGroup, stage: WorkerGroup | None, batches: list[DataProto], k: int
 ) -> tuple[float, list[int]]:
+    """``stage=None``: each rollout rank syncs from the trainer itself (its steps queue behind training)."""
     ranks = rollout.world_size
     staleness: list[int] = []
     start = time.perf_counter()
     stream = RolloutStream(
         rollout.generate, itertools.cycle(batches), policy=MaxStaleness(k, on_stale="drop"), batches_per_step=ranks,
-        weights_from=stage, snapshot=WeightSync(trainer, stage),
+        weights_from=trainer if stage is None else stage,
+        snapshot=None if stage is None else WeightSync(trainer, stage),
     )  # fmt: skip
     for step in range(len(batches) // ranks):
         taken = stream.take(timeout=120)
@@ -161,7 +165,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.8)
     args = parser.parse_args()
     rounds, steps = (2, 8) if args.quick else (3, 16)
-    modes = ["sync", "k=0", "k=1", "k=2"]
+    modes = ["sync", "k=0", "k=1", "k=2", "k=1 no stage"]
     rate: dict[str, list[float]] = collections.defaultdict(list)
     hist: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
     with (
@@ -176,7 +180,8 @@ def main() -> None:
                 if mode == "sync":
                     elapsed, stale = run_sync(trainer, rollout, batches)
                 else:
-                    elapsed, stale = run_async(trainer, rollout, stage, batches, int(mode[2:]))
+                    k, direct = int(mode[2]), mode.endswith("no stage")
+                    elapsed, stale = run_async(trainer, rollout, None if direct else stage, batches, k)
                 rate[mode].append(len(batches) * ROWS / elapsed)  # samples trained on per second
                 hist[mode].update(stale)
                 print(f"round {r} {mode}: {rate[mode][-1]:.1f} samples/s", flush=True)
