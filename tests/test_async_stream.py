@@ -159,7 +159,9 @@ def _check(outs: list[DataProto], steps: list[Any], stream: RolloutStream, k: in
     assert all(s <= k for step in steps for s in step.staleness)
     assert torch.equal(rows.batch["wv"], rows.batch["version"].float())  # the weights the stamp names
     pids = collections.Counter(int(p) for p in rows.batch["pid"][::2])
-    assert pids == collections.Counter(range(n))  # each prompt batch consumed once: none twice, none lost
+    given_up = sum(1 for e in stream.evicted if not e.regenerated)  # too slow for k, max_attempts times
+    assert set(pids) <= set(range(n)) and max(pids.values()) == 1  # none consumed twice
+    assert len(pids) + given_up == n  # none lost: each consumed once, or given up and reported
     seqs = [b.seq for b in stream.consumed]
     assert len(seqs) == len(set(seqs))
     per_rank: dict[int, list[tuple[float, int]]] = collections.defaultdict(list)
@@ -190,6 +192,8 @@ def test_every_consumed_row_is_at_most_k_versions_old(
     outs, steps = _run(trainer, rollout, stream)
     _check(outs, steps, stream, k, len(sleeps))
     assert stream.lost == []
+    if order == "in_order":
+        assert stream.evicted == []  # admission alone kept the bound: nothing reached take time stale
 
 
 def test_a_raise_loses_only_that_batch_which_is_regenerated(
