@@ -317,6 +317,14 @@ class RolloutStream:
 
     # -- the pump ------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._pump_loop()
+        except BaseException as exc:  # noqa: BLE001 - a bug here must reach take(), not vanish with the thread
+            with self._cond:
+                self._fatal = self._fatal or DispatchRuntimeError(f"the rollout stream's pump failed: {exc!r}")
+                self._cond.notify_all()
+
+    def _pump_loop(self) -> None:
         while True:
             with self._cond:
                 stopping = self._closing or self._fatal is not None  # a failed stream starts nothing more
