@@ -26,9 +26,12 @@ from .._worker import (
     enter_method,
     holds_sharded_group,
     leave_method,
+    load_replica,
+    mesh_info,
     rank_context,
     rejoin,
     renumber,
+    replica_version,
     swap_collective,
 )
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
@@ -121,6 +124,8 @@ class WorkerHost:
         self.tensor_link: TensorLink | None = None
         #: Weight transfers under way on this rank, by id (``_transfer``).
         self.transfers: dict[int, Any] = {}
+        #: A replica's tensors arriving for this (replaced) rank, until ``Operation.HANDOVER`` loads them.
+        self.handover: dict[str, Any] = {}
         #: How this rank's group runs ``dispatchcore.collective`` (set by the executor before ``start``).
         self.collective: CollectiveLink = CollectiveLink("?", "this executor gives its ranks no collective link")
 
@@ -211,22 +216,31 @@ class WorkerHost:
     def _operation(
         self, operation: Operation, label: str, args: tuple[Any, ...], running: RunningCall
     ) -> tuple[bool, Any]:
-        """The core's own work: kept rows freed and read (a ``RowAccess``), a weight-transfer step, a rejoin."""
+        """The core's own work: kept rows freed and read (a ``RowAccess``), a weight-transfer step, a rejoin,
+        a resize, the mesh query, a replica hand-over."""
         try:
             if operation is Operation.ROWS:
                 access = args[0]
                 ROW_STORE.free(access.free)
                 return True, [ROW_STORE.take(request) for request in access.requests]
-            if operation is Operation.REJOIN:
-                previous = enter_method(running, self._method_context())
-                try:
-                    rejoin(self.worker, *args)
-                finally:
-                    leave_method(previous)
-                return True, None
+            if operation is Operation.TRANSFER:
+                return True, run_transfer_step(self, args)
+            if operation is Operation.MESH:
+                return True, mesh_info(self.worker, *args)
             if operation is Operation.RESIZE:
                 return True, self._resize(running, *args)
-            return True, run_transfer_step(self, args)
+            if operation is Operation.HANDOVER and args[0] == "version":
+                return True, replica_version(self.worker)
+            previous = enter_method(running, self._method_context())  # the worker's own hooks run here
+            try:
+                if operation is Operation.REJOIN:
+                    rejoin(self.worker, *args)
+                else:  # Operation.HANDOVER, ("load", version)
+                    state, self.handover = self.handover, {}
+                    load_replica(self.worker, state, args[1])
+            finally:
+                leave_method(previous)
+            return True, None
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, label, exc)
 
