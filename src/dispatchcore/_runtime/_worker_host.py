@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ from .._worker import (
     swap_collective,
 )
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
+from ._render import message, traceback_text, type_name
 from ._unpicklable import wording
 
 #: ``RemoteFailure.unpicklable`` without the value that failed.
@@ -58,10 +58,14 @@ class RemoteFailure:
 
     @classmethod
     def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        if isinstance(exc, WorkerDiedError):
-            return cls(rank, method, type(exc).__qualname__, exc.detail, text, exc.rank)
-        return cls(rank, method, type(exc).__qualname__, str(exc), text)
+        """``exc`` as text; never raises, whatever its ``__str__``, ``__repr__`` or attributes raise (``_render``)."""
+        text = traceback_text(exc)
+        if issubclass(type(exc), WorkerDiedError):  # by type: no attribute of ``exc`` is read
+            try:
+                return cls(rank, method, type_name(exc), str(exc.detail), text, int(exc.rank))
+            except BaseException:  # noqa: BLE001 - a subclass's broken attributes: report it as it is
+                pass
+        return cls(rank, method, type_name(exc), message(exc), text)
 
     @classmethod
     def unpicklable(
@@ -69,10 +73,13 @@ class RemoteFailure:
     ) -> RemoteFailure:
         """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled."""
         failure = cls.capture(rank, method, exc)
-        culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
-        where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
         fix = "return picklable values" if part == "result" else None
-        failure.message = wording(where, culprit, exc, fix)
+        try:
+            culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
+            where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
+            failure.message = wording(where, culprit, exc, fix)
+        except BaseException:  # noqa: BLE001 - the value's own methods raised while it was searched
+            failure.message = wording(f"its {part}", None, exc, fix)
         return failure
 
     def to_error(self) -> WorkerError | WorkerDiedError:
