@@ -10,7 +10,7 @@ import inspect
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .._base import CallInterrupted, WorkerDiedError, WorkerError
 from .._data import DataProto
@@ -61,8 +61,9 @@ class RemoteFailure:
         """``exc`` as text; never raises, whatever its ``__str__``, ``__repr__`` or attributes raise (``_render``)."""
         text = traceback_text(exc)
         if issubclass(type(exc), WorkerDiedError):  # by type: no attribute of ``exc`` is read
+            died = cast("WorkerDiedError", exc)
             try:
-                return cls(rank, method, type_name(exc), str(exc.detail), text, int(exc.rank))
+                return cls(rank, method, type_name(exc), str(died.detail), text, int(died.rank))
             except BaseException:  # noqa: BLE001 - a subclass's broken attributes: report it as it is
                 pass
         return cls(rank, method, type_name(exc), message(exc), text)
