@@ -54,6 +54,8 @@ def test_the_mesh_query_names_no_method() -> None:
         with pytest.raises(WorkerError, match="registered no mesh 'absent'") as info:
             wg.mesh_ranks("absent")
         assert info.value.rank == 0
+        with pytest.raises(TypeError, match="a mesh name is a string"):
+            wg.mesh_ranks(3)  # type: ignore[arg-type]
         assert wg.ping() == [0, 1]
 
 

@@ -351,7 +351,10 @@ class WorkerGroup(Generic[W]):
         site = self._site
         site.check_open(self)
         if not isinstance(mesh_name, str):
-            raise DispatchTypeError(f"a mesh name is a string, got {mesh_name!r}")
+            raise DispatchTypeError(
+                f"a mesh name is a string (the one the workers passed to _register_dispatch_collect_info), "
+                f"got {mesh_name!r}"
+            )
         n = site.world_size
         call = Call(
             f"{site.prefix}<mesh {mesh_name}>", site.ranks, [(site.prefix, mesh_name)] * n, [{} for _ in range(n)],
