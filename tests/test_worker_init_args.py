@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from dispatchcore import Dispatch, DispatchTypeError, Worker, WorkerGroup, WorkerError, register
+from dispatchcore import Dispatch, DispatchTypeError, Worker, WorkerError, WorkerGroup, register
 
 
 class VerlStyle(Worker):
