@@ -85,9 +85,7 @@ def _padding_rows_in(start: int, stop: int, real_end: int) -> int:
     return max(0, min(stop - start, stop - real_end))
 
 
-def kept_result_rows(
-    lengths: Sequence[int], pad_size: int, padded_len: int, ranks: Sequence[int] | None = None
-) -> int:
+def kept_result_rows(lengths: Sequence[int], pad_size: int, padded_len: int, ranks: Sequence[int] | None = None) -> int:
     """How many leading rows of the ranks' concatenated results are real, judged rank by rank.
 
     Rank ``i`` was sent ``L = padded_len / len(lengths)`` rows, ``p`` of them padding (only trailing ranks

@@ -316,11 +316,11 @@ class WorkerGroup(Generic[W]):
         """The core's own calls on these ranks (a rejoin, a transfer step) through the one submit path."""
         return submit(self, self._site, call, settled=settled)
 
-    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def execute_all(self, method_name: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
         return collect_list(self, self._raw_call(method_name, args, kwargs, rank_zero=False))
 
-    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+    def execute_rank_zero(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Run any worker method on rank 0 only and return its value."""
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._base import DispatchError, DispatchValueError, WorkerError
+from .._base import DispatchAttributeError, DispatchError, DispatchValueError, WorkerError, did_you_mean
 from .._trace import count_received_bytes, count_sent_bytes
 from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, TransferPlan, plan_transfer
 from .._transfer._errors import BY_NAME
@@ -125,6 +125,7 @@ class WeightSync:
     ) -> None:
         if int(bucket_bytes) <= 0:
             raise DispatchValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        _check_apply(destination, apply)
         self.source, self.destination = source, destination
         self.offer, self.apply, self.want, self.lend, self.read = offer, apply, want, lend, read
         self.verify_each = bool(verify)
@@ -296,6 +297,28 @@ class WeightSync:
                 dtype = _dtype(self.dtype, target, h.dtype)
                 out[target] = TensorSpec(name, h.full_shape, dtype)
         return out
+
+
+def _check_apply(wg: Any, name: str) -> None:
+    """Refuse, before anything moves, a destination whose class has no ``name`` (a misspelt ``load_weights``).
+
+    Read on the class (the role's class for a colocated role); a class with its own ``__getattr__`` may
+    make the method on the fly, so it is left to the ranks.
+    """
+    cls = getattr(wg, "worker_cls", None)
+    if not isinstance(cls, type):
+        return
+    prefix = str(getattr(wg, "role_prefix", "") or "")
+    roles: Mapping[str, type] = getattr(cls, "_dispatchcore_roles", None) or {}
+    target = roles.get(prefix[:-1], cls) if prefix else cls
+    if hasattr(target, name) or any("__getattr__" in vars(k) for k in target.__mro__[:-1]):
+        return
+    known = [n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n, None))]
+    raise DispatchAttributeError(
+        f"WeightSync: the destination's class {target.__name__} has no method {name!r} to apply the weights "
+        f"with{did_you_mean(name, known)}; define {target.__name__}.{name}(self, named_tensors) or name the one "
+        f"it has: WeightSync(..., apply='<method name>'). Nothing was moved"
+    )
 
 
 def _dtype(dtypes: Dtypes | None, name: str, held: torch.dtype) -> torch.dtype:
