@@ -42,7 +42,11 @@ _names = itertools.count()
 _labels = itertools.count()
 
 
-def _check_world_size(executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any) -> int:
+def _check_world_size(
+    executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any, ranks: Any = None
+) -> int:
+    if world_size is None and isinstance(ranks, (list, tuple, range)):
+        world_size = len(ranks)  # ``ranks=[1, 2]`` places a group of two: its size needs no second saying
     if world_size is None:
         world_size = executor_cls.launch_world_size()
         if world_size is None:
@@ -95,7 +99,7 @@ class WorkerGroup(Generic[W]):
             raise DispatchTypeError(f"worker_cls must be a class, got {worker_cls!r}")
         name = resolve_backend(backend)
         executor_cls = get_executor_class(name)
-        world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
+        world_size = _check_world_size(executor_cls, name, worker_cls, world_size, backend_options.get("ranks"))
         _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
         check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = check_timeout("call_timeout", call_timeout)
