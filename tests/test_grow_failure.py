@@ -7,13 +7,16 @@ phase; the group then answers from its old ranks at the old size, and grows agai
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from dispatchcore import Dispatch, DispatchError, WeightSync, Worker, WorkerGroup, register
+from dispatchcore import Dispatch, DispatchError, WeightSync, Worker, WorkerDiedError, WorkerGroup, register
 
 
 class Trainer(Worker):
@@ -98,3 +101,37 @@ def test_shutdown_after_a_failed_grow_is_prompt(fragile) -> None:
     started = time.monotonic()
     fragile.shutdown()
     assert time.monotonic() - started < 2
+
+
+class Victim(Worker):
+    """A new rank kills old rank 1 while the group grows (its pid in the file ``victim``): a death mid-grow."""
+
+    def __init__(self, victim: str) -> None:
+        if self.world_size > 2 and self.rank == 2:
+            os.kill(int(Path(victim).read_text()), signal.SIGKILL)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("ray_session")
+def test_ray_an_old_rank_dying_mid_grow_is_reported_as_a_death(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    wg = WorkerGroup(Victim, 2, backend="ray", init_args=(str(victim),), death_timeout=10)
+    try:
+        pids = wg.pid()
+        victim.write_text(str(pids[1]))
+        with pytest.raises(WorkerDiedError) as info:
+            wg.grow(1)
+        assert info.value.rank == 1 and "while the group grew" in str(info.value)
+        assert wg.world_size == 2
+        wg.replace_rank(1)  # a death like any other: replaced, and the group serves again
+        after = wg.pid()
+        assert after[0] == pids[0] and after[1] != pids[1]
+    finally:
+        started = time.monotonic()
+        wg.shutdown()
+        assert time.monotonic() - started < 2
