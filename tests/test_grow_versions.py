@@ -131,3 +131,21 @@ def test_a_destination_that_cannot_say_what_it_holds_is_refused_before_growing()
         assert rollout.world_size == 2
         rollout.grow(1, sync=sync, version=2)
         assert rollout.held() == [(0.0, 2)] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_self_started_torchrun_copies_the_old_version_rank_to_rank() -> None:
+    """The copy goes between ranks of one process group (Ray's was checked by hand: the same core path)."""
+    with (
+        WorkerGroup(Trainer, 1, backend="torchrun") as trainer,
+        WorkerGroup(Rollout, 2, backend="torchrun", spare_ranks=1) as rollout,
+    ):
+        sync = WeightSync(trainer, rollout)
+        trainer.step(1.0)
+        sync(1)
+        trainer.step(2.0)
+        rollout.grow(1, sync=sync, version=1)
+        assert rollout.held() == [(1.0, 1)] * 3
+        sync(2)
+        sync.verify()
