@@ -87,6 +87,11 @@ def bind_call(
         binder = binders[key] = binder_for(group.worker_cls, name, key)
     if binder is not None:
         binder.check(len(per_rank_args), per_rank_kwargs, mode)
+    elif "self" in per_rank_kwargs:  # a method taking ``*args, **kwargs`` is not read, but never takes this one
+        raise CallSignatureError(
+            f"call {key!r} got the keyword 'self': each rank passes its worker as self; pass the value under "
+            "another name"
+        )
 
 
 def binder_for(worker_cls: type, name: str, called: str | None = None) -> CallBinder | None:

@@ -44,7 +44,11 @@ _labels = itertools.count()
 _MESH = Instructions(operation=Operation.MESH)
 
 
-def _check_world_size(executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any) -> int:
+def _check_world_size(
+    executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any, ranks: Any = None
+) -> int:
+    if world_size is None and isinstance(ranks, (list, tuple, range)):
+        world_size = len(ranks)  # ``ranks=[1, 2]`` places a group of two: its size needs no second saying
     if world_size is None:
         world_size = executor_cls.launch_world_size()
         if world_size is None:
@@ -97,7 +101,7 @@ class WorkerGroup(Generic[W]):
             raise DispatchTypeError(f"worker_cls must be a class, got {worker_cls!r}")
         name = resolve_backend(backend)
         executor_cls = get_executor_class(name)
-        world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
+        world_size = _check_world_size(executor_cls, name, worker_cls, world_size, backend_options.get("ranks"))
         _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
         check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = check_timeout("call_timeout", call_timeout)
@@ -324,11 +328,11 @@ class WorkerGroup(Generic[W]):
         """``self.call_site.submit(call, self, settled=...)`` (kept for the resize's calls)."""
         return self._site.submit(call, self, settled=settled)
 
-    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def execute_all(self, method_name: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
         return collect_list(self, self._raw_call(method_name, args, kwargs, rank_zero=False))
 
-    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+    def execute_rank_zero(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Run any worker method on rank 0 only and return its value."""
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 
