@@ -360,8 +360,13 @@ def _lacking(wg: Any, name: str) -> type | None:
     return target
 
 
-def _check_apply(wg: Any, name: str) -> None:
-    """Refuse, before anything moves, a destination whose class has no ``name`` (a misspelt ``load_weights``)."""
+def _check_apply(wg: Any, name: str | None) -> None:
+    """Refuse, before anything moves, a destination whose class has no ``name`` (a misspelt ``load_weights``).
+
+    ``None`` is the core's hand-over: no method applies, the tensors wait on the rank.
+    """
+    if name is None:
+        return
     target = _lacking(wg, name)
     if target is None:
         return
