@@ -99,7 +99,9 @@ class WeightSync:
     names it wants a slice of (the rest arrive whole); an optional ``lend``
     method gets ``{name: (shape, dtype)}`` of what will arrive and returns
     ``{name: tensor}`` of its own memory for names to land in (then applied
-    as that same tensor: no copy between receive and apply).  ``rename`` maps a
+    as that same tensor: no copy between receive and apply); ``want=None`` or
+    ``lend=None``: no such method is asked (``apply=None`` is the core's own
+    replica hand-over: the tensors wait on the rank for it).  ``rename`` maps a
     source name to a destination name (``None`` drops it), ``dtype`` casts on
     the way (one dtype: floating-point tensors only; a mapping: by destination
     name), ``names`` keeps a subset (source names).  After a complete
@@ -115,9 +117,9 @@ class WeightSync:
         destination: Any,
         *,
         offer: str = "weights",
-        apply: str = "load_weights",
-        want: str = "weight_slices",
-        lend: str = "weight_buffers",
+        apply: str | None = "load_weights",
+        want: str | None = "weight_slices",
+        lend: str | None = "weight_buffers",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         rename: Rename | None = None,
         dtype: Dtypes | None = None,
@@ -253,7 +255,7 @@ class WeightSync:
             with timeline.driver("plan"):
                 held, tensors, wants = self._ask(src, dst, tid)
                 plan = self._plan(held, tensors, wants)
-            how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
+            how = (_hook(dst, self.apply), not dst.isolate, _hook(dst, self.lend))
             begins: list[Any] = [(plan.wanted[d], *how) for d in range(len(dst.ranks))]
             self._held = _NONE  # from the first bucket on, the ranks may hold different weights until the commit
             with timeline.driver("buckets"):
@@ -299,7 +301,7 @@ class WeightSync:
         guess, early = self._shapes, None
         if guess is not None:
             early = submit(
-                dst, range(len(dst.ranks)), [(("want", tid, dst.prefix + self.want, guess),)] * len(dst.ranks)
+                dst, range(len(dst.ranks)), [(("want", tid, _hook(dst, self.want), guess),)] * len(dst.ranks)
             )
         try:
             held = wait(src, asked, "layout")
@@ -317,7 +319,7 @@ class WeightSync:
             wants = wait(dst, early, "want")
         else:
             _quietly(early)
-            step = (("want", tid, dst.prefix + self.want, shapes),)
+            step = (("want", tid, _hook(dst, self.want), shapes),)
             wants = wait(dst, submit(dst, range(len(dst.ranks)), [step] * len(dst.ranks)), "want")
         self._shapes = shapes
         return held, tensors, wants
@@ -469,3 +471,8 @@ def _end(src: Side, dst: Side, tid: int, ok: bool) -> None:
         except Exception:  # noqa: BLE001 - a dead rank holds no state
             if ok:
                 raise
+
+
+def _hook(side: Side, name: str | None) -> str | None:
+    """A hook's method name on ``side``'s ranks (a role's is prefixed); ``None``: no hook."""
+    return None if name is None else side.prefix + name
