@@ -135,3 +135,13 @@ def test_ray_an_old_rank_dying_mid_grow_is_reported_as_a_death(tmp_path: Path) -
         started = time.monotonic()
         wg.shutdown()
         assert time.monotonic() - started < 2
+
+
+def test_a_view_refused_after_a_shrink_does_not_stop_a_later_grow(fragile) -> None:
+    fragile.grow(1)
+    stale = fragile.ranks([1, 2])
+    fragile.shrink(2)
+    fragile.grow(1)  # the refused view names a rank number the new world reuses: it stays refused
+    with pytest.raises(DispatchError, match="which shrink removed"):
+        stale.where()
+    assert fragile.where() == [(0, 3, 5), (1, 3, 5), (2, 3, 5)]

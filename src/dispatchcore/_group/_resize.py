@@ -226,6 +226,8 @@ def _follow(members: Sequence[Any], n: int, mapping: dict[int, int], size: int, 
     whole = tuple(range(n))
     for member in members:
         site = member._site
+        if site.refused is not None:  # a view that named a removed rank stays refused, whatever the world does
+            continue
         member._mesh_cache.clear()  # meshes are asked again at the new size
         if site.ranks == whole:
             site.ranks = tuple(range(size))

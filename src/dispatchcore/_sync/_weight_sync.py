@@ -343,14 +343,14 @@ class WeightSync:
         return out
 
 
-def _lacking(wg: Any, name: str) -> type | None:
+def _lacking(wg: Any, name: str | None) -> type | None:
     """The class of ``wg``'s ranks (the role's class for a colocated role) when it has no ``name``, else ``None``.
 
     Read on the class; a class with its own ``__getattr__`` may make the method on the fly, so it is
     left to the ranks.
     """
     cls = getattr(wg, "worker_cls", None)
-    if not isinstance(cls, type):
+    if name is None or not isinstance(cls, type):
         return None
     prefix = str(getattr(wg, "role_prefix", "") or "")
     roles: Mapping[str, type] = getattr(cls, "_dispatchcore_roles", None) or {}
