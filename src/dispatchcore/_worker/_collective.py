@@ -226,7 +226,9 @@ class StoreCollective(CollectiveLink):
             self._building = True
         _release(dropped)
         try:
-            built = _build_interruptibly(kind, store, prefix, rank, world_size, timeout)
+            # A client of its own: a build left behind by a cancel blocks in the store until its timeout,
+            # and on the shared client it would hold every later store request of this rank behind it.
+            built = _build_interruptibly(kind, store.clone(), prefix, rank, world_size, timeout)
         except BaseException:
             self.abort()  # other ranks may have joined this epoch's build: nobody reuses it
             raise
