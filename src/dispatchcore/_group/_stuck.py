@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
 from .._runtime import stacks_note, timeout_error
 from .._spi import Call, CallHandle, Executor
+from ._sharded_check import mark_check_due
 from ._stragglers import unfinished_ranks
 
 
@@ -85,6 +86,7 @@ def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) ->
     end = getattr(handle, "cancel", None)
     if end is None or not end():
         return False
+    mark_check_due(site)
     site.shared.membership.stragglers.track(site.executor, handle, call, why)
     return True
 
@@ -102,6 +104,7 @@ def ended_early(
 
     A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
+    mark_check_due(site)
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):

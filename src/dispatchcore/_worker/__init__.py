@@ -21,10 +21,21 @@ from ._rank_context import (
 )
 from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
 from ._resize import GroupResized, holds_sharded_group, renumber
+from ._sharded import (
+    SHARDED_CHECK_CALL,
+    SHARDED_HOOK,
+    SHARDED_RECOVER_CALL,
+    ShardedReport,
+    declares_sharded,
+    defines_hook,
+)
 from ._worker import Worker
 
 __all__ = [
     "REJOIN_CALL",
+    "SHARDED_CHECK_CALL",
+    "SHARDED_HOOK",
+    "SHARDED_RECOVER_CALL",
     "STORE_ENV",
     "CancelFlag",
     "ClassWithInitArgs",
@@ -32,6 +43,7 @@ __all__ = [
     "GroupResized",
     "MembershipChange",
     "RankInfo",
+    "ShardedReport",
     "StateHandover",
     "StoreCollective",
     "ThreadCollective",
@@ -44,6 +56,8 @@ __all__ = [
     "colocate",
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
+    "declares_sharded",
+    "defines_hook",
     "enter_method",
     "hands_over",
     "holds_sharded_group",

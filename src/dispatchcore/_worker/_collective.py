@@ -37,7 +37,7 @@ from ._rank_context import call_cancelled, current_call
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 #: How long a rank waits for the others in one collective (seconds) unless told otherwise.
 DEFAULT_TIMEOUT_S = 300.0
-#: The default process group ``collective.init_process_group`` made in this process: (link, mesh).
+#: The default process group ``collective.init_process_group`` made in this process: (link, torch's group).
 LIBRARY_DEFAULT: list[tuple[CollectiveLink, Any]] = []
 #: Environment variable through which a process executor tells its ranks where its collective store is.
 STORE_ENV = "DISPATCHCORE_COLLECTIVE_STORE"
@@ -356,7 +356,7 @@ def made_default_group() -> bool:
     """Whether torch's default group in this process is the one ``collective.init_process_group`` made."""
     import torch.distributed as dist
 
-    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][1].get_group() is dist.group.WORLD
+    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][1] is dist.group.WORLD
 
 
 def reduce_in_order(values: Sequence[Any], op: str) -> Any:

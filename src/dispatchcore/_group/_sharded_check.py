@@ -1,0 +1,85 @@
+"""Before the next call after a failed one: every rank's sharded state checked, and recovered where it must be.
+
+A group whose worker declares ``sharded_modules`` is checked once after any
+failed, timed-out or cancelled call (and after a replacement), before the
+next call goes out: every rank reports its FSDP2 state
+(:func:`dispatchcore._worker._sharded.sharded_report`).  If every rank is
+fit and they agree, the call runs at once.  If not, every rank runs the
+worker's ``recover_sharded_state`` and reports again; without that hook, or
+if it did not make the ranks fit, the call is refused with a
+:class:`~dispatchcore.DispatchError` naming the hook and what is wrong
+(``docs/process-groups.md``).  The check stays due until it passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._base import DispatchError, WorkerError
+from .._spi import Call, Operation
+from .._worker import SHARDED_CHECK_CALL, SHARDED_HOOK, SHARDED_RECOVER_CALL, declares_sharded, defines_hook
+from ._call_checks import submit_call
+
+#: Core operations that run without the check: a replacement's rejoin (which runs the hook itself), a resize.
+_EXEMPT = (Operation.REJOIN, Operation.RESIZE)
+
+
+def mark_check_due(site: Any) -> None:
+    """A call through ``site`` ended early: the next call checks the sharded state first (where declared)."""
+    site.shared.sharded_check_due = True
+
+
+def check_before(site: Any, call: Call) -> None:
+    """Run the check if one is due and ``call`` is not exempt (the submit path calls this on every call)."""
+    if not site.shared.sharded_check_due or call.beside or call.instructions.operation in _EXEMPT:
+        return
+    shared = site.shared
+    root = shared.root() if shared.root is not None else None
+    worker_cls = getattr(root, "worker_cls", None)
+    if root is None or worker_cls is None or not declares_sharded(worker_cls):
+        shared.sharded_check_due = False
+        return
+    ranks = tuple(range(root.world_size))
+    reports = _ask(shared, SHARDED_CHECK_CALL, ranks, root.call_timeout, "the sharded-state check")
+    wrong = _wrong(reports)
+    if wrong:
+        hook = f"{worker_cls.__name__}.{SHARDED_HOOK}()"
+        if not defines_hook(worker_cls):
+            raise DispatchError(
+                f"{root!r} will not run {call.method!r} on a half-broken sharded model: after a failed call, "
+                f"{wrong}. Define {hook}: it runs on every rank when this check fails (rebuild the model, "
+                "fully_shard and the optimizer, then load the last checkpoint or a copy it kept); see "
+                "docs/process-groups.md"
+            )
+        reports = _ask(shared, SHARDED_RECOVER_CALL, ranks, root.call_timeout, hook)
+        still = _wrong(reports)
+        if still:
+            raise DispatchError(
+                f"{root!r} will not run {call.method!r}: {hook} ran on every rank, and still {still}. Make it "
+                "rebuild every module in sharded_modules and every optimizer in sharded_optimizers (after the model)"
+            )
+    shared.sharded_check_due = False
+
+
+def _ask(shared: Any, method: str, ranks: tuple[int, ...], timeout: float | None, what: str) -> list[Any]:
+    call = Call(method, ranks, [() for _ in ranks], [{} for _ in ranks], timeout=timeout)
+    try:
+        return list(submit_call(shared.executor, call, shared.backend).result(timeout))
+    except WorkerError as exc:
+        raise DispatchError(
+            f"{what} failed on rank {exc.rank}: {exc.exc_type}: {exc.exc_message}; the next call runs only "
+            "after it passes"
+        ) from exc
+
+
+def _wrong(reports: list[Any]) -> str:
+    """What is wrong across the ranks' reports, in words; empty when every rank is fit and they agree."""
+    lines = [f"rank {rank}: {'; '.join(report.problems)}" for rank, report in enumerate(reports) if report.problems]
+    signatures = {report.signature for report in reports}
+    if not lines and len(signatures) > 1:
+        by_rank = ", ".join(
+            f"rank {rank}: {' '.join(f'{name}={state}' for name, state in report.signature)}"
+            for rank, report in enumerate(reports)
+        )
+        lines.append(f"the ranks' sharded states differ, so they would issue different collectives ({by_rank})")
+    return "; ".join(lines)

@@ -1,0 +1,145 @@
+"""After a failed call, whether a worker's FSDP2 modules and optimizers are still fit to step: the rank side.
+
+A rank that raised (or was cancelled) inside a forward or backward leaves
+FSDP2 mid-step on every rank it reached: parameter groups not idle, the
+root's parameters unsharded plain tensors the optimizer no longer holds.
+The next step would then run on a half-broken model, or issue collectives
+the other ranks do not (``docs/process-groups.md``).  So a worker declares
+what is sharded (:attr:`Worker.sharded_modules` and
+:attr:`Worker.sharded_optimizers`, attribute names), and after a failed call
+the driver asks every rank for :func:`sharded_report` before the next call:
+if a rank reports a problem, or the ranks' states differ, every rank runs
+:meth:`Worker.recover_sharded_state` and reports again.
+
+FSDP2 keeps its state in private attributes; :func:`fsdp_states` reads them
+for torch 2.13 and raises naming the torch version where they moved (a test
+reads them on every run, so a torch upgrade that moves them fails there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._base import DispatchError
+
+#: The worker method every rank runs for the check (on the ``Worker`` base).
+SHARDED_CHECK_CALL = "_dispatchcore_check_sharded"
+#: The worker method every rank runs for recovery: the hook, then the check again.
+SHARDED_RECOVER_CALL = "_dispatchcore_recover_sharded"
+#: The recovery hook a worker overrides.
+SHARDED_HOOK = "recover_sharded_state"
+
+
+@dataclass(frozen=True)
+class ShardedReport:
+    """One rank's view of its sharded state: what must agree across ranks, and what is wrong on this rank."""
+
+    #: Per FSDP2 module (``attr.qualname``): whether its parameters are sharded; per optimizer: its size.
+    signature: tuple[tuple[str, str], ...]
+    #: What makes a step unsafe on this rank (empty: fit).
+    problems: tuple[str, ...]
+
+
+def declares_sharded(worker_cls: type) -> bool:
+    """Whether ``worker_cls`` (or a role fused into it) names sharded modules: the driver checks such groups."""
+    return bool(getattr(worker_cls, "sharded_modules", ()))
+
+
+def defines_hook(worker_cls: type) -> bool:
+    """Whether ``worker_cls`` overrides :meth:`Worker.recover_sharded_state`."""
+    hook = getattr(worker_cls, SHARDED_HOOK, None)
+    return hook is not None and getattr(hook, "__qualname__", "") != f"Worker.{SHARDED_HOOK}"
+
+
+def sharded_report(worker: Any) -> ShardedReport:
+    """The worker's declared modules and optimizers, as :class:`ShardedReport` (run on its rank)."""
+    signature: list[tuple[str, str]] = []
+    problems: list[str] = []
+    params: set[int] = set()
+    for attr in getattr(worker, "sharded_modules", ()):
+        module = getattr(worker, attr, None)
+        if module is None:
+            problems.append(f"sharded_modules names {attr!r}, which this worker does not have")
+            continue
+        managed: set[int] = set()
+        for state in fsdp_states(module):
+            where = f"{attr}.{state.name}" if state.name else attr
+            signature.append((where, state.sharded))
+            managed |= state.registered
+            params |= state.owned
+            if state.training != "IDLE":
+                problems.append(f"{where} was left mid-step (FSDP2 state {state.training})")
+            if state.mismatched:
+                problems.append(f"{where} says {state.sharded} but holds {state.mismatched} parameters that are not")
+        params.update(id(p) for p in module.parameters() if id(p) not in managed)
+    for attr in getattr(worker, "sharded_optimizers", ()):
+        optimizer = getattr(worker, attr, None)
+        if optimizer is None:
+            problems.append(f"sharded_optimizers names {attr!r}, which this worker does not have")
+            continue
+        held = [p for group in optimizer.param_groups for p in group["params"]]
+        signature.append((attr, str(len(held))))
+        strays = sum(id(p) not in params for p in held)
+        if strays:
+            problems.append(
+                f"{attr} holds {strays} of {len(held)} parameters that are not the sharded modules' current "
+                "ones (rebuild the optimizer after the model)"
+            )
+    return ShardedReport(tuple(signature), tuple(problems))
+
+
+@dataclass(frozen=True)
+class FsdpState:
+    """One FSDP2 module's state as the check reads it."""
+
+    name: str
+    #: ``IDLE`` between steps; ``FORWARD``, ``PRE_BACKWARD``, ``POST_BACKWARD`` mid-step.
+    training: str
+    #: ``SHARDED``, ``SHARDED_POST_FORWARD`` or ``UNSHARDED`` (the root stays unsharded after a forward).
+    sharded: str
+    #: Ids of the parameters registered on the modules now, and of the sharded ones FSDP2 owns.
+    registered: set[int]
+    owned: set[int]
+    #: How many registered parameters contradict ``sharded`` (a DTensor while unsharded, or the reverse).
+    mismatched: int
+
+
+def fsdp_states(module: Any) -> list[FsdpState]:
+    """Per FSDP2 module under ``module`` (itself included), its :class:`FsdpState`.
+
+    Reads FSDP2's private state (torch 2.13): raises :class:`DispatchError`
+    naming the torch version where it moved, never a guess.
+    """
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    found = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, FSDPModule):
+            continue
+        try:
+            state = sub._get_fsdp_state()
+            group = state._fsdp_param_group
+            training, sharded, registered, owned = state._training_state.name, "SHARDED", [], set()
+            if group is not None:
+                training = training if training != "IDLE" else group._training_state.name
+                sharded = group._sharded_state.name
+                registered = [getattr(p._module_info.module, p._module_info.param_name) for p in group.fsdp_params]
+                owned = {id(p.sharded_param) for p in group.fsdp_params}
+        except AttributeError as exc:
+            raise DispatchError(
+                f"the sharded-state check reads FSDP2's private state as torch 2.13 keeps it, and torch "
+                f"{torch.__version__} moved it ({exc}); pin torch 2.13 or update dispatchcore/_worker/_sharded.py"
+            ) from exc
+        wants_dtensor = sharded == "SHARDED"
+        mismatched = sum(isinstance(p, DTensor) != wants_dtensor for p in registered)
+        found.append(FsdpState(name, training, sharded, {id(p) for p in registered}, owned, mismatched))
+    return found
+
+
+def recover(worker: Any) -> ShardedReport:
+    """Run the worker's hook on this rank, then report again."""
+    getattr(worker, SHARDED_HOOK)()
+    return sharded_report(worker)
