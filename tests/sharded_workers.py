@@ -6,6 +6,7 @@ Ranks in other processes cannot import ``tests/``: the module travels by value.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from typing import Any
 
@@ -36,7 +37,7 @@ class ShardedTrainer(Worker):
     sharded_modules = ("model",)
     sharded_optimizers = ("optimizer",)
 
-    def __init__(self, mesh_shape: tuple[int, ...] | None = None) -> None:
+    def __init__(self, checkpoint: str, mesh_shape: tuple[int, ...] | None = None) -> None:
         if mesh_shape is None:
             self.mesh = collective.init_process_group()
         else:  # the user's own mesh on the library's group
@@ -44,7 +45,7 @@ class ShardedTrainer(Worker):
 
             collective.init_process_group()
             self.mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
-        self.checkpoint: str | None = None
+        self.checkpoint = checkpoint
         self.rebuilds = 0
         self.forget_optimizer = False
         self._build()
@@ -65,11 +66,10 @@ class ShardedTrainer(Worker):
         return {"model": model, "optimizer": optimizer}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save(self, path: str) -> None:
+    def save(self) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(), checkpoint_id=path)
-        self.checkpoint = path
+        dcp.save(self._state(), checkpoint_id=self.checkpoint)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def resume(self) -> None:
@@ -117,6 +117,10 @@ class ShardedTrainer(Worker):
             digest.update(name.encode())
             digest.update(value.full_tensor().detach().numpy().tobytes())
         return digest.hexdigest()[:16], self.rebuilds
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_forget_optimizer(self, forget: bool) -> None:

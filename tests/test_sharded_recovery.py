@@ -10,6 +10,10 @@ or no hook, refuses the next call by name.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +31,9 @@ def _fail_inside_backward(wg: WorkerGroup[Any], seed: int) -> None:
     assert raised.value.rank == 1
 
 
-def _recovers_like_a_resumed_run(wg: WorkerGroup[Any], checkpoint: Path) -> None:
+def _recovers_like_a_resumed_run(wg: WorkerGroup[Any]) -> None:
     wg.step(1)
-    wg.save(str(checkpoint))
+    wg.save()
     _fail_inside_backward(wg, 2)
     after_fault = [wg.step(seed) for seed in (2, 3)]
     weights = wg.fingerprint()
@@ -42,8 +46,8 @@ def _recovers_like_a_resumed_run(wg: WorkerGroup[Any], checkpoint: Path) -> None
 
 @pytest.mark.timeout(240)
 def test_a_raise_inside_backward_is_recovered_by_the_hook_and_a_nan_guard_is_not(tmp_path: Path) -> None:
-    with WorkerGroup(ShardedTrainer, 2, backend="torchrun", cancel_grace=GRACE_S) as wg:
-        _recovers_like_a_resumed_run(wg, tmp_path / "step1")
+    with WorkerGroup(ShardedTrainer, 2, backend="torchrun", cancel_grace=GRACE_S, init_args=(str(tmp_path),)) as wg:
+        _recovers_like_a_resumed_run(wg)
         rebuilt = wg.fingerprint()
         with pytest.raises(WorkerError):
             wg.step(4, nan_guard=1)  # after backward: FSDP2 is idle, the optimizer untouched
@@ -57,18 +61,85 @@ def test_a_raise_inside_backward_is_recovered_by_the_hook_and_a_nan_guard_is_not
         assert "optimizer holds" in str(e.value)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ray_a_raise_inside_backward_is_recovered_by_the_hook(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("ray_session")
+    with WorkerGroup(ShardedTrainer, 2, backend="ray", cancel_grace=GRACE_S, init_args=(str(tmp_path),)) as wg:
+        _recovers_like_a_resumed_run(wg)
+
+
+LAUNCHED = """
+import sys
+sys.path.insert(0, {tests!r})
+from dispatchcore import WorkerGroup
+import test_sharded_recovery as case
+from sharded_workers import ShardedTrainer
+
+with WorkerGroup(ShardedTrainer, backend="torchrun", cancel_grace=case.GRACE_S, init_args=({path!r},)) as wg:
+    case._recovers_like_a_resumed_run(wg)
+    print("recovered")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+def test_under_the_launcher_a_raise_inside_backward_is_recovered_by_the_hook(tmp_path: Path) -> None:
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED.format(tests=str(Path(__file__).parent), path=str(tmp_path / "checkpoint")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_"))}
+    command = [shutil.which("torchrun") or "torchrun", "--standalone", "--nproc-per-node=2", str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=280, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["recovered"]
+
+
 @pytest.mark.timeout(300)
 def test_an_hsdp_group_on_the_users_own_mesh_recovers_the_same_way(tmp_path: Path) -> None:
-    with WorkerGroup(ShardedTrainer, 4, backend="torchrun", cancel_grace=GRACE_S, init_args=((2, 2),)) as wg:
-        _recovers_like_a_resumed_run(wg, tmp_path / "step1")
+    options: dict[str, Any] = {"cancel_grace": GRACE_S, "init_args": (str(tmp_path), (2, 2))}
+    with WorkerGroup(ShardedTrainer, 4, backend="torchrun", **options) as wg:
+        _recovers_like_a_resumed_run(wg)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_without_a_hook_the_next_call_is_refused_naming_it() -> None:
-    with WorkerGroup(WithoutHook, 2, backend="torchrun", cancel_grace=GRACE_S) as wg:
+def test_without_a_hook_the_next_call_is_refused_naming_it(tmp_path: Path) -> None:
+    with WorkerGroup(WithoutHook, 2, backend="torchrun", cancel_grace=GRACE_S, init_args=(str(tmp_path),)) as wg:
         wg.step(1)
         _fail_inside_backward(wg, 2)
         with pytest.raises(DispatchError, match=r"Define WithoutHook.recover_sharded_state\(\)") as raised:
             wg.step(2)
         assert "mid-step" in str(raised.value)
+
+
+def _replaced_rank_trains_on_like_a_resumed_run(wg: WorkerGroup[Any]) -> None:
+    wg.step(1)
+    wg.save()
+    wg.reference_forward()  # the survivors' root stays unsharded; a new rank's is sharded
+    old = wg.pid()
+    os.kill(old[1], signal.SIGKILL)
+    wg.replace_rank(1)
+    assert wg.pid()[0] == old[0] and wg.pid()[1] != old[1]
+    after = [wg.step(seed) for seed in (2, 3)]
+    weights = [digest for digest, _ in wg.fingerprint()]
+    wg.resume()
+    assert [wg.step(seed) for seed in (2, 3)] == after
+    assert [digest for digest, _ in wg.fingerprint()] == weights
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_a_replaced_fsdp2_rank_lines_up_with_the_survivors(tmp_path: Path) -> None:
+    options: dict[str, Any] = {"spare_ranks": 1, "death_timeout": 5, "init_args": (str(tmp_path),)}
+    with WorkerGroup(ShardedTrainer, 2, backend="torchrun", cancel_grace=GRACE_S, **options) as wg:
+        _replaced_rank_trains_on_like_a_resumed_run(wg)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_a_replaced_fsdp2_rank_lines_up_with_the_survivors(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("ray_session")
+    options: dict[str, Any] = {"death_timeout": 5, "init_args": (str(tmp_path),)}
+    with WorkerGroup(ShardedTrainer, 2, backend="ray", cancel_grace=GRACE_S, **options) as wg:
+        _replaced_rank_trains_on_like_a_resumed_run(wg)
