@@ -17,7 +17,7 @@ from typing import Any
 
 from .._base import DispatchError, WorkerError
 from .._spi import Call, Operation
-from .._worker import SHARDED_CHECK_CALL, SHARDED_HOOK, SHARDED_RECOVER_CALL, declares_sharded, defines_hook
+from .._worker import SHARDED_CHECK_CALL, SHARDED_RECOVER_CALL, declares_sharded, sharded_hooks
 from ._call_checks import submit_call
 
 #: Core operations that run without the check: a replacement's rejoin (which runs the hook itself), a resize.
@@ -43,14 +43,16 @@ def check_before(site: Any, call: Call) -> None:
     reports = _ask(shared, SHARDED_CHECK_CALL, ranks, root.call_timeout, "the sharded-state check")
     wrong = _wrong(reports)
     if wrong:
-        hook = f"{worker_cls.__name__}.{SHARDED_HOOK}()"
-        if not defines_hook(worker_cls):
+        hooks = sharded_hooks(worker_cls)
+        missing = " and ".join(name for name, defined in hooks.items() if not defined)
+        if missing:
             raise DispatchError(
                 f"{root!r} will not run {call.method!r} on a half-broken sharded model: after a failed call, "
-                f"{wrong}. Define {hook}: it runs on every rank when this check fails (rebuild the model, "
+                f"{wrong}. Define {missing}: it runs on every rank when this check fails (rebuild the model, "
                 "fully_shard and the optimizer, then load the last checkpoint or a copy it kept); see "
                 "docs/process-groups.md"
             )
+        hook = " and ".join(hooks)
         reports = _ask(shared, SHARDED_RECOVER_CALL, ranks, root.call_timeout, hook)
         still = _wrong(reports)
         if still:

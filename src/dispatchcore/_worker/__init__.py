@@ -23,18 +23,16 @@ from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
 from ._resize import GroupResized, holds_sharded_group, renumber
 from ._sharded import (
     SHARDED_CHECK_CALL,
-    SHARDED_HOOK,
     SHARDED_RECOVER_CALL,
     ShardedReport,
     declares_sharded,
-    defines_hook,
+    sharded_hooks,
 )
 from ._worker import Worker
 
 __all__ = [
     "REJOIN_CALL",
     "SHARDED_CHECK_CALL",
-    "SHARDED_HOOK",
     "SHARDED_RECOVER_CALL",
     "STORE_ENV",
     "CancelFlag",
@@ -57,7 +55,6 @@ __all__ = [
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
     "declares_sharded",
-    "defines_hook",
     "enter_method",
     "hands_over",
     "holds_sharded_group",
@@ -68,5 +65,6 @@ __all__ = [
     "rank_info",
     "rejoin",
     "renumber",
+    "sharded_hooks",
     "swap_collective",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._rank_context import current_collective
-from ._sharded import SHARDED_HOOK, declares_sharded, defines_hook
+from ._sharded import run_hooks
 
 #: What the core's rejoin call is called in errors and traces (it names no worker method).
 REJOIN_CALL = "<rejoin>"
@@ -65,8 +65,7 @@ def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[
         if inspect.isawaitable(value):
             asyncio.run(_await(value))
     worker.on_membership_change(change)
-    if declares_sharded(type(worker)) and defines_hook(type(worker)):
-        getattr(worker, SHARDED_HOOK)()
+    run_hooks(worker)
 
 
 async def _await(value: Any) -> Any:

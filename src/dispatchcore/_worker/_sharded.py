@@ -42,29 +42,59 @@ class ShardedReport:
 
 
 def declares_sharded(worker_cls: type) -> bool:
-    """Whether ``worker_cls`` (or a role fused into it) names sharded modules: the driver checks such groups."""
-    return bool(getattr(worker_cls, "sharded_modules", ()))
+    """Whether ``worker_cls`` (or a role colocated in it) names sharded modules: the driver checks such groups."""
+    return any(getattr(cls, "sharded_modules", ()) for _, cls in _parts(worker_cls))
 
 
-def defines_hook(worker_cls: type) -> bool:
-    """Whether ``worker_cls`` overrides :meth:`Worker.recover_sharded_state`."""
-    hook = getattr(worker_cls, SHARDED_HOOK, None)
+def sharded_hooks(worker_cls: type) -> dict[str, bool]:
+    """``Class.recover_sharded_state()`` of each part (role) declaring sharded modules: whether it overrides it."""
+    return {
+        f"{cls.__name__}.{SHARDED_HOOK}()": _overrides_hook(cls)
+        for _, cls in _parts(worker_cls)
+        if getattr(cls, "sharded_modules", ())
+    }
+
+
+def _overrides_hook(cls: type) -> bool:
+    hook = getattr(cls, SHARDED_HOOK, None)
     return hook is not None and getattr(hook, "__qualname__", "") != f"Worker.{SHARDED_HOOK}"
 
 
+def _parts(worker_cls: type) -> list[tuple[str, type]]:
+    """(prefix, class) of the worker class, or of each role of a colocated one (``create_colocated_worker_cls``)."""
+    roles = getattr(worker_cls, "_dispatchcore_roles", None)
+    if roles:
+        return [(f"{role}.", cls) for role, cls in roles.items()]
+    return [("", worker_cls)]
+
+
+def _objects(worker: Any) -> list[tuple[str, Any]]:
+    """(prefix, object) of the worker, or of each role object of a colocated one."""
+    roles = worker.__dict__.get("_dispatchcore_role_objects")
+    if roles:
+        return [(f"{role}.", obj) for role, obj in roles.items()]
+    return [("", worker)]
+
+
 def sharded_report(worker: Any) -> ShardedReport:
-    """The worker's declared modules and optimizers, as :class:`ShardedReport` (run on its rank)."""
+    """The declared modules and optimizers of the worker (each role of a colocated one), run on its rank."""
     signature: list[tuple[str, str]] = []
     problems: list[str] = []
+    for prefix, obj in _objects(worker):
+        _report_part(obj, prefix, signature, problems)
+    return ShardedReport(tuple(signature), tuple(problems))
+
+
+def _report_part(worker: Any, prefix: str, signature: list[tuple[str, str]], problems: list[str]) -> None:
     params: set[int] = set()
     for attr in getattr(worker, "sharded_modules", ()):
         module = getattr(worker, attr, None)
         if module is None:
-            problems.append(f"sharded_modules names {attr!r}, which this worker does not have")
+            problems.append(f"sharded_modules names {prefix}{attr}, which this worker does not have")
             continue
         managed: set[int] = set()
         for state in fsdp_states(module):
-            where = f"{attr}.{state.name}" if state.name else attr
+            where = f"{prefix}{attr}.{state.name}" if state.name else f"{prefix}{attr}"
             signature.append((where, state.sharded))
             managed |= state.registered
             params |= state.owned
@@ -76,17 +106,16 @@ def sharded_report(worker: Any) -> ShardedReport:
     for attr in getattr(worker, "sharded_optimizers", ()):
         optimizer = getattr(worker, attr, None)
         if optimizer is None:
-            problems.append(f"sharded_optimizers names {attr!r}, which this worker does not have")
+            problems.append(f"sharded_optimizers names {prefix}{attr}, which this worker does not have")
             continue
         held = [p for group in optimizer.param_groups for p in group["params"]]
-        signature.append((attr, str(len(held))))
+        signature.append((f"{prefix}{attr}", str(len(held))))
         strays = sum(id(p) not in params for p in held)
         if strays:
             problems.append(
-                f"{attr} holds {strays} of {len(held)} parameters that are not the sharded modules' current "
-                "ones (rebuild the optimizer after the model)"
+                f"{prefix}{attr} holds {strays} of {len(held)} parameters that are not the sharded modules' "
+                "current ones (rebuild the optimizer after the model)"
             )
-    return ShardedReport(tuple(signature), tuple(problems))
 
 
 @dataclass(frozen=True)
@@ -140,6 +169,13 @@ def fsdp_states(module: Any) -> list[FsdpState]:
 
 
 def recover(worker: Any) -> ShardedReport:
-    """Run the worker's hook on this rank, then report again."""
-    getattr(worker, SHARDED_HOOK)()
+    """Run the hook of each part (role) of the worker that declares sharded modules, on this rank; report again."""
+    run_hooks(worker)
     return sharded_report(worker)
+
+
+def run_hooks(worker: Any) -> None:
+    """:meth:`Worker.recover_sharded_state` of each part declaring sharded modules and overriding it, in order."""
+    for _, obj in _objects(worker):
+        if getattr(obj, "sharded_modules", ()) and _overrides_hook(type(obj)):
+            getattr(obj, SHARDED_HOOK)()
