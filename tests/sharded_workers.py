@@ -119,6 +119,11 @@ class ShardedTrainer(Worker):
         return digest.hexdigest()[:16], self.rebuilds
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def check(self) -> Any:
+        """What the library's check reads on this rank (FSDP2's private state, pinned to torch 2.13)."""
+        return self._dispatchcore_check_sharded()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
 
