@@ -159,6 +159,9 @@ class StoreCollective(CollectiveLink):
         self.epoch = 0
         #: Store clients of their own: the abort signal (from a cancel's thread) and the watcher's blocking wait.
         self._signal: Any = None
+        #: The client communicators are built on: a build a cancel left behind blocks in the store until its
+        #: timeout, so after a failed build the next gets a new client, and the rank's own is never held up.
+        self._builder: Any = None
         self._building = False
         #: The call whose first collective checked that the group was not aborted meanwhile.
         self._checked: Any = None
@@ -210,7 +213,7 @@ class StoreCollective(CollectiveLink):
             if store is None:
                 return None
             if self._signal is None:
-                self._signal = store.clone()
+                self._signal, self._builder = store.clone(), store.clone()
                 threading.Thread(target=self._watch, args=(store.clone(),), daemon=True).start()
             flag = current_call()
             dropped: dict[str, Any] = {}
@@ -225,11 +228,13 @@ class StoreCollective(CollectiveLink):
             epoch, prefix = self.epoch, self._key(kind)
             self._building = True
         _release(dropped)
+        builder = self._builder
         try:
-            # A client of its own: a build left behind by a cancel blocks in the store until its timeout,
-            # and on the shared client it would hold every later store request of this rank behind it.
-            built = _build_interruptibly(kind, store.clone(), prefix, rank, world_size, timeout)
+            built = _build_interruptibly(kind, builder, prefix, rank, world_size, timeout)
         except BaseException:
+            with self._lock:  # its build may still block in the store (until its timeout): never build on it again
+                if self._builder is builder:
+                    self._builder = store.clone()
             self.abort()  # other ranks may have joined this epoch's build: nobody reuses it
             raise
         with self._lock:
