@@ -121,7 +121,9 @@ class ShardedTrainer(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def check(self) -> Any:
         """What the library's check reads on this rank (FSDP2's private state, pinned to torch 2.13)."""
-        return self._dispatchcore_check_sharded()
+        from dispatchcore._worker import sharded_report
+
+        return sharded_report(self)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:

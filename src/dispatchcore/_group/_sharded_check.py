@@ -16,17 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from .._base import DispatchError, WorkerError
-from .._spi import Call, Operation
-from .._worker import SHARDED_CHECK_CALL, SHARDED_RECOVER_CALL, declares_sharded, sharded_hooks
-from ._call_checks import submit_call
+from .._spi import Call, Instructions, Operation
+from .._worker import SHARDED_CALL, declares_sharded, sharded_hooks
 
-#: Core operations that run without the check: a replacement's rejoin (which runs the hook itself), a resize.
-_EXEMPT = (Operation.REJOIN, Operation.RESIZE)
-
-
-def mark_check_due(site: Any) -> None:
-    """A call through ``site`` ended early: the next call checks the sharded state first (where declared)."""
-    site.shared.sharded_check_due = True
+#: Core operations that run without the check: a replacement's rejoin (which runs the hook itself), a resize,
+#: the check itself.
+_EXEMPT = (Operation.REJOIN, Operation.RESIZE, Operation.SHARDED)
 
 
 def check_before(site: Any, call: Call) -> None:
@@ -40,7 +35,7 @@ def check_before(site: Any, call: Call) -> None:
         shared.sharded_check_due = False
         return
     ranks = tuple(range(root.world_size))
-    reports = _ask(shared, SHARDED_CHECK_CALL, ranks, root.call_timeout, "the sharded-state check")
+    reports = _ask(shared, "check", ranks, root.call_timeout, "the sharded-state check")
     wrong = _wrong(reports)
     if wrong:
         hooks = sharded_hooks(worker_cls)
@@ -53,7 +48,7 @@ def check_before(site: Any, call: Call) -> None:
                 "docs/process-groups.md"
             )
         hook = " and ".join(hooks)
-        reports = _ask(shared, SHARDED_RECOVER_CALL, ranks, root.call_timeout, hook)
+        reports = _ask(shared, "recover", ranks, root.call_timeout, hook)
         still = _wrong(reports)
         if still:
             raise DispatchError(
@@ -63,10 +58,13 @@ def check_before(site: Any, call: Call) -> None:
     shared.sharded_check_due = False
 
 
-def _ask(shared: Any, method: str, ranks: tuple[int, ...], timeout: float | None, what: str) -> list[Any]:
-    call = Call(method, ranks, [() for _ in ranks], [{} for _ in ranks], timeout=timeout)
+def _ask(shared: Any, step: str, ranks: tuple[int, ...], timeout: float | None, what: str) -> list[Any]:
+    orders = Instructions(operation=Operation.SHARDED)
+    call = Call(
+        SHARDED_CALL, ranks, [(step,) for _ in ranks], [{} for _ in ranks], timeout=timeout, instructions=orders
+    )
     try:
-        return list(submit_call(shared.executor, call, shared.backend).result(timeout))
+        return list(shared.executor.submit(call).result(timeout))
     except WorkerError as exc:
         raise DispatchError(
             f"{what} failed on rank {exc.rank}: {exc.exc_type}: {exc.exc_message}; the next call runs only "

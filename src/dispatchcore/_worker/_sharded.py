@@ -23,10 +23,8 @@ from typing import Any
 
 from .._base import DispatchError
 
-#: The worker method every rank runs for the check (on the ``Worker`` base).
-SHARDED_CHECK_CALL = "_dispatchcore_check_sharded"
-#: The worker method every rank runs for recovery: the hook, then the check again.
-SHARDED_RECOVER_CALL = "_dispatchcore_recover_sharded"
+#: The check's name in errors and traces (``Operation.SHARDED``: it calls no worker method by a reserved name).
+SHARDED_CALL = "<sharded-state check>"
 #: The recovery hook a worker overrides.
 SHARDED_HOOK = "recover_sharded_state"
 
@@ -168,9 +166,10 @@ def fsdp_states(module: Any) -> list[FsdpState]:
     return found
 
 
-def recover(worker: Any) -> ShardedReport:
-    """Run the hook of each part (role) of the worker that declares sharded modules, on this rank; report again."""
-    run_hooks(worker)
+def sharded_state(worker: Any, what: str) -> ShardedReport:
+    """``Operation.SHARDED`` on a rank: ``"check"`` reports; ``"recover"`` runs the hooks (:func:`run_hooks`) first."""
+    if what == "recover":
+        run_hooks(worker)
     return sharded_report(worker)
 
 
