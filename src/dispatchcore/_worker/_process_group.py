@@ -162,12 +162,12 @@ def _create(options: Any, backend_options: Any = None) -> Any:
         return _forwarding_class()(link, options.group_rank, options.group_size, seconds, "default")
     import torch.distributed as dist
 
-    world = dist.group.WORLD
-    link = getattr(world, "link", None)
-    if link is None:  # a default group not made here: never handed this backend
+    world: Any = dist.group.WORLD
+    parent = getattr(world, "link", None)
+    if parent is None:  # a default group not made here: never handed this backend
         raise DispatchError(f"the {BACKEND_NAME!r} backend makes sub-groups of collective.init_process_group's only")
     kind = f"sub/{options.group_id}"
-    return _forwarding_class()(link, options.group_rank, options.group_size, world.timeout, kind)
+    return _forwarding_class()(parent, options.group_rank, options.group_size, world.timeout, kind)
 
 
 _classes: list[type] = []
