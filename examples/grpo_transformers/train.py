@@ -168,6 +168,7 @@ class Actor(Worker):
     def init_model(self, config: GRPOConfig) -> None:
         self.config = config
         self.faulted = False
+        self.kept: tuple[Any, Any] | None = None
         self._build()
 
     def _build(self) -> None:
@@ -175,11 +176,16 @@ class Actor(Worker):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
 
     def recover_sharded_state(self) -> None:
-        """Every rank, when the check after a failed call finds FSDP2 mid-step: rebuild, restore the kept copy."""
+        """Every rank, when the check after a failed call finds FSDP2 mid-step: rebuild, restore the kept copy.
+
+        The copy lives in this process only: a replaced rank has none, so a run that replaces ranks loads
+        its last DCP checkpoint here instead (``docs/replacing-ranks.md``).
+        """
         self._build()
-        model, optimizer = self.kept
-        self.model.load_state_dict(model)
-        self.optimizer.load_state_dict(optimizer)
+        kept = self.kept
+        if kept is not None:  # None: no step began yet, and the rebuilt model is the initial one
+            self.model.load_state_dict(kept[0])
+            self.optimizer.load_state_dict(kept[1])
 
     def weights(self) -> dict[str, Any]:
         return dict(self.model.named_parameters())
