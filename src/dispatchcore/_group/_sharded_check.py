@@ -1,8 +1,8 @@
 """Before the next call after a failed one: every rank's sharded state checked, and recovered where it must be.
 
 A group whose worker declares ``sharded_modules`` is checked once after any
-failed, timed-out or cancelled call (and after a replacement), before the
-next call goes out: every rank reports its FSDP2 state
+failed, timed-out or cancelled call (a rank's death included), before the
+next call goes out (a replacement's rejoin runs the hook itself): every rank reports its FSDP2 state
 (:func:`dispatchcore._worker._sharded.sharded_report`).  If every rank is
 fit and they agree, the call runs at once.  If not, every rank runs the
 worker's ``recover_sharded_state`` and reports again; without that hook, or
