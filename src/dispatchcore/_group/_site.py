@@ -39,6 +39,8 @@ class SharedRanks:
     binders: dict[str, Any] = field(default_factory=dict)
     #: Handles of the calls sent, while anything holds them: a resize waits until each is done.
     calls: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: A call ended early: the next call checks the ranks' sharded state first (``_sharded_check``).
+    sharded_check_due: bool = False
 
 
 @dataclass

@@ -111,6 +111,7 @@ def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) ->
     end = getattr(handle, "cancel", None)
     if end is None or not end():
         return False
+    site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
     site.shared.membership.stragglers.track(site.executor, handle, call, why)
     return True
 
@@ -128,6 +129,7 @@ def ended_early(
 
     A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
+    site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):

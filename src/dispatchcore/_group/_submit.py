@@ -12,6 +12,7 @@ from typing import Any
 
 from .._spi import Call, CallHandle
 from ._call_checks import submit_call
+from ._sharded_check import check_before
 from ._stuck import clear_stragglers, ended_early
 from ._tracing import CallTrace
 
@@ -66,6 +67,8 @@ def send(group: Any, site: Any, call: Call, trace: CallTrace | None, settled: bo
     beside = call.beside
     if not (settled or beside):
         clear_stragglers(group, site, call.ranks)
+    if shared.sharded_check_due:
+        check_before(site, call)
     if trace is not None:
         trace.dispatched(call)
     ledger = shared.ledger

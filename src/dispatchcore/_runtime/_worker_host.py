@@ -31,6 +31,7 @@ from .._worker import (
     rejoin,
     renumber,
     replica_version,
+    sharded_state,
     swap_collective,
 )
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
@@ -243,6 +244,8 @@ class WorkerHost:
             try:
                 if operation is Operation.REJOIN:
                     rejoin(self.worker, *args)
+                elif operation is Operation.SHARDED:  # the hook may build groups: in the method's context
+                    return True, sharded_state(self.worker, args[0])
                 else:  # Operation.HANDOVER, ("load", version)
                     state, self.handover = self.handover, {}
                     load_replica(self.worker, state, args[1])

@@ -25,6 +25,9 @@ class Operation(enum.Enum):
     #: A replica's state handed to a replaced rank (``_worker._handover``): ``("version",)`` on the live
     #: replica, its ``weights_version``; ``("load", version)`` on the new rank, once every tensor arrived.
     HANDOVER = "handover"
+    #: The sharded-state check after a failed call (``_worker._sharded``): ``("check",)`` reports this rank's
+    #: FSDP2 state; ``("recover",)`` runs the worker's ``recover_sharded_state`` first.
+    SHARDED = "sharded"
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,19 @@ from ._rank_context import (
 )
 from ._rejoin import REJOIN_CALL, MembershipChange, rejoin
 from ._resize import GroupResized, holds_sharded_group, renumber
+from ._sharded import (
+    SHARDED_CALL,
+    ShardedReport,
+    declares_sharded,
+    sharded_hooks,
+    sharded_report,
+    sharded_state,
+)
 from ._worker import Worker
 
 __all__ = [
     "REJOIN_CALL",
+    "SHARDED_CALL",
     "STORE_ENV",
     "CancelFlag",
     "ClassWithInitArgs",
@@ -33,6 +42,7 @@ __all__ = [
     "GroupResized",
     "MembershipChange",
     "RankInfo",
+    "ShardedReport",
     "StateHandover",
     "StoreCollective",
     "ThreadCollective",
@@ -45,6 +55,7 @@ __all__ = [
     "colocate",
     "create_colocated_worker_cls",
     "create_colocated_worker_raw_cls",
+    "declares_sharded",
     "enter_method",
     "hands_over",
     "holds_sharded_group",
@@ -58,5 +69,8 @@ __all__ = [
     "rejoin",
     "renumber",
     "replica_version",
+    "sharded_hooks",
+    "sharded_report",
+    "sharded_state",
     "swap_collective",
 ]

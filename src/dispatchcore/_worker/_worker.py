@@ -9,7 +9,7 @@ other way falls back to the ``RANK`` / ``WORLD_SIZE`` environment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._base import DispatchTypeError
 from ._handover import StateHandover
@@ -30,6 +30,12 @@ class Worker(DispatchCollectInfo, StateHandover):
     ``load_replica_state``, ``replicas``) from
     :class:`~dispatchcore._worker._handover.StateHandover`.
     """
+
+    #: Attribute names of this worker's FSDP2 modules: after a failed call the library checks them on every
+    #: rank before the next call (``docs/process-groups.md``).
+    sharded_modules: ClassVar[tuple[str, ...]] = ()
+    #: Attribute names of the optimizers over them: each must hold the modules' current parameters.
+    sharded_optimizers: ClassVar[tuple[str, ...]] = ()
 
     _rank: int
     _world_size: int
@@ -92,6 +98,18 @@ class Worker(DispatchCollectInfo, StateHandover):
         ``change.source_rank`` or reload a checkpoint (``change.reset`` names
         the ranks left with setup's state).  On a new rank it runs after the
         setup calls were replayed.  The default does nothing.
+        """
+
+    def recover_sharded_state(self) -> None:
+        """Runs on every rank when the sharded-state check fails after a failed call, and on a replacement.
+
+        Override it in a worker that declares ``sharded_modules``: rebuild
+        each module, ``fully_shard`` it and its optimizer, then load the last
+        checkpoint (or an in-memory copy you kept).  The check runs again
+        after it; the next call runs only if every rank is then fit.  On a
+        replacement it runs after ``on_membership_change``, on survivors and
+        new ranks alike, so every rank issues the same collectives.  Without
+        an override a failed check refuses the next call, naming this hook.
         """
 
     @property
