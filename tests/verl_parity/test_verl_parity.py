@@ -78,10 +78,11 @@ UNREACHABLE = (
 )
 
 ITEM_4 = (
-    "issue 40 item 4 (src/executors_ray): after ray.shutdown() the lane's end watcher "
-    "(thread dispatchcore-lane-end, executors_ray _rank_dead) calls ray.wait on the old session's "
-    "ref, which starts a new Ray; the harness then reports Ray running after the test, or the next "
-    "ray.init fails with 'Perhaps you called ray.init twice'"
+    "issue 40 item 4 (src/executors_ray): after ray.shutdown() the lane's end watcher (thread "
+    "dispatchcore-lane-end, RayExecutor._rank_dead) calls ray.wait on the old session's serve_lane ref, "
+    "which starts Ray again from that thread; then the next ray.init fails ('Perhaps you called ray.init "
+    "twice'), or Ray is found running after the test, or the process dies 60 s later ('Failed to connect "
+    "to GCS within 60 seconds') taking this test and the ones after it along"
 )
 
 #: DataProto tests (verl's test name -> None: passes here). All 38 pass, verl's 5
@@ -130,6 +131,8 @@ PROTOCOL_EXPECTED: dict[str, str | None] = dict.fromkeys(
 )
 
 #: Single-controller tests ("file::test" -> None, or why it fails today: xfail(strict=False)).
+#: With item 4 fixed all 8 pass in one process (checked with a guard in _rank_dead, not committed here):
+#: set ITEM_4's entries to None once it lands. verl itself: 8/8 (DISPATCHCORE_VERL_SIDE=1).
 SINGLE_CONTROLLER_EXPECTED: dict[str, str | None] = {
     "test_auto_padding_on_cpu.py::test_auto_padding": ITEM_4,
     "test_decorator_on_cpu.py::test_decorator_dp_compute": ITEM_4,
@@ -141,7 +144,9 @@ SINGLE_CONTROLLER_EXPECTED: dict[str, str | None] = {
     "test_ray_local_envs_on_cpu.py::test_customized_worker_env": ITEM_4,
 }
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 180)]
+# The first test of a group runs the whole group (both sides with DISPATCHCORE_VERL_SIDE=1): each run is
+# bounded by RUN_TIMEOUT_S. No `slow` mark: CI must run these (issue 40).
+pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)
 
 
 @dataclass
