@@ -25,6 +25,7 @@ fetch failure fails.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -269,10 +270,12 @@ class VerlRuns:
             try:
                 code = proc.wait(timeout=RUN_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # its pytest and the Ray it started
-                code = proc.wait()
-                sink.write(f"\nKILLED after {RUN_TIMEOUT_S} s\n")
-            sink.write(f"\nexit status {code}\n")
+                code = None
+            with contextlib.suppress(ProcessLookupError):  # its session: the pytest and what its Rays left
+                os.killpg(proc.pid, signal.SIGKILL)
+            sink.write(f"\nexit status {code if code is not None else proc.wait()}\n")
+            if code is None:
+                sink.write(f"KILLED after {RUN_TIMEOUT_S} s\n")
         return _outcomes(results), log
 
 
