@@ -25,7 +25,6 @@ from dispatchcore.executor import (
     LaneCallHandle,
     LaneDriver,
     ResultShape,
-    StoreCollective,
     check_options,
     local_ranks,
     rank_environment,
@@ -42,9 +41,13 @@ from ._lane_setup import inline_bytes, lane_host, refuse_ray_client, refuse_remo
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
-from ._runtime import DETACHED_NAMESPACE, ensure_ray
+from ._runtime import DETACHED_NAMESPACE, ensure_ray, in_session, session_key
 from ._store import pack_value
+from ._store_server import outlive, serve_store
 from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
+
+#: Why a group's ranks are gone once its Ray session ended.
+SESSION_ENDED = "its Ray session ended (ray.shutdown()): the group closed with it; create a new group"
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -109,8 +112,8 @@ class RayExecutor(Executor):
             mark_broken=self.mark_broken,
             names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
         )
-        #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
-        self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
+        #: This driver's Ray session, as row addresses name it; a group whose session ended closes quietly.
+        self._ray_key = session_key(self.ray)
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
@@ -190,15 +193,29 @@ class RayExecutor(Executor):
                 )
 
     def _rank_dead(self, rank: int) -> str | None:
-        """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""
+        """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits).
+
+        Once this group's Ray session ended (``ray.shutdown()``), every rank is gone and Ray is not asked.
+        """
+        if not in_session(self.ray, self._ray_key):
+            self._session_ended()
+            return SESSION_ENDED
         ref = self._serve_refs.get(rank)
-        if ref is None or not self.ray.wait([ref], timeout=0, fetch_local=False)[0]:
-            return None
         try:
+            if ref is None or not self.ray.wait([ref], timeout=0, fetch_local=False)[0]:
+                return None
             self.ray.get(ref, timeout=0)
         except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
             return self._rank_actors.gone(rank, exc)
         return None
+
+    def _session_ended(self) -> None:
+        """Close quietly, asking Ray nothing: its session (and every actor of it) is gone."""
+        if self._rank_actors.closed:
+            return
+        self.mark_broken(SESSION_ENDED)
+        self._rank_actors.closed = True
+        self._release(kill=False)
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
@@ -305,7 +322,14 @@ class RayExecutor(Executor):
         """torch.distributed's variables per rank; rank 0's node and port are the rendezvous."""
         n, addr, port = self.spec.world_size, str(infos[0]["ip"]), int(infos[0]["port"])
         if self._collective is None:  # on the driver, so it outlives replaced ranks
-            self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
+            host = self._lane.host if self._lane is not None else lane_host(self.ray, infos)
+            try:
+                self._collective = serve_store(host)
+            except OSError as exc:
+                raise DispatchError(
+                    f"ray group {self.spec.name!r}: the driver could not open the store of its ranks' collectives "
+                    f"on {host} ({type(exc).__name__}: {exc}), so the group cannot start"
+                ) from exc
         envs = []
         for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos])):
             env = rank_environment(
@@ -508,18 +532,22 @@ class RayExecutor(Executor):
 
     def _release(self, kill: bool) -> None:
         lane, self._lane = getattr(self, "_lane", None), None
+        alive = in_session(self.ray, self._ray_key)
         if lane is not None:
-            lane.close()
+            lane.close(SESSION_ENDED if not alive else "the group was shut down")
         actors, self._rank_actors.actors = self._rank_actors.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
-        self._collective = None  # the collective store (its port closes with it)
-        if kill and self.ray.is_initialized():
+        store, self._collective = self._collective, None
+        if kill and alive:
             self._kill(actors)
             _grow.release(self)
+            # The store outlives the actors: a rank whose store vanished under it prints torch's C++ trace.
+            outlive(self.ray, self._ray_key, actors, store)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
-            self._pool.release()
+            if alive:
+                self._pool.release()
 
     def _kill(self, actors: Iterable[Any]) -> None:
         for actor in actors:

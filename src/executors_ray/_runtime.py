@@ -30,6 +30,26 @@ def ensure_ray(options: Mapping[str, Any]) -> Any:
     return ray
 
 
+def session_key(ray: Any) -> str:
+    """Which Ray session this process is connected to: job id and driver node (job ids repeat in a fresh Ray)."""
+    context = ray.get_runtime_context()
+    return f"{context.get_job_id()}@{context.get_node_id()}"
+
+
+def in_session(ray: Any, key: str) -> bool:
+    """Whether this process is still connected to the Ray session ``key`` names.
+
+    Asks nothing of Ray when it is not initialised: a Ray call then would start a new local Ray
+    (Ray's auto-init) behind the user's back, and a user's own ``ray.init`` would then fail.
+    """
+    if not ray.is_initialized():
+        return False
+    try:
+        return session_key(ray) == key
+    except Exception:  # noqa: BLE001 - shutting down as we ask
+        return False
+
+
 def ip_sort_key(ip: str) -> tuple[int, int, str]:
     """Order node IPs as numbers (10.0.0.9 before 10.0.0.10), names last."""
     try:
