@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatchcore.executor import Call, LaneDriver, RankCallHandle
+from dispatchcore.executor import Call, LaneCallHandle, LaneDriver, RankCallHandle
 
 from ._rank_actors import RankActors
 from ._store import unpack
@@ -101,10 +101,5 @@ class RowsCallHandle(RankCallHandle):
         ready, _ = self.rank_actors.ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
 
-    # -- liveness ----------------------------------------------------------------
-    def check_alive(self, waiting: list[int]) -> None:
-        """The lane's word on ranks still running: their link ended, or their pings went unanswered."""
-        for position in waiting:
-            detail = self.lane.silent(self.call.ranks[position], self.death_timeout)
-            if detail is not None:
-                self.rank_died(position, detail)
+    #: Liveness is the lane's: the rank's links ended, its pings went unanswered, or Ray saw its actor die.
+    check_alive = LaneCallHandle.check_alive
