@@ -418,7 +418,7 @@ class RayExecutor(LaneExecutor):
         self._join_lane(range(size))
 
     # -- calls -------------------------------------------------------------------
-    def submit(self, call: Call) -> CallHandle:
+    def submit(self, call: Call) -> LaneCallHandle:
         """The lane's; the core's row reads (and the frees they carry) go beside it (``_submit_rows``)."""
         if self.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")

@@ -18,12 +18,12 @@ from ._tags import FAILED
 FAST_GET_S = 0.05
 
 
-class RowsCallHandle(RankCallHandle):
-    """One row read or free: a result reference per rank of the call."""
+class RowsCallHandle(LaneCallHandle):
+    """One row read or free: a result reference per rank of the call; liveness is the lane's (``check_alive``)."""
 
     def __init__(self, lane: LaneDriver, rank_actors: RankActors, call: Call, refs: list[Any]) -> None:
-        super().__init__(call, death_timeout=rank_actors.death_timeout, on_broken=rank_actors.mark_broken)
-        self.lane = lane
+        super().__init__(lane, call)
+        self.rows, self.row_buffers = None, None  # its results come by Ray, not into the lane's receive buffers
         #: The group's actors (not its executor): the Ray they belong to, names and nodes, whether it shut down.
         self.rank_actors = rank_actors
         self.refs = refs
@@ -100,6 +100,3 @@ class RowsCallHandle(RankCallHandle):
         refs = [self.refs[p] for p in self.waiting_positions()]
         ready, _ = self.rank_actors.ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return len(ready) == len(refs)
-
-    #: Liveness is the lane's: the rank's links ended, its pings went unanswered, or Ray saw its actor die.
-    check_alive = LaneCallHandle.check_alive

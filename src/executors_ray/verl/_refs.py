@@ -65,7 +65,7 @@ class RefProxy:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         registration = self._registration
-        future: CallFuture = self._core.options(blocking=False)(*args, **kwargs)  # sent now, in call order
+        future: CallFuture[Any] = self._core.options(blocking=False)(*args, **kwargs)  # sent now, in call order
         rank_zero = registration.dispatch_mode is Dispatch.RANK_ZERO or registration.execute_mode is Execute.RANK_ZERO
         refs = hand_over(self._group, future.get, 1 if rank_zero else len(self._group.rank_ids), not rank_zero)
         return refs[0] if rank_zero else refs
