@@ -12,9 +12,7 @@ from typing import Any
 
 from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import (
-    Instructions,
     LaneRank,
-    RemoteFailure,
     ResultShape,
     StoreCollective,
     WorkerHost,
@@ -26,16 +24,13 @@ from . import _forward
 from ._bulk import STASH_POLL_S, RankBulk, Shelf
 from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index
-from ._store import Packed, pack_value, unpack
 from ._tags import (
     BESIDE_GROUP,
     BESIDE_THREADS,
     CONTROL_GROUP,
-    FAILED,
     HANDOVER_GROUP,
     HANDOVER_THREADS,
     LANE_GROUP,
-    OK_PACKED,
     ROWS_GROUP,
     ROWS_THREADS,
     Raised,
@@ -82,8 +77,11 @@ class RankActor:
         death_timeout: float,
         inline_bytes: int,
         timeout: float,
+        secret: bytes,
     ) -> None:
         """Serve the driver's lane at ``address`` on this thread (the ``lane`` group's) until it ends.
+
+        ``secret``: the driver's lane secret, handed over by this Ray call (which Ray's authentication guards).
 
         The first driver sets ``env`` and makes the rank side; a later one (attaching) finds the worker as left.
         """
@@ -94,9 +92,9 @@ class RankActor:
             gone = self._bulk.driver_gone.set
             self._lane = LaneRank(rank, prepare=self._prepare, bulk=self._bulk, on_driver_gone=gone)
         assert self._bulk is not None  # noqa: S101 - made with the lane
-        _serve(self._lane, self._bulk, address, timeout)
+        _serve(self._lane, self._bulk, address, timeout, secret)
 
-    def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float) -> None:
+    def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float, secret: bytes) -> None:
         """Serve another group's lane (verl's ``worker_handles``), as its rank ``rank``, on a ``beside`` thread."""
         host = self._host()
         if host is None:
@@ -105,7 +103,7 @@ class RankActor:
         bulk = RankBulk(rank, inline_bytes, self._shelf)
         lane = LaneRank(rank, bulk=bulk, on_driver_gone=bulk.driver_gone.set)
         lane.host = host
-        _serve(lane, bulk, address, timeout)
+        _serve(lane, bulk, address, timeout, secret)
 
     def _prepare(self, host: WorkerHost) -> None:
         """Before the worker's ``__init__``, on the method thread: device, row fetches, transfers, collective."""
@@ -141,24 +139,7 @@ class RankActor:
         """A result kept for the driver (large, or an object reference), handed over once."""
         return self._shelf.take_result(key)
 
-    # -- calls beside the lane -----------------------------------------------------
-    def call_beside(self, method: str, instructions: Instructions, payload: Packed) -> tuple[int, Any]:
-        """The core's row reads and frees, in the ``rows`` group: ``(OK_PACKED, packed)`` or ``(FAILED, failure)``."""
-        host = self._host()
-        if host is None:
-            return FAILED, RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
-        try:
-            args, kwargs = unpack(payload, copy=self._isolate)
-        except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            return FAILED, RemoteFailure.capture(host.rank, method, exc)
-        ok, value = host.run(method, args, kwargs, instructions)
-        if not ok:
-            return FAILED, value
-        try:
-            return OK_PACKED, pack_value(value)
-        except BaseException as exc:  # noqa: BLE001
-            return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False, value=value)
-
+    # -- verl's refs (handover group) -----------------------------------------------
     def hand_over(self, key: Any) -> Any:
         """A verl async call's outcome on this rank, once the driver stashed it (``verl._refs``)."""
         entry = self._shelf.entry(key)
@@ -197,11 +178,11 @@ class RankActor:
         return serve_rows(self._rank, requests)
 
 
-def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float) -> None:
+def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float, secret: bytes) -> None:
     """Serve ``lane`` until its driver ends it; stashed values waited for meanwhile fail once it has."""
     bulk.driver_gone.clear()
     try:
-        lane.serve(address, timeout)
+        lane.serve(address, timeout, secret=secret)
     finally:
         bulk.driver_gone.set()
 

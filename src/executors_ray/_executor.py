@@ -30,23 +30,21 @@ from dispatchcore.executor import (
     LaneExecutor,
     ResultShape,
     check_options,
+    lane_secret,
     local_ranks,
     rank_environment,
-    unpicklable_error,
 )
 
 from . import _grow
 from ._actor import actor_class
 from ._bulk import DriverBulk, KeptResult
-from ._handle import RowsCallHandle
 from ._lane_setup import inline_bytes, lane_host, refuse_ray_client, refuse_removed
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray, in_session, session_key
-from ._store import pack_value
 from ._store_server import outlive, serve_store
-from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
+from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, Forwarded
 
 #: Why a group's ranks are gone once its Ray session ended.
 SESSION_ENDED = "its Ray session ended (ray.shutdown()): the group closed with it; create a new group"
@@ -198,15 +196,23 @@ class RayExecutor(LaneExecutor):
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
         spec, actors, env, encoded = self.spec, self._rank_actors.actors, self._launch_env, address.encode()
+        secret = lane_secret()  # with the Ray call, which Ray's own authentication guards (docs/security.md)
         for rank in ranks:
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
                 task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
-                self._serve_refs[rank] = task.remote(encoded, rank, self._lane_inline, self._start_timeout)
+                self._serve_refs[rank] = task.remote(encoded, rank, self._lane_inline, self._start_timeout, secret)
             else:
                 rank_env = None if env is None else env[rank]
                 task = actors[rank].serve_lane.options(concurrency_group=LANE_GROUP)
                 self._serve_refs[rank] = task.remote(
-                    encoded, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
+                    encoded,
+                    rank,
+                    rank_env,
+                    spec.name,
+                    spec.death_timeout,
+                    self._lane_inline,
+                    self._start_timeout,
+                    secret,
                 )
 
     def rank_dead(self, rank: int) -> str | None:
@@ -419,26 +425,11 @@ class RayExecutor(LaneExecutor):
 
     # -- calls -------------------------------------------------------------------
     def submit(self, call: Call) -> LaneCallHandle:
-        """The lane's; the core's row reads (and the frees they carry) go beside it (``_submit_rows``)."""
-        if self.closed:
-            raise DispatchError(f"ray group {self.spec.name!r} is shut down")
-        handle = self._submit_rows(call, self.lane) if call.beside else super().submit(call)
+        """The lane's (the core's row reads too: they ride the control link, beside a running call)."""
+        handle = super().submit(call)
         if self.poll_interval is not None:
             handle.poll = min(handle.poll, self.poll_interval)
         return handle
-
-    def _submit_rows(self, call: Call, lane: LaneDriver) -> RowsCallHandle:
-        """The core's row read or free, in the ranks' ``rows`` concurrency group; ``lane`` pings the ranks."""
-        refs = []
-        for position, rank in enumerate(call.ranks):
-            share = (call.args[position], call.kwargs[position])
-            try:
-                payload = pack_value(share)
-            except Exception as exc:
-                raise unpicklable_error(call.method, share, exc) from exc
-            task = self._rank_actors.actors[rank].call_beside.options(concurrency_group=ROWS_GROUP)
-            refs.append(task.remote(call.method, call.instructions, payload))
-        return RowsCallHandle(lane, self._rank_actors, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:

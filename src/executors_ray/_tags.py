@@ -7,7 +7,7 @@ from typing import Any
 
 from dispatchcore.executor import ChunkPlan
 
-#: What a rank's row read, free or fetch answers: ``(OK_PACKED, packed)`` or ``(FAILED, failure or message)``.
+#: What a rank answers another rank's fetch of its kept rows: ``(OK_PACKED, packed)`` or ``(FAILED, message)``.
 OK_PACKED, FAILED = 1, 2
 
 #: The actor's concurrency groups, each beside the worker's thread so a busy rank still answers:

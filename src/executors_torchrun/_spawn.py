@@ -25,7 +25,15 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError
-from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, rank_environment
+from dispatchcore.executor import (
+    LOOPBACK,
+    RANK_ENV_KEYS,
+    cpu_thread_environment,
+    free_port,
+    lane_secret,
+    rank_environment,
+    use_lane_secret,
+)
 
 from ._protocol import READY_KEY
 
@@ -178,6 +186,12 @@ def spawn_process(
         stderr=pipe,
         close_fds=True,
     )
+    assert proc.stdin is not None
+    try:  # the lane secret travels on the child's own pipe: never argv, the environment or a store
+        proc.stdin.write(lane_secret().hex().encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:  # the child died at once: the caller sees its exit code
+        pass
     if relay is not None:
         relay.attach(data_rank, proc)
     return proc
@@ -234,9 +248,12 @@ def child_main() -> None:
     # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
+    secret = bytes.fromhex(sys.stdin.buffer.readline().decode().strip() or "00")  # the first line: the lane secret
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S
     from ._rank_process import serve_and_exit
+
+    use_lane_secret(secret)
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)

@@ -41,13 +41,14 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
-from dispatchcore.executor import address_toward
+from dispatchcore.executor import address_toward, use_lane_secret
 
 from . import _env
 from ._bridge import Bridge
 from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
 from ._rank_process import Services, serve_and_exit
 from ._row_plane import RowPlane
+from ._secret import launch_secret, remove_secret_file
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
@@ -331,6 +332,7 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     global _launch
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+    use_lane_secret(launch_secret(start_timeout))  # every lane link of the launch proves it
     if rank != 0:
         serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True)
     with _launch_lock:
@@ -343,6 +345,7 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
             wait_ready(store, size - 1, start_timeout, late, {})
             _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout))
             atexit.register(_launch.stop)
+            atexit.register(remove_secret_file)
             _install_sigterm_report()
         return _launch
 
