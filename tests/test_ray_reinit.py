@@ -1,4 +1,4 @@
-"""Ray sessions that come and go under a driver's groups (issue 40, items 4 and 11).
+"""Ray sessions that come and go under a driver's groups (issue 40, items 4 and 11), and Ray's token.
 
 verl's tests call ``ray.init()`` and ``ray.shutdown()`` per test and leave
 their groups standing; a group's shutdown must not make its ranks print
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-ROUNDS = 2
+ROUNDS = 2  # the first on the Ray the library starts, the next on the user's ray.init()
 
 DRIVER = textwrap.dedent(
     """
@@ -49,16 +50,20 @@ DRIVER = textwrap.dedent(
             time.sleep(0.05)
         return ours(prefix)
 
-    for round in range(int(sys.argv[1])):
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, _temp_dir=sys.argv[2])
-        shut = WorkerGroup(Summer, 2, backend="ray")
+    def session(round, **options):
+        shut = WorkerGroup(Summer, 2, backend="ray", **options)
         assert shut.total() == [[3.0, 3.0]] * 2
         shut.shutdown()
         print("STORE THREADS LEFT", settle("dispatchcore-ray-store"), flush=True)
         left = WorkerGroup(Summer, 2, backend="ray")  # left standing, as verl's tests do
         assert left.total() == [[3.0, 3.0]] * 2
-        ray.shutdown()
+        ray.shutdown()  # the user's, under a standing group
         print("ROUND", round, "THREADS LEFT", settle(), flush=True)
+
+    session(0, num_cpus=2)  # no Ray yet: the library starts one (and makes Ray's token file)
+    for round in range(1, int(sys.argv[1])):
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, _temp_dir=sys.argv[2])
+        session(round)
     print("DONE", time.monotonic(), flush=True)
     """
 )
@@ -68,7 +73,10 @@ def test_ray_sessions_come_and_go_under_standing_groups_quietly(tmp_path: Path) 
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     ray_dir = tempfile.mkdtemp(prefix="dcray", dir="/tmp")  # Ray's socket paths must stay short
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    home = tmp_path / "home"  # where Ray keeps its token: a fresh one, which the library makes
+    home.mkdir()
+    hidden = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    env = {**{k: v for k, v in os.environ.items() if k not in hidden}, "HOME": str(home)}
     try:
         done = subprocess.run(
             [sys.executable, str(script), str(ROUNDS), ray_dir],
@@ -82,6 +90,9 @@ def test_ray_sessions_come_and_go_under_standing_groups_quietly(tmp_path: Path) 
         shutil.rmtree(ray_dir, ignore_errors=True)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
+    # Ray's token authentication guards the Ray calls that carry the lane secret; its token is this user's alone.
+    token = home / ".ray" / "auth_token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
     for round in range(ROUNDS):  # every round's calls worked, and no thread of ours outlived its session
         assert f"ROUND {round} THREADS LEFT []" in out, out[-4000:]
     assert out.count("STORE THREADS LEFT []") == ROUNDS, out[-4000:]
