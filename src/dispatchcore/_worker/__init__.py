@@ -8,7 +8,8 @@ from ._collective import STORE_ENV, CollectiveLink, StoreCollective, ThreadColle
 from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast_object, rank_info
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
-from ._handover import StateHandover, hands_over
+from ._handover import StateHandover, hands_over, load_replica, replica_version
+from ._mesh_query import mesh_info
 from ._method_names import method_names
 from ._process_group import init_process_group
 from ._rank_context import (
@@ -49,10 +50,13 @@ __all__ = [
     "holds_sharded_group",
     "init_process_group",
     "leave_method",
+    "load_replica",
+    "mesh_info",
     "method_names",
     "rank_context",
     "rank_info",
     "rejoin",
     "renumber",
+    "replica_version",
     "swap_collective",
 ]

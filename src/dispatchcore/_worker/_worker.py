@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._base import DispatchTypeError
 from ._handover import StateHandover
 from ._mesh import DispatchCollectInfo
 from ._rank_context import call_cancelled, current_rank_context
@@ -39,6 +40,26 @@ class Worker(DispatchCollectInfo, StateHandover):
         self._rank, self._world_size = current_rank_context()
         self._dispatch_collect_info = {}
         return self
+
+    def __init__(self, cuda_visible_devices: str | None = None) -> None:
+        """Takes verl's one argument, so ``super().__init__(cuda_visible_devices)`` ports unchanged.
+
+        The executor has already made the rank's device current before
+        ``__init__`` runs, so the value changes nothing: ``None`` (the default,
+        and what verl passes for most workers) is ignored, and a string such as
+        ``"0,1"`` is kept as ``self._cuda_visible_devices`` (verl's name) for
+        code that reads it, never written into ``os.environ`` (ranks of the
+        ``local`` backend share one process, and CUDA reads the variable only
+        once, at start-up).
+        """
+        if cuda_visible_devices is not None and not isinstance(cuda_visible_devices, str):
+            raise DispatchTypeError(
+                f"Worker.__init__(cuda_visible_devices=...) takes None or a string like '0,1' (verl's form), "
+                f"got {type(cuda_visible_devices).__name__} {cuda_visible_devices!r}"
+            )
+        if cuda_visible_devices is not None:
+            self._cuda_visible_devices = cuda_visible_devices
+        super().__init__()
 
     @property
     def rank(self) -> int:
