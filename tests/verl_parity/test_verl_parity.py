@@ -78,14 +78,6 @@ UNREACHABLE = (
     "ReadTimeoutError",
 )
 
-ITEM_4 = (
-    "issue 40 item 4 (src/executors_ray): after ray.shutdown() the lane's end watcher (thread "
-    "dispatchcore-lane-end, RayExecutor._rank_dead) calls ray.wait on the old session's serve_lane ref, "
-    "which starts Ray again from that thread; then the next ray.init fails ('Perhaps you called ray.init "
-    "twice'), or Ray is found running after the test, or the process dies 60 s later ('Failed to connect "
-    "to GCS within 60 seconds') taking this test and the ones after it along"
-)
-
 #: DataProto tests (verl's test name -> None: passes here). All 38 pass, verl's 5
 #: serializer tests (verl-internal helpers, kept verl's) included.
 PROTOCOL_EXPECTED: dict[str, str | None] = dict.fromkeys(
@@ -133,16 +125,16 @@ PROTOCOL_EXPECTED: dict[str, str | None] = dict.fromkeys(
 
 #: Single-controller tests ("file::test" -> None, or why it fails today: xfail(strict=False)).
 #: With item 4 fixed all 8 pass in one process (checked with a guard in _rank_dead, not committed here):
-#: set ITEM_4's entries to None once it lands. verl itself: 8/8 (DISPATCHCORE_VERL_SIDE=1).
+#: verl itself: 8/8 (DISPATCHCORE_VERL_SIDE=1).
 SINGLE_CONTROLLER_EXPECTED: dict[str, str | None] = {
-    "test_auto_padding_on_cpu.py::test_auto_padding": ITEM_4,
-    "test_decorator_on_cpu.py::test_decorator_dp_compute": ITEM_4,
-    "test_decorator_on_cpu.py::test_decorator_async_function": ITEM_4,
-    "test_decorator_on_cpu.py::test_decorator_dp_compute_td": ITEM_4,
-    "test_fused_workers_on_cpu.py::test_fused_workers": ITEM_4,
+    "test_auto_padding_on_cpu.py::test_auto_padding": None,
+    "test_decorator_on_cpu.py::test_decorator_dp_compute": None,
+    "test_decorator_on_cpu.py::test_decorator_async_function": None,
+    "test_decorator_on_cpu.py::test_decorator_dp_compute_td": None,
+    "test_fused_workers_on_cpu.py::test_fused_workers": None,
     "test_get_set_dispatch_collect_cpu.py::test_get_set_dispatch_collect_cpu": None,
-    "test_ray_local_envs_on_cpu.py::test_basics": ITEM_4,
-    "test_ray_local_envs_on_cpu.py::test_customized_worker_env": ITEM_4,
+    "test_ray_local_envs_on_cpu.py::test_basics": None,
+    "test_ray_local_envs_on_cpu.py::test_customized_worker_env": None,
 }
 
 # The first test of a group runs the whole group (both sides with DISPATCHCORE_VERL_SIDE=1): each run is
