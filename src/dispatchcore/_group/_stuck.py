@@ -112,8 +112,16 @@ def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) ->
     if end is None or not end():
         return False
     site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
+    _forget_kept(site, call)
     site.shared.membership.stragglers.track(site.executor, handle, call, why)
     return True
+
+
+def _forget_kept(site: CallSite, call: Call) -> None:
+    """A lazy call that ended early is never adopted: queue frees of what its ranks keep (``RowLedger.forget``)."""
+    keep = call.instructions.keep_rows
+    if keep is not None:
+        site.shared.ledger.forget(call.ranks, keep)
 
 
 def ended_early(
@@ -130,6 +138,7 @@ def ended_early(
     A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
     site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
+    _forget_kept(site, call)
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):

@@ -87,6 +87,16 @@ class RowLedger:
             self._held[rank] = max(0, self._held.get(rank, 0) - nbytes)
             self.unfreed.setdefault(rank, []).append(key)
 
+    def forget(self, ranks: Sequence[int], keep: str) -> None:
+        """A lazy call under key ``keep`` ended early: whatever its ranks kept (now or when they finish) is freed.
+
+        Never adopted, such rows would stay on the ranks for good; the free rides the next call that
+        reaches each rank (its method thread runs that call only after the ended one), an unknown key is skipped.
+        """
+        with self._lock:
+            for rank in ranks:
+                self.unfreed.setdefault(rank, []).append(f"{keep}/{rank}")
+
     def held_on(self, ranks: Sequence[int]) -> dict[int, int]:
         """Bytes of kept rows still referenced on each of ``ranks`` that holds any."""
         with self._lock:
