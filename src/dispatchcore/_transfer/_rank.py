@@ -232,17 +232,17 @@ def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None, verify: boo
     """The bucket's token, alone (a Ray ``ObjectRef`` is handed over only as a whole result); its span is kept.
 
     Where no link moves them, the token is the tensors themselves: through the driver.  With
-    ``verify`` each piece is digested here, as it travels (cast), while its bytes are fresh in cache.
+    ``verify`` each piece is digested here, as it travels (cast), while the link sends it.
     """
     start = _now_us()
     cast = link is None or not link.same_process
     tensors = [_source_view(state, piece, cast) for piece in bucket.pieces]
-    if verify:
-        for i, (piece, t) in enumerate(zip(bucket.pieces, tensors, strict=True)):
-            state.sent[(bucket.index, i)] = digest(t if t.dtype == piece.dtype else t.to(piece.dtype))
     token = (
         tensors if link is None else link.publish(pack(bucket, packed(bucket, link), tensors), len(bucket.destinations))
     )
+    if verify:  # after publishing: a link that sends in the background is already sending meanwhile
+        for i, (piece, t) in enumerate(zip(bucket.pieces, tensors, strict=True)):
+            state.sent[(bucket.index, i)] = digest(t if t.dtype == piece.dtype else t.to(piece.dtype))
     state.spans.append(("pack", bucket.index, start, _now_us()))
     return token
 
