@@ -3,7 +3,6 @@
 The driver side is ``_sync``; executors plug in a :class:`TensorLink`.  Imports ``_base``.
 """
 
-from ._checksum import digest
 from ._dtensor import offered_record, shard_rows
 from ._errors import WeightMismatchError, WeightOfferError, WeightTypeError
 from ._layout import Held, RowShard, Shard, Slice, held_of, row_elements, rows_of
@@ -28,7 +27,6 @@ __all__ = [
     "WeightMismatchError",
     "WeightOfferError",
     "WeightTypeError",
-    "digest",
     "held_of",
     "offered_record",
     "plan_transfer",
