@@ -3,9 +3,10 @@
 The sending source digests each piece as it packs it; each destination
 digests a name from what its ``weights`` method returns right after its
 ``load_weights`` took the name whole (a name split over buckets: after its
-last).  These check what that promises on local threads and self-started
-torchrun: equal bytes pass, other bytes (a matrix's values in other
-places, a name ``load_weights`` never stored) and replicas that disagree
+last).  These check what that promises on local threads, self-started
+torchrun and the driver path (the ``multiprocess`` example): equal bytes
+pass, other bytes (a matrix's values in other places, a name
+``load_weights`` never stored) and replicas that disagree
 are caught before the version moves.
 """
 
@@ -89,7 +90,7 @@ class Keeper(Worker):
         return self.params, getattr(self, "weights_version", None), self.seen, own
 
 
-@pytest.fixture(scope="module", params=["local", "torchrun"])
+@pytest.fixture(scope="module", params=["local", "torchrun", "multiprocess"])
 def groups(request: pytest.FixtureRequest) -> Iterator[tuple[WorkerGroup[Any], WorkerGroup[Any]]]:
     with (
         WorkerGroup(Holder, 2, backend=request.param) as src,
