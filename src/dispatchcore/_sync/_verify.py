@@ -3,6 +3,9 @@
 Every region of the plan (one per piece, unsplit by buckets) is digested by
 every source rank that holds it (so diverged replicas show) and by every
 destination that wants it (from what it holds now); only digests travel.
+``check`` is ``WeightSync.verify``; ``check_sent`` is ``verify=True``, which
+collects the digests the ranks took during the transfer (regions: the
+transfer plan's pieces) and asks only non-sending replicas for theirs.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def check_sent(
     now, so replicas that differ still show.
     """
     regions, per_source, _ = regions_of(plan, held, tensors)
-    keys = {(b.index, i): n for n, (b, i) in enumerate((b, i) for b in plan.buckets for i in range(len(b.pieces)))}
+    keys = {key: n for n, key in enumerate((b.index, i) for b in plan.buckets for i in range(len(b.pieces)))}
     replicas = [[r for r in mine if regions[r[0]][1] != s] for s, mine in enumerate(per_source)]
     handles = [
         submit(src, range(len(src.ranks)), [(("sent_sums", tid, mine),) for mine in replicas]),
