@@ -255,15 +255,17 @@ class WeightSync:
             with timeline.driver("plan"):
                 held, tensors, wants = self._ask(src, dst, tid)
                 plan = self._plan(held, tensors, wants)
-            how = (_hook(dst, self.apply), not dst.isolate, _hook(dst, self.lend))
+            how: tuple[Any, ...] = (_hook(dst, self.apply), not dst.isolate, _hook(dst, self.lend))
+            if self.verify_each:  # the destinations digest what they hold after each apply
+                how += (dst.prefix + self.read, {name: spec.full_shape for name, spec in tensors.items()})
             begins: list[Any] = [(plan.wanted[d], *how) for d in range(len(dst.ranks))]
             self._held = _NONE  # from the first bucket on, the ranks may hold different weights until the commit
             with timeline.driver("buckets"):
-                driver_bytes = _move(plan, src, dst, tid, begins, transport == "driver", timeline)
+                through = transport == "driver"
+                driver_bytes = _move(plan, src, dst, tid, begins, through, timeline, self.verify_each)
             if self.verify_each:  # before the version: a transfer whose bytes differ never sets it
                 with timeline.driver("verify"):
-                    whole = plan_transfer(held, tensors, wants, _WHOLE)
-                    _verify.check(src, dst, tid, whole, held, tensors, self.read)
+                    _verify.check_sent(src, dst, tid, plan, held, tensors, timeline)
             with timeline.driver("commit"):
                 commits = [(("commit", tid, version, begin),) for begin in begins]
                 committed = submit(dst, range(len(dst.ranks)), commits)
@@ -409,7 +411,14 @@ def _quietly(handle: Any) -> None:
 
 
 def _move(
-    plan: TransferPlan, src: Side, dst: Side, tid: int, begins: list[Any], through_driver: bool, timeline: Timeline
+    plan: TransferPlan,
+    src: Side,
+    dst: Side,
+    tid: int,
+    begins: list[Any],
+    through_driver: bool,
+    timeline: Timeline,
+    verify: bool = False,
 ) -> int:
     """Every bucket, at most two per source rank in flight; the bytes that crossed the driver.
 
@@ -418,7 +427,7 @@ def _move(
     applies the one it received before (and, for its last, this one too):
     each destination runs its steps in order, so the next bucket is on its
     way while the current one is applied.  A destination's first step tells
-    it ``begins[d]`` (then ``None``).
+    it ``begins[d]`` (then ``None``).  ``verify``: sources digest what they pack.
     """
     window = 2 * max(1, len(src.ranks))
     pending = deque(plan.buckets)
@@ -430,7 +439,7 @@ def _move(
     while pending or packing or moving:
         while pending and len(packing) + len(moving) < window:
             bucket = pending.popleft()
-            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket),)])))
+            packing.append((bucket, submit(src, [bucket.source], [(("pack", tid, bucket, verify),)])))
         if not packing:
             _moved(src, dst, timeline, *moving.popleft())
             continue

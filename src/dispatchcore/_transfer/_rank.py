@@ -17,6 +17,10 @@ one.  The version is set only at ``commit``, after the driver saw every
 rank apply every bucket.  Each step returns its phases' times (``Span``)
 for the report and the trace.  The ``*_sums`` steps checksum what sources
 offered and destinations hold (``_checksum``) for ``WeightSync.verify``.
+With ``verify=True`` the transfer digests as it goes: a source each piece
+it packs, while packing (the bytes are in cache), a destination each name's
+pieces as it reads them back right after the apply hook took the name;
+the ``sent_sums`` and ``held_sums`` steps only collect those digests.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from .._base import DispatchAttributeError, DispatchError, DispatchRuntimeError, DispatchValueError
 from .._wire import numpy_tensor
-from ._checksum import destination_sums, source_sums
+from ._checksum import Region, destination_sums, digest, source_sums
 from ._dtensor import offered_record
 from ._layout import Held, held_of, rows_view
 from ._packing import pack, packed, places, unpack
@@ -104,6 +108,16 @@ class _Transfer:
     arriving: dict[int, tuple[Bucket, list[torch.Tensor | None], Arrival]] = field(default_factory=dict)
     #: A source's pack spans, returned by ``end`` (a pack returns its token alone).
     spans: list[Span] = field(default_factory=list)
+    #: ``verify=True``: the destination's read method and each name's full shape (``None``: no digests).
+    read: str | None = None
+    fulls: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Digests by ``(bucket index, piece position)``: what a source packed, what a destination read back.
+    sent: dict[tuple[int, int], str] = field(default_factory=dict)
+    held: dict[tuple[int, int], str] = field(default_factory=dict)
+    #: A destination's pieces whose name the apply hook has not taken yet (digested once it has).
+    unread: dict[str, list[tuple[tuple[int, int], Piece]]] = field(default_factory=dict)
+    #: A destination's digest spans, returned by ``held_sums``.
+    digest_spans: list[Span] = field(default_factory=list)
 
 
 def run_step(host: Any, args: tuple[Any, ...]) -> Any:
@@ -127,9 +141,13 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
         want = None if args[0][2] is None else getattr(worker, args[0][2], None)
         return {} if want is None else dict(want(args[0][3]))
     if step == "pack":
-        return _pack(state, args[0][2], host.tensor_link)
+        return _pack(state, args[0][2], host.tensor_link, len(args[0]) > 3 and bool(args[0][3]))
     if step == "source_sums":
         return source_sums(state.offered, args[0][2])
+    if step == "sent_sums":  # what this source packed, and its replicas' regions it did not send
+        return state.sent, source_sums(state.offered, args[0][2])
+    if step == "held_sums":
+        return state.held, state.digest_spans
     if step == "destination_sums":
         return destination_sums(worker, args[0][2], args[0][3], args[0][4])
     if step not in ("move", "commit"):
@@ -144,10 +162,21 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
 
 
 def _begin(
-    host: Any, state: _Transfer, wanted: Mapping[str, Wanted], apply: str | None, share: bool, lend: str | None
+    host: Any,
+    state: _Transfer,
+    wanted: Mapping[str, Wanted],
+    apply: str | None,
+    share: bool,
+    lend: str | None,
+    read: str | None = None,
+    fulls: Mapping[str, tuple[int, ...]] | None = None,
 ) -> None:
-    """What the destination assembles and how it applies (``apply=None``: kept for the core's hand-over)."""
+    """What the destination assembles and how it applies (``apply=None``: kept for the core's hand-over).
+
+    ``read`` (with every name's full shape): digest what the destination holds after each apply.
+    """
     state.wanted, state.apply, state.share = wanted, apply, share
+    state.read, state.fulls = read, fulls or {}
     if apply is None:  # a failed hand-over's leftovers are dropped
         host.handover.clear()
         state.keep = host.handover
@@ -199,10 +228,11 @@ def _lent(worker: Any, wanted: Mapping[str, Wanted], lend: str) -> dict[str, tor
     return lent
 
 
-def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
+def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None, verify: bool = False) -> Any:
     """The bucket's token, alone (a Ray ``ObjectRef`` is handed over only as a whole result); its span is kept.
 
-    Where no link moves them, the token is the tensors themselves: through the driver.
+    Where no link moves them, the token is the tensors themselves: through the driver.  With
+    ``verify`` each piece is digested here, as it travels (cast), while the link sends it.
     """
     start = _now_us()
     cast = link is None or not link.same_process
@@ -210,6 +240,9 @@ def _pack(state: _Transfer, bucket: Bucket, link: TensorLink | None) -> Any:
     token = (
         tensors if link is None else link.publish(pack(bucket, packed(bucket, link), tensors), len(bucket.destinations))
     )
+    if verify:  # after publishing: a link that sends in the background is already sending meanwhile
+        for i, (piece, t) in enumerate(zip(bucket.pieces, tensors, strict=True)):
+            state.sent[(bucket.index, i)] = digest(t if t.dtype == piece.dtype else t.to(piece.dtype))
     state.spans.append(("pack", bucket.index, start, _now_us()))
     return token
 
@@ -298,7 +331,30 @@ def _apply(worker: Any, state: _Transfer, link: TensorLink | None, index: int) -
             state.done.add(piece.name)
     if ready:
         _hand(worker, state, ready)
-    return [("move", index, start, arrived), ("apply", index, arrived, _now_us())]
+    applied = _now_us()
+    if state.read is not None:
+        _read_back(worker, state, bucket, [name for name, _ in ready])
+        state.digest_spans.append(("digest", index, applied, _now_us()))
+    return [("move", index, start, arrived), ("apply", index, arrived, applied)]
+
+
+def _read_back(worker: Any, state: _Transfer, bucket: Bucket, taken: list[str]) -> None:
+    """Digest, from what the destination's read method says it holds now, every piece of the names it took.
+
+    A name split over buckets is digested once the apply hook took it whole (its last bucket).
+    """
+    for i, piece in enumerate(bucket.pieces):
+        state.unread.setdefault(piece.name, []).append(((bucket.index, i), piece))
+    regions: list[Region] = []
+    keys = []
+    for name in taken:
+        for key, piece in state.unread.pop(name, []):
+            keys.append(key)
+            regions.append((len(regions), piece, state.fulls[name]))
+    if regions:
+        first = {name: state.wanted[name].rows[0] for name in taken}
+        sums = destination_sums(worker, state.read or "", regions, first)
+        state.held.update((key, sums[n]) for n, key in enumerate(keys))
 
 
 def _commit(worker: Any, state: _Transfer, version: Any) -> Any:
