@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError
-from dispatchcore.executor import LOOPBACK, TensorSourceLost
+from dispatchcore.executor import TensorSourceLost
 from dispatchcore.wire import numpy_tensor
 
 from ._protocol import FOREVER_S, encode, home_of, pop
@@ -59,8 +59,10 @@ def _serve_key(bridge_id: str) -> str:
 class Bridge:
     """One process's side of every bridge: the pieces it published, its pair groups, its serving thread."""
 
-    def __init__(self, store: dist.Store) -> None:
+    def __init__(self, store: dist.Store, *, loopback: bool) -> None:
+        """``loopback``: its pair groups listen on loopback only (a world on one machine)."""
         self.host, self.port = home_of(store)
+        self._loopback = loopback
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
@@ -200,7 +202,7 @@ class Bridge:
             return group
         kind = "nccl" if cuda else "gloo"
         store = dist.PrefixStore(f"{_ROOT}/pair/{sender}/{reader}/{kind}/", self._connect(host, port, timeout))
-        group = pair_group(store, rank, cuda, timeout, loopback=host == LOOPBACK)
+        group = pair_group(store, rank, cuda, timeout, loopback=self._loopback)
         with self._lock:
             return self._groups.setdefault(name, group)
 

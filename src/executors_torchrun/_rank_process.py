@@ -25,7 +25,14 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost, install_cancel_signal, keep_freed_memory
+from dispatchcore.executor import (
+    LaneRank,
+    StoreCollective,
+    WorkerHost,
+    install_cancel_signal,
+    keep_freed_memory,
+    lane_secret,
+)
 
 from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
@@ -60,14 +67,21 @@ class Services:
 
         rank = LaneRank(group_rank, prepare=prepare, on_driver_gone=on_driver_gone)
         try:
-            rank.serve(StoreDirectory(self.store, lane_key(gid)).lookup())
+            rank.serve(StoreDirectory(self.store, lane_key(gid)).lookup(), secret=lane_secret())
         finally:
             if rank.host is not None:
                 rank.host.close()
 
 
 def serve_and_exit(
-    store: dist.Store, rank: int, members: Sequence[int], timeout: timedelta, *, launched: bool, generation: int = 0
+    store: dist.Store,
+    rank: int,
+    members: Sequence[int],
+    timeout: timedelta,
+    *,
+    launched: bool,
+    loopback: bool,
+    generation: int = 0,
 ) -> NoReturn:
     """Say this process is up, join the world's transport, serve until told to stop, then exit 0.
 
@@ -75,7 +89,7 @@ def serve_and_exit(
     A process added to a running world joins its transport's newest ``generation`` over ``members``.
     """
     store.add(READY_KEY, 1)
-    transport = Transport(store, rank, members, timeout, loopback=not launched, generation=generation)
+    transport = Transport(store, rank, members, timeout, loopback=loopback, generation=generation)
     if generation:  # added to a running world: the driver waits for this
         store.set(transport_key(generation, rank), b"")  # type: ignore[arg-type]  # the binding takes bytes
     ended = serve_process(store, transport, threads=launched)
@@ -92,7 +106,7 @@ def serve_process(store: dist.Store, transport: Transport, *, threads: bool) -> 
     Returns whether every rank ended in time.
     """
     keep_freed_memory()  # this process is the ranks' own (the driver's is the user's: left alone)
-    services = Services(store, RowPlane(store, transport), Bridge(store))
+    services = Services(store, RowPlane(store, transport), Bridge(store, loopback=transport.loopback))
     queue = store.clone()  # type: ignore[attr-defined]  # a blocking pop of its own; Store.clone is missing from the stubs
     groups: list[threading.Thread] = []
     try:

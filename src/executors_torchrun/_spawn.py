@@ -3,8 +3,9 @@
 The driver hosts a ``TCPStore`` on loopback and starts one fresh interpreter
 per rank (never ``fork``: pytest, Ray and torch hold threads), with
 torchrun-style variables in its own environment and the driver's
-``sys.path``; a child exits when the pipe from the driver closes, however
-the driver dies.
+``sys.path``.  The driver's lane secret reaches a child on its stdin pipe
+(never its environment, arguments or the store), and a child exits when
+that pipe closes, however the driver dies (``_child``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,12 +25,20 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError
-from dispatchcore.executor import LOOPBACK, RANK_ENV_KEYS, cpu_thread_environment, free_port, rank_environment
+from dispatchcore.executor import (
+    LOOPBACK,
+    RANK_ENV_KEYS,
+    cpu_thread_environment,
+    free_port,
+    lane_secret,
+    rank_environment,
+    use_lane_secret,
+)
 
 from ._protocol import READY_KEY
 
 BOOT_ENV = "DISPATCHCORE_TORCHRUN_BOOT"
-_CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
+_CHILD_CODE = "from executors_torchrun._child import main; main()"
 
 
 def start_store(host: str = LOOPBACK) -> dist.TCPStore:
@@ -180,6 +188,12 @@ def spawn_process(
     )
     if relay is not None:
         relay.attach(data_rank, proc)
+    assert proc.stdin is not None  # noqa: S101 - a pipe, asked for above
+    try:
+        proc.stdin.write(lane_secret().hex().encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:  # it died at once: the start reports its exit
+        pass
     return proc
 
 
@@ -219,26 +233,23 @@ def reap(processes: dict[int, subprocess.Popen[bytes]], wait: float) -> None:
             pass
 
 
-def _watch_driver() -> None:
-    """Exit when the pipe from the driver closes (the driver stopped us or died)."""
-    try:
-        sys.stdin.buffer.read()
-    finally:
-        os._exit(0)
-
-
-def child_main() -> None:
-    """Entry point of a self-started rank."""
+def child_main(secret: bytes) -> None:
+    """A self-started rank, once ``_child`` watches the driver: join the world, serve with the driver's ``secret``."""
+    use_lane_secret(secret)
     boot = json.loads(os.environ.pop(BOOT_ENV))
-    # A terminal's Ctrl-C reaches this process too (same process group): it is the driver's to
-    # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
-    threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
     from ._protocol import FOREVER_S
     from ._rank_process import serve_and_exit
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
     timeout = timedelta(seconds=boot["timeout"])
-    serve_and_exit(store, boot["data_rank"], boot["members"], timeout, launched=False, generation=boot["generation"])
+    serve_and_exit(
+        store,
+        boot["data_rank"],
+        boot["members"],
+        timeout,
+        launched=False,
+        loopback=True,
+        generation=boot["generation"],
+    )

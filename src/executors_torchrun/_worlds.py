@@ -41,12 +41,13 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
-from dispatchcore.executor import address_toward
+from dispatchcore.executor import use_lane_secret
 
 from . import _env
 from ._bridge import Bridge
 from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
 from ._rank_process import Services, serve_and_exit
+from ._secret import forget_launch_secret, launch_secret
 from ._row_plane import RowPlane
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
@@ -249,10 +250,10 @@ class LaunchWorld(World):
     def __init__(self, store: dist.Store, transport: Transport) -> None:
         super().__init__(store, transport, f"torchrun:{_env.run_id()}")
         self.size = transport.size
-        #: Where each group's lane listens: an address of this host the other ranks reach.
-        self.lane_host = address_toward(*_env.store_address())
+        #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
+        self.lane_host = _env.listen_host()
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        self.services = Services(store, self.row_plane(), Bridge(store))
+        self.services = Services(store, self.row_plane(), Bridge(store, loopback=transport.loopback))
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
 
@@ -331,17 +332,23 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     global _launch
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
+    loopback = not _env.spans_nodes()
     if rank != 0:
-        serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True)
+        use_lane_secret(launch_secret())  # read before this process says it is up (the driver then removes it)
+        serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True, loopback=loopback)
     with _launch_lock:
         if _launch is None:
+            use_lane_secret(launch_secret())  # before this process's first door opens
             store = _torchrun_store(start_timeout)
             late = (
                 f"not every torchrun rank reached its first WorkerGroup(...) within {start_timeout:g} s; every "
                 "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
             )
-            wait_ready(store, size - 1, start_timeout, late, {})
-            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout))
+            try:
+                wait_ready(store, size - 1, start_timeout, late, {})
+            finally:
+                forget_launch_secret()  # every process has read it (or the launch failed)
+            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout, loopback=loopback))
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
