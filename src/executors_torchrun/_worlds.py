@@ -47,8 +47,8 @@ from . import _env
 from ._bridge import Bridge
 from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
 from ._rank_process import Services, serve_and_exit
-from ._secret import forget_launch_secret, launch_secret
 from ._row_plane import RowPlane
+from ._secret import forget_launch_secret, launch_secret
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
