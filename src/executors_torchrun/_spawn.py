@@ -11,6 +11,7 @@ that pipe closes, however the driver dies (``_child``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -116,12 +117,7 @@ class OutputRelay:
 
 
 def spawn_ranks(
-    world_size: int,
-    store_port: int,
-    prefix: str,
-    transport_timeout: float,
-    spares: int = 0,
-    relay: OutputRelay | None = None,
+    world_size: int, boot: Boot, spares: int = 0, relay: OutputRelay | None = None
 ) -> dict[int, subprocess.Popen[bytes]]:
     """Start ``world_size`` ranks plus ``spares``; the child of group rank ``g`` is data rank ``g + 1``.
 
@@ -137,8 +133,7 @@ def spawn_ranks(
             if rank < world_size
             else {}
         )
-        boot = Boot(store_port, prefix, transport_timeout, members, 0, world_size)
-        processes[rank + 1] = spawn_process(rank + 1, boot, ranks, relay)
+        processes[rank + 1] = spawn_process(rank + 1, dataclasses.replace(boot, members=members), ranks, relay)
         if relay is not None and rank < world_size:
             relay.label(rank + 1, f"rank {rank}")
     return processes
@@ -146,10 +141,13 @@ def spawn_ranks(
 
 @dataclass(frozen=True)
 class Boot:
-    """What a self-started process needs to join its world: the store, and the row transport's generation."""
+    """What a self-started process needs to join its world: the store, the driver's hub, the transport's generation."""
 
     store_port: int
     prefix: str
+    #: The world's identity and where the driver's hub listens (``_hub``).
+    world: str
+    hub_port: int
     transport_timeout: float
     #: The data ranks of the generation it joins (``_transport``).
     members: list[int]
@@ -168,6 +166,8 @@ def spawn_process(
         "host": LOOPBACK,
         "port": boot.store_port,
         "prefix": boot.prefix,
+        "world": boot.world,
+        "hub": boot.hub_port,
         "data_rank": data_rank,
         "members": boot.members,
         "generation": boot.generation,
@@ -239,14 +239,14 @@ def child_main(secret: bytes) -> None:
     boot = json.loads(os.environ.pop(BOOT_ENV))
     sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
     from ._protocol import FOREVER_S
-    from ._rank_process import serve_and_exit
+    from ._rank_process import Home, serve_and_exit
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
     timeout = timedelta(seconds=boot["timeout"])
     serve_and_exit(
         store,
-        boot["data_rank"],
+        Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"])),
         boot["members"],
         timeout,
         launched=False,

@@ -41,12 +41,13 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
-from dispatchcore.executor import use_lane_secret
+from dispatchcore.executor import LOOPBACK, use_lane_secret
 
 from . import _env
 from ._bridge import Bridge
-from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
-from ._rank_process import Services, serve_and_exit
+from ._hub import Hub
+from ._protocol import FOREVER_S, HUB_KEY, stopped_key, transport_key
+from ._rank_process import Home, Services, serve_and_exit
 from ._row_plane import RowPlane
 from ._secret import forget_launch_secret, launch_secret
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
@@ -63,54 +64,47 @@ DeadRank = Callable[[], tuple[int, str] | None]
 
 
 class World:
-    """A store, a transport and processes that join groups: what the executor needs of either kind."""
+    """A store, a transport, the driver's hub and processes that join groups: what the executor needs of either kind."""
 
-    def __init__(self, store: dist.Store, transport: Transport, identity: str) -> None:
+    def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
         self.store = store
         self.transport = transport
-        #: Names this world in row addresses: only its own processes can move rows to one another.
-        self.identity = identity
+        #: The driver's end of the processes' links (``_hub``); names this world in row addresses.
+        self.hub = hub
+        self.identity = hub.identity
         self._rows: RowPlane | None = None
         self._lock = threading.Lock()
         self._marked: set[int] = set()
-        #: A connection of its own: marks are set from the lane's reader thread.
-        self._marks = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         self.stopped = False
 
     def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, death_timeout: float) -> None:
         """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
-        message = ("join", gid, group_rank, env, death_timeout)
-        self.store.queue_push(join_key(data_rank), encode(message))
+        self.hub.local.send((self.identity, data_rank), ("join", gid, group_rank, env, death_timeout))
 
     def row_plane(self) -> RowPlane:
         """The driver's row plane (its reads of kept rows), started on first use."""
         with self._lock:
             if self._rows is None:
-                self._rows = RowPlane(self.store, self.transport)
+                self._rows = RowPlane(self.hub.local, self.store, self.transport)
             return self._rows
 
     def mark_dead(self, data_rank: int, detail: str) -> None:
-        """Say in the store that ``data_rank``'s process is gone (ranks fetching its rows look there)."""
+        """``data_rank``'s process is gone: fetches of its rows are answered so at once (``Hub.gone``)."""
         with self._lock:
-            if data_rank in self._marked or self._marks is None:
-                return
             self._marked.add(data_rank)
-            with contextlib.suppress(Exception):  # the store is gone: so is every wait on it
-                self._marks.set(dead_key(data_rank), detail.encode())
+        self.hub.gone(data_rank, detail)
 
     def _announce_stop(self, ranks: list[int]) -> None:
-        """Mark the world stopping (row fetches end) and tell each process of ``ranks`` to leave."""
+        """Tell each process of ``ranks`` to leave."""
         self.stopped = True
-        with contextlib.suppress(Exception):  # the store is gone; the processes leave with it
-            self.store.set(STOPPING_KEY, b"1")  # type: ignore[arg-type]  # the binding takes bytes
-            for d in ranks:
-                self.store.queue_push(join_key(d), encode(("stop",)))
+        for d in ranks:
+            self.hub.local.send((self.identity, d), ("stop",))
 
     def _close_rows(self) -> None:
-        """Stop the driver's row plane and let go of the store connections it and the marks hold."""
+        """Stop the driver's row plane and the hub (fetches still waiting are answered ``stopped``)."""
         with self._lock:
             rows, self._rows = self._rows, None
-            self._marks = None
+        self.hub.close()
         if rows is not None:
             rows.close()
 
@@ -127,8 +121,9 @@ class SpawnedWorld(World):
         #: Prefixes every key of this world in its store (another world's ranks fetch rows under it too).
         self.prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(self.prefix, master)
-        self.processes = spawn_ranks(world_size, master.port, self.prefix, transport_timeout, spares, self.output)
-        self._boot = Boot(master.port, self.prefix, transport_timeout, [], 0, world_size)
+        hub = Hub(f"spawned:{self.prefix}", LOOPBACK)
+        self._boot = Boot(master.port, self.prefix, hub.identity, hub.address[1], transport_timeout, [], 0, world_size)
+        self.processes = spawn_ranks(world_size, self._boot, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
@@ -138,10 +133,11 @@ class SpawnedWorld(World):
             timeout = timedelta(seconds=max(start_timeout, transport_timeout))
             transport = Transport(store, 0, range(world_size + spares + 1), timeout, loopback=True)
         except BaseException:
+            hub.close()
             reap(self.processes, 0.0)
             self.output.join(1.0)
             raise
-        super().__init__(store, transport, f"spawned:{self.prefix}")
+        super().__init__(store, transport, hub)
 
     def exit_reason(self, data_rank: int) -> str | None:
         """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""
@@ -170,7 +166,7 @@ class SpawnedWorld(World):
         generation = self.transport.generation + 1
         members = [0, *live, *added]
         for d in live:
-            self.store.queue_push(rows_key(d), encode(("transport", generation, members)))
+            self.hub.local.send((self.identity, d), ("transport", generation, members))
         boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
         for d in added:
             self.processes[d] = spawn_process(d, boot, {}, self.output)
@@ -199,6 +195,7 @@ class SpawnedWorld(World):
         deadline = time.monotonic() + timeout
         waiting = list(members)
         store = self.store.clone()  # type: ignore[attr-defined]  # the driver's own join may block the world's
+        # A flag a stranger could set makes the grow go on without that process: its next call fails, no more.
         while waiting or joining.is_alive():
             for d in list(waiting):
                 if store.check([transport_key(generation, d)]):
@@ -247,13 +244,14 @@ class SpawnedWorld(World):
 class LaunchWorld(World):
     """The torchrun launch seen from its driver (rank 0), which hosts worker 0 of every group."""
 
-    def __init__(self, store: dist.Store, transport: Transport) -> None:
-        super().__init__(store, transport, f"torchrun:{_env.run_id()}")
+    def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
+        super().__init__(store, transport, hub)
         self.size = transport.size
         #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
-        self.lane_host = _env.listen_host()
+        self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        self.services = Services(store, self.row_plane(), Bridge(store, loopback=transport.loopback))
+        bridge = Bridge(store, hub.local, loopback=transport.loopback)
+        self.services = Services(store, self.row_plane(), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
 
@@ -333,9 +331,11 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
     loopback = not _env.spans_nodes()
+    identity = f"torchrun:{_env.run_id()}"
     if rank != 0:
         use_lane_secret(launch_secret())  # read before this process says it is up (the driver then removes it)
-        serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True, loopback=loopback)
+        home = Home(identity, rank, None)  # the hub's address: in the store once the driver opens it
+        serve_and_exit(_torchrun_store(start_timeout), home, range(size), timeout, launched=True, loopback=loopback)
     with _launch_lock:
         if _launch is None:
             use_lane_secret(launch_secret())  # before this process's first door opens
@@ -348,7 +348,9 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
                 wait_ready(store, size - 1, start_timeout, late, {})
             finally:
                 forget_launch_secret()  # every process has read it (or the launch failed)
-            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout, loopback=loopback))
+            hub = Hub(identity, _env.listen_host())
+            store.set(HUB_KEY, f"{hub.address[0]} {hub.address[1]}".encode())  # type: ignore[arg-type]  # an address
+            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout, loopback=loopback), hub)
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
