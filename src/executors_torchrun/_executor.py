@@ -32,7 +32,6 @@ from dispatchcore.executor import (
 
 from . import _env, _grow
 from ._bridge_rows import WorldStore, reachable
-from ._protocol import StoreDirectory, lane_key
 from ._row_plane import RowPlane
 from ._worlds import LaunchWorld, Meeting, SpawnedWorld, World, launch_world
 
@@ -130,10 +129,9 @@ class TorchrunExecutor(LaneExecutor):
             raise
 
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
-        """Publish the lane in the world's store and tell each rank's process to join (worker 0: a thread here)."""
+        """Tell each rank's process to join, with the lane's address, on its link (worker 0: a thread here)."""
         world = self._world
         assert world is not None  # noqa: S101 - made before any rank is opened
-        StoreDirectory(world.store, lane_key(self._gid)).publish(address)  # host and port: public
         world.hub.watch(self._gid, self._silent)
         for g in ranks:
             d = self._data_ranks[g]
@@ -143,13 +141,13 @@ class TorchrunExecutor(LaneExecutor):
                 _env.present_group(self._envs.pop(g))  # here, before the serving thread starts
                 self._local = threading.Thread(
                     target=world.services.serve_group,
-                    args=(self._gid, g, self.spec.death_timeout),
+                    args=(self._gid, g, self.spec.death_timeout, address.encode()),
                     name=f"dispatchcore-{self.spec.name}-rank{g}",
                     daemon=True,
                 )
                 self._local.start()
             else:
-                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec.death_timeout)
+                world.join(d, (self._gid, g, self._envs.pop(g, None), self.spec.death_timeout, address.encode()))
 
     def rank_dead(self, rank: int) -> str | None:
         """A self-started rank's process exit (under the launcher its agent owns the processes: no signal)."""

@@ -6,7 +6,6 @@ keys (a denial of service), never run code through them::
 
     ready                          counter: processes up (the driver waits for the count)
     hub                            "host port": the driver's hub, under the launcher
-    lane/<gid>                     "host port": group ``gid``'s lane door (``StoreDirectory``)
     transport/<generation>/<rank>  "" once that process joined the row transport's generation, else why not
     stopped/<rank>                 "host pid", set by a process as it leaves (the driver waits for its end)
     gloo/..., nccl-rows/..., rowbridge/..., dispatchcore-bridge/..., collective/...
@@ -19,8 +18,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore.executor import LaneAddress
-
 #: Blocking waits on a store use this timeout: nothing times out on purpose (a store-side
 #: timeout leaves the client socket out of step).
 FOREVER_S = 365 * 24 * 3600
@@ -32,29 +29,8 @@ def stopped_key(rank: int) -> str:
     return f"stopped/{rank}"
 
 
-def lane_key(gid: str) -> str:
-    return f"lane/{gid}"
-
-
 def transport_key(generation: int, rank: int) -> str:
     return f"transport/{generation}/{rank}"
-
-
-class StoreDirectory:
-    """The core's :class:`~dispatchcore.executor.LaneDirectory` on the world's store: an address, public.
-
-    A lookup waits as ``store.get`` does.
-    """
-
-    def __init__(self, store: dist.Store, key: str) -> None:
-        self._store = store
-        self._key = key
-
-    def publish(self, address: LaneAddress) -> None:
-        self._store.set(self._key, address.encode().encode())  # type: ignore[arg-type]  # the binding takes bytes
-
-    def lookup(self) -> LaneAddress:
-        return LaneAddress.decode(self._store.get(self._key))
 
 
 def home_of(store: dist.Store) -> tuple[str, int]:

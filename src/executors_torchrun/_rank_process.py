@@ -38,7 +38,7 @@ from dispatchcore.executor import (
 from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
 from ._post import connect_post
-from ._protocol import HUB_KEY, READY_KEY, StoreDirectory, lane_key, stopped_key, transport_key
+from ._protocol import HUB_KEY, READY_KEY, stopped_key, transport_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
@@ -55,9 +55,14 @@ class Services:
     bridge: Bridge
 
     def serve_group(
-        self, gid: str, group_rank: int, death_timeout: float, on_driver_gone: Callable[[], None] | None = None
+        self,
+        gid: str,
+        group_rank: int,
+        death_timeout: float,
+        lane: str,
+        on_driver_gone: Callable[[], None] | None = None,
     ) -> None:
-        """Serve rank ``group_rank`` of group ``gid`` until its lane ends (then ``on_driver_gone()``, mid-call too)."""
+        """Serve rank ``group_rank`` of group ``gid`` on the lane at ``lane`` until it ends, then ``on_driver_gone``."""
         set_local_device()
         install_cancel_signal()  # where this is the main thread (self-started): a cancel ends a blocking sleep too
 
@@ -69,7 +74,7 @@ class Services:
 
         rank = LaneRank(group_rank, prepare=prepare, on_driver_gone=on_driver_gone)
         try:
-            rank.serve(StoreDirectory(self.store, lane_key(gid)).lookup(), secret=lane_secret())
+            rank.serve(lane, secret=lane_secret())
         finally:
             if rank.host is not None:
                 rank.host.close()
@@ -136,15 +141,15 @@ def serve_process(store: dist.Store, home: Home, transport: Transport, *, thread
     groups: list[threading.Thread] = []
     try:
         while (message := orders.get())[0] != "stop":
-            _, gid, group_rank, env, death_timeout = message
+            _, gid, group_rank, env, death_timeout, lane = message
             if env:  # its rank variables: a spare's taking over a rank, a launch's for the group (``_worlds``)
                 present_group(env)
             if not threads:
-                services.serve_group(gid, group_rank, death_timeout, on_driver_gone=_leave)
+                services.serve_group(gid, group_rank, death_timeout, lane, on_driver_gone=_leave)
                 continue
             thread = threading.Thread(
                 target=services.serve_group,
-                args=(gid, group_rank, death_timeout),
+                args=(gid, group_rank, death_timeout, lane),
                 name=f"dispatchcore-{gid}-rank{group_rank}",
                 daemon=True,
             )

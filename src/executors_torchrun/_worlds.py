@@ -77,9 +77,12 @@ class World:
         self._marked: set[int] = set()
         self.stopped = False
 
-    def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, death_timeout: float) -> None:
-        """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
-        self.hub.local.send((self.identity, data_rank), ("join", gid, group_rank, env, death_timeout))
+    def join(self, data_rank: int, order: tuple[str, int, dict[str, str] | None, float, str]) -> None:
+        """Tell process ``data_rank`` to serve a group's rank: ``(gid, group rank, env, death_timeout, lane)``.
+
+        It travels on the process's authenticated link, the lane's address too: no store says where to connect.
+        """
+        self.hub.local.send((self.identity, data_rank), ("join", *order))
 
     def row_plane(self) -> RowPlane:
         """The driver's row plane (its reads of kept rows), started on first use."""
