@@ -3,7 +3,7 @@
 ``python tests/_stranger.py pickles HOST PORT MARKER``: connect to the c10d store at HOST:PORT as anyone
 can, and push a pickle that would create MARKER onto every key the library once read its own messages
 from (rows, replies, joins, stops, the weight and row bridges' queues), under every world prefix the
-store lists, and set the lane keys to it.  Prints how many keys it pushed to.
+store lists, and set the lane keys to it.  Prints how many world prefixes it found and how many keys it pushed to.
 
 ``python tests/_stranger.py knock PORT...``: connect to each port on loopback; where a lane greets (the
 door, the driver's hub), answer its challenge as rank 1 with a secret of its own.  Prints one line per
@@ -46,13 +46,13 @@ class Marker:
         return (open, (self.path, "w"))
 
 
-def push_pickles(host: str, port: int, marker: str) -> int:
+def push_pickles(host: str, port: int, marker: str) -> tuple[int, int]:
     import torch.distributed as dist
 
     store = dist.TCPStore(host, port, None, False, timedelta(seconds=30), wait_for_workers=False)
     payload = pickle.dumps(Marker(marker))
     keys = store.list_keys()
-    prefixes = sorted({"/".join(k.split("/")[:2]) + "/" for k in keys if k.startswith("dispatchcore/")})
+    prefixes = sorted({k[: -len("ready")] for k in keys if k.endswith("/ready")})  # each world's, as the store lists it
     pushed = 0
     for prefix in prefixes:
         for name in OLD_QUEUES:
@@ -64,7 +64,7 @@ def push_pickles(host: str, port: int, marker: str) -> int:
     for name in OLD_RAW_QUEUES:
         store.queue_push(name, payload)
         pushed += 1
-    return pushed
+    return len(prefixes), pushed
 
 
 def knock(port: int, greeting: float = 3.0) -> tuple[str, socket.socket | None]:
@@ -154,7 +154,7 @@ def watch(pid: int, seconds: float) -> None:
 def main() -> None:
     command, args = sys.argv[1], sys.argv[2:]
     if command == "pickles":
-        print(push_pickles(args[0], int(args[1]), args[2]), flush=True)
+        print(*push_pickles(args[0], int(args[1]), args[2]), flush=True)
     elif command == "watch":
         watch(int(args[0]), float(args[1]))
     else:
