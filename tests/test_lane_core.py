@@ -24,7 +24,16 @@ import pytest
 import torch
 
 from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
-from dispatchcore.executor import Call, GroupSpec, HandedOver, Instructions, LaneAddress, LaneExecutor, LaneRank
+from dispatchcore.executor import (
+    Call,
+    GroupSpec,
+    HandedOver,
+    Instructions,
+    LaneAddress,
+    LaneExecutor,
+    LaneRank,
+    lane_secret,
+)
 from dispatchcore.testing.workers import EchoWorker
 from dispatchcore.wire import Serialized
 
@@ -58,15 +67,15 @@ class FileBulk:
         return Serialized(data, [bytearray(raw) for raw in raws])
 
 
-def rank_main(address: str, rank: int, bulk_folder: str | None) -> None:
+def rank_main(address: str, rank: int, bulk_folder: str | None, secret: bytes) -> None:
     """A rank process: the core's rank side, nothing else."""
     os.environ["LANE_TEST_RANK"] = str(rank)
     bulk = FileBulk(bulk_folder) if bulk_folder else None
-    LaneRank(rank, bulk=bulk, on_driver_gone=lambda: os._exit(0)).serve(address)
+    LaneRank(rank, bulk=bulk, on_driver_gone=lambda: os._exit(0)).serve(address, secret=secret)
     os._exit(0)
 
 
-def exit_at_once(address: str, rank: int, bulk_folder: str | None) -> None:
+def exit_at_once(address: str, rank: int, bulk_folder: str | None, secret: bytes) -> None:
     """A rank process that dies before it connects."""
     os._exit(3)
 
@@ -95,7 +104,9 @@ class SpawnLane(LaneExecutor):
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         ctx = multiprocessing.get_context("spawn")
         for rank in ranks:
-            process = ctx.Process(target=self.target, args=(address.encode(), rank, self.bulk_folder), daemon=True)
+            process = ctx.Process(
+                target=self.target, args=(address.encode(), rank, self.bulk_folder, lane_secret()), daemon=True
+            )
             process.start()
             self.processes[rank] = process
 
@@ -309,10 +320,10 @@ class ClaimingBulk(FileBulk):
         self.flushes += 1
 
 
-def claiming_rank_main(address: str, rank: int, bulk_folder: str | None) -> None:
+def claiming_rank_main(address: str, rank: int, bulk_folder: str | None, secret: bytes) -> None:
     os.environ["LANE_TEST_RANK"] = str(rank)
     assert bulk_folder is not None  # noqa: S101
-    LaneRank(rank, bulk=ClaimingBulk(bulk_folder), on_driver_gone=lambda: os._exit(0)).serve(address)
+    LaneRank(rank, bulk=ClaimingBulk(bulk_folder), on_driver_gone=lambda: os._exit(0)).serve(address, secret=secret)
     os._exit(0)
 
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -134,7 +135,7 @@ def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_a
         door = real_open(host)
         doors.append(door)
         stranger = socket.create_connection((door.address.host, door.address.port))
-        stranger.sendall((0).to_bytes(4, "little") + b"x" * 16)  # claims rank 0 with a wrong token
+        stranger.sendall((0).to_bytes(8, "little") + b"x" * 64)  # claims rank 0 with a wrong answer
         strangers.append(stranger)
         return door
 
@@ -142,11 +143,16 @@ def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_a
     with WorkerGroup(Threads, 2, backend="ray") as group:
         assert len(group.threads()) == 2
         (door,) = doors
+        deadline = time.monotonic() + 10
+        while door.strangers < 1 and time.monotonic() < deadline:  # its handshake ran on a thread of its own
+            time.sleep(0.02)
         assert door.strangers == 1
         assert door.address.host == "127.0.0.1"  # every actor shares the driver's node: loopback only
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", door.address.port), timeout=5)
-        assert strangers[0].recv(1) == b""  # dropped
+        strangers[0].settimeout(10)
+        assert strangers[0].recv(4096).startswith(b"dispatchcore-lane/1")  # the challenge it could not answer
+        assert strangers[0].recv(4096) == b""  # then dropped
         strangers[0].close()
 
 

@@ -71,8 +71,11 @@ class RankActor:
         death_timeout: float,
         inline_bytes: int,
         timeout: float,
+        secret: bytes,
     ) -> None:
         """Serve the driver's lane at ``address`` on this thread (the ``lane`` group's) until it ends.
+
+        ``secret``: the driver's lane secret, handed over by this Ray call (which Ray's authentication guards).
 
         The first driver sets ``env`` and makes the rank side; a later one (attaching) finds the worker as left.
         """
@@ -83,9 +86,9 @@ class RankActor:
             gone = self._bulk.driver_gone.set
             self._lane = LaneRank(rank, prepare=self._prepare, bulk=self._bulk, on_driver_gone=gone)
         assert self._bulk is not None  # noqa: S101 - made with the lane
-        _serve(self._lane, self._bulk, address, timeout)
+        _serve(self._lane, self._bulk, address, timeout, secret)
 
-    def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float) -> None:
+    def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float, secret: bytes) -> None:
         """Serve another group's lane (verl's ``worker_handles``), as its rank ``rank``, on a ``beside`` thread."""
         host = self._host()
         if host is None:
@@ -94,7 +97,7 @@ class RankActor:
         bulk = RankBulk(rank, inline_bytes, self._shelf)
         lane = LaneRank(rank, bulk=bulk, on_driver_gone=bulk.driver_gone.set)
         lane.host = host
-        _serve(lane, bulk, address, timeout)
+        _serve(lane, bulk, address, timeout, secret)
 
     def _prepare(self, host: WorkerHost) -> None:
         """Before the worker's ``__init__``, on the method thread: device, row fetches, transfers, collective."""
@@ -186,11 +189,11 @@ class RankActor:
         return serve_rows(self._rank, requests)
 
 
-def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float) -> None:
+def _serve(lane: LaneRank, bulk: RankBulk, address: str, timeout: float, secret: bytes) -> None:
     """Serve ``lane`` until its driver ends it; stashed values waited for meanwhile fail once it has."""
     bulk.driver_gone.clear()
     try:
-        lane.serve(address, timeout)
+        lane.serve(address, timeout, secret=secret)
     finally:
         bulk.driver_gone.set()
 

@@ -27,6 +27,7 @@ from dispatchcore.executor import (
     ResultShape,
     StoreCollective,
     check_options,
+    lane_secret,
     local_ranks,
     rank_environment,
     unpicklable_error,
@@ -178,15 +179,23 @@ class RayExecutor(Executor):
     def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, lane: LaneAddress) -> None:
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
         spec, actors, address = self.spec, self._rank_actors.actors, lane.encode()
+        secret = lane_secret()  # with the Ray call, which Ray's own authentication guards (docs/security.md)
         for rank in ranks:
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
                 task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
-                self._serve_refs[rank] = task.remote(address, rank, self._lane_inline, self._start_timeout)
+                self._serve_refs[rank] = task.remote(address, rank, self._lane_inline, self._start_timeout, secret)
             else:
                 rank_env = None if env is None else env[rank]
                 task = actors[rank].serve_lane.options(concurrency_group=LANE_GROUP)
                 self._serve_refs[rank] = task.remote(
-                    address, rank, rank_env, spec.name, spec.death_timeout, self._lane_inline, self._start_timeout
+                    address,
+                    rank,
+                    rank_env,
+                    spec.name,
+                    spec.death_timeout,
+                    self._lane_inline,
+                    self._start_timeout,
+                    secret,
                 )
 
     def _rank_dead(self, rank: int) -> str | None:

@@ -11,11 +11,14 @@ from ._executor import LaneExecutor
 from ._framing import frame_object, unframe_object
 from ._link import LaneLink
 from ._rank import LaneRank
+from ._secret import HANDSHAKE_TIMEOUT_S, LaneAuthError, accept_link, lane_secret, offer_link, use_lane_secret
 
 __all__ = [
+    "HANDSHAKE_TIMEOUT_S",
     "BulkPath",
     "HandedOver",
     "LaneAddress",
+    "LaneAuthError",
     "LaneCallHandle",
     "LaneDirectory",
     "LaneDoor",
@@ -23,9 +26,13 @@ __all__ = [
     "LaneExecutor",
     "LaneLink",
     "LaneRank",
+    "accept_link",
     "address_toward",
     "connect_lane",
     "frame_object",
+    "lane_secret",
+    "offer_link",
     "open_lane",
     "unframe_object",
+    "use_lane_secret",
 ]

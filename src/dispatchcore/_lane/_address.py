@@ -1,37 +1,37 @@
-"""Where a lane listens and the token that opens it, and how ranks learn both."""
+"""Where a lane listens, and how ranks learn it: an address alone opens nothing (links prove the secret)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._base import DispatchValueError
+
 
 @dataclass(frozen=True)
 class LaneAddress:
-    """A door's host, port and token: everything a rank needs to connect, nothing more."""
+    """A door's host and port: public, so a store or an actor argument may carry it."""
 
     host: str
     port: int
-    token: bytes
 
     def encode(self) -> str:
-        """``"host port tokenhex"``: a string any store or actor argument can carry."""
-        return f"{self.host} {self.port} {self.token.hex()}"
+        """``"host port"``: a string any store or actor argument can carry."""
+        return f"{self.host} {self.port}"
 
     @classmethod
     def decode(cls, text: str | bytes) -> LaneAddress:
         """The inverse of :meth:`encode`."""
         if isinstance(text, bytes):
-            text = text.decode()
-        host, port, token = text.split()
-        return cls(host, int(port), bytes.fromhex(token))
-
-    def __repr__(self) -> str:  # never print the token: it is the lane's only key
-        return f"LaneAddress(host={self.host!r}, port={self.port})"
+            text = text.decode(errors="replace")
+        fields = text.split()
+        if len(fields) != 2 or not fields[1].isdigit():
+            raise DispatchValueError(f"not a lane address (want 'host port'): {text[:80]!r}")
+        return cls(fields[0], int(fields[1]))
 
 
 class LaneDirectory(Protocol):
-    """How a lane address reaches the ranks (only ranks that read the directory learn the token)."""
+    """How a lane address reaches the ranks (an address is public: the secret travels apart)."""
 
     def publish(self, address: LaneAddress) -> None:
         """Make ``address`` readable by the ranks (the driver calls this once per door)."""

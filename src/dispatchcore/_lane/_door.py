@@ -1,10 +1,16 @@
-"""Opening a lane: a listener on one interface, a fresh token, and the handshake that proves a rank is one of ours."""
+"""Opening a lane: a listener on one interface, and the handshake that proves a connecting rank is one of ours.
+
+Each connection proves it knows the driver's secret (``_secret``) on a thread
+of its own, within ``HANDSHAKE_TIMEOUT_S``: a stranger that connects and says
+nothing costs a thread for two seconds, never a rank's place in the queue.
+"""
 
 from __future__ import annotations
 
-import secrets
+import contextlib
+import queue
 import socket
-import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -12,10 +18,10 @@ from types import TracebackType
 from .._base import DispatchRuntimeError, DispatchTimeoutError, DispatchValueError
 from ._address import LaneAddress
 from ._link import LaneLink
+from ._secret import HANDSHAKE_TIMEOUT_S, LaneAuthError, accept_link, check_secret, lane_secret, offer_link
 
-_HELLO = struct.Struct("<I16s")
-#: How long a connecting rank may take to say who it is.
-HELLO_TIMEOUT_S = 5.0
+#: Handshakes in flight at once; a connection beyond them is closed unheard (a flood cannot pile up threads).
+MAX_HANDSHAKES = 64
 _ANY = ("", "0.0.0.0", "::")  # noqa: S104 - named so that they are refused below
 
 
@@ -43,13 +49,52 @@ def address_toward(host: str, port: int) -> str:
 class LaneDoor:
     """A listener ranks connect to while the driver accepts them (``with open_lane(host) as door``)."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, secret: bytes | None = None) -> None:
+        self._secret = lane_secret() if secret is None else check_secret(secret)
         self._server = _listener(host)
-        port = int(self._server.getsockname()[1])
-        #: Where ranks connect and the token they must show (publish it through a :class:`LaneDirectory`).
-        self.address = LaneAddress(host, port, secrets.token_bytes(16))
+        #: Where ranks connect (publish it anywhere: it opens nothing without the secret).
+        self.address = LaneAddress(host, int(self._server.getsockname()[1]))
         #: Connections dropped because they could not prove they were ranks (for tests and logs).
         self.strangers = 0
+        self._lock = threading.Lock()
+        self._proved: queue.Queue[tuple[int, socket.socket]] = queue.Queue()
+        self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._closed = False
+        threading.Thread(target=self._take, name="dispatchcore-lane-door", daemon=True).start()
+
+    def _take(self) -> None:
+        """Take every connection while the door is open; each proves itself on a thread of its own."""
+        self._server.settimeout(0.25)  # a thread blocked in accept() would keep a closed listener open
+        while not self._closed:
+            try:
+                sock, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            if not self._slots.acquire(blocking=False):
+                self._refuse(sock)
+                continue
+            threading.Thread(target=self._greet, args=(sock,), name="dispatchcore-lane-hello", daemon=True).start()
+
+    def _greet(self, sock: socket.socket) -> None:
+        try:
+            who = accept_link(sock, self._secret, HANDSHAKE_TIMEOUT_S)
+        except LaneAuthError:
+            self._refuse(sock)
+            return
+        finally:
+            self._slots.release()
+        with self._lock:
+            if not self._closed:
+                self._proved.put((who, sock))
+                return
+        sock.close()  # proved after the door closed: nobody will take it
+
+    def _refuse(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.strangers += 1
+        sock.close()
 
     def accept(
         self,
@@ -72,23 +117,30 @@ class LaneDoor:
                     f"rank processes {sorted(waiting)} did not connect to the driver within {timeout:g} s "
                     "(is a firewall in the way? raise start_timeout if start-up is slow)"
                 )
-            self._server.settimeout(min(left, 0.5))
             try:
-                sock, _ = self._server.accept()
-            except TimeoutError:
+                who, sock = self._proved.get(timeout=min(left, 0.5))
+            except queue.Empty:
                 continue
-            who = _hello(sock, self.address.token)
-            if who is not None and who in waiting:
+            if who in waiting:  # a second link for one rank knows the secret too: a retry, dropped
                 waiting.discard(who)
                 links[who] = LaneLink(sock)
             else:
-                self.strangers += 1
-                sock.close()
+                self._refuse(sock)
         return links
 
     def close(self) -> None:
-        """Stop listening (links already accepted stay open)."""
+        """Stop listening (links already accepted stay open; proved ones never taken are closed)."""
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes a thread inside accept() at once
         self._server.close()
+        while True:
+            try:
+                _, sock = self._proved.get_nowait()
+            except queue.Empty:
+                return
+            sock.close()
 
     def __enter__(self) -> LaneDoor:
         return self
@@ -97,29 +149,21 @@ class LaneDoor:
         self.close()
 
 
-def open_lane(host: str) -> LaneDoor:
-    """A door listening on ``host`` (loopback for a one-machine job) with a fresh token."""
-    return LaneDoor(host)
+def open_lane(host: str, secret: bytes | None = None) -> LaneDoor:
+    """A door listening on ``host`` (loopback for a one-machine job); links prove ``secret`` (``lane_secret()``)."""
+    return LaneDoor(host, secret)
 
 
-def _hello(sock: socket.socket, token: bytes) -> int | None:
-    """The rank a new connection belongs to, or ``None`` if it cannot prove it is one of ours."""
-    sock.settimeout(HELLO_TIMEOUT_S)
-    try:
-        data = b""
-        while len(data) < _HELLO.size:
-            chunk = sock.recv(_HELLO.size - len(data))
-            if not chunk:
-                return None
-            data += chunk
-    except OSError:
-        return None
-    rank, offered = _HELLO.unpack(data)
-    return int(rank) if secrets.compare_digest(offered, token) else None
+def connect_lane(address: LaneAddress, rank: int, timeout: float = 60.0, secret: bytes | None = None) -> LaneLink:
+    """On a rank: connect to the door at ``address``, prove ``secret`` (``lane_secret()``) and check the driver's proof.
 
-
-def connect_lane(address: LaneAddress, rank: int, timeout: float = 60.0) -> LaneLink:
-    """On a rank: connect to the door at ``address`` and say which rank this is."""
+    Raises :class:`LaneAuthError` when the listener cannot prove it knows the secret (nothing was unpickled).
+    """
+    key = lane_secret() if secret is None else check_secret(secret)
     sock = socket.create_connection((address.host, address.port), timeout=timeout)
-    sock.sendall(_HELLO.pack(rank, address.token))
+    try:
+        offer_link(sock, key, rank, max(HANDSHAKE_TIMEOUT_S, min(timeout, 30.0)))
+    except BaseException:
+        sock.close()
+        raise
     return LaneLink(sock)

@@ -21,7 +21,7 @@ from ._door import open_lane
 from ._envelope import BulkPath, Part, inline, is_bulk, open_part, pack_call
 from ._framing import unframe_object
 from ._link import LaneLink
-from ._messages import CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
+from ._messages import BESIDE, CALL, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 from ._reader import LinkReader
 from ._rows import RowPlan
 
@@ -158,11 +158,20 @@ class LaneDriver:
         handle = LaneCallHandle(self, call) if handle is None else handle
         cid = next(self._cids)
         method, instructions = call.method, call.instructions
+        kind, beside = (BESIDE, True) if call.beside else (CALL, False)  # beside: the control link, never queued
         for position, (rank, (parts, args, kwargs)) in enumerate(zip(call.ranks, shares, strict=True)):
-            self._send(rank, handle, position, cid, (CALL, cid, method, instructions, parts, args, kwargs))
+            self._send(rank, handle, position, cid, (kind, cid, method, instructions, parts, args, kwargs), beside)
         return handle
 
-    def _send(self, rank: int, handle: RankCallHandle, position: int, cid: int, message: tuple[Any, ...]) -> None:
+    def _send(
+        self,
+        rank: int,
+        handle: RankCallHandle,
+        position: int,
+        cid: int,
+        message: tuple[Any, ...],
+        beside: bool = False,
+    ) -> None:
         entry = self._ranks.get(rank)
         if entry is None:
             handle.rank_died(position, f"rank {rank} has no lane link")
@@ -175,7 +184,7 @@ class LaneDriver:
             handle.rank_died(position, ended)
             return
         try:
-            entry.calls.send_object(message)
+            (entry.control if beside else entry.calls).send_object(message)
         except OSError:
             pass  # the link broke: the reader sees it end and fails the call
 

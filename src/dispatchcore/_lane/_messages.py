@@ -9,6 +9,9 @@ a method runs (it names itself with the rank plus :data:`CONTROL_LINK`)::
     call, rank -> driver:  (DONE, cid, ok, part)            ``part`` None is the value None
     control:               (PING, n) -> (PONG, n); (CANCEL, call_id);
                            (STACKS, sid, all_threads) -> (STACKS, sid, text)
+                           (BESIDE, cid, method, instructions, parts, arg_slots, kwarg_slots)
+                               -> (DONE, cid, ok, part)   the core's own beside calls (row reads and
+                               frees), run on the rank's beside thread while any call runs
 """
 
 from __future__ import annotations
@@ -23,3 +26,4 @@ PING = "ping"
 PONG = "pong"
 CANCEL = "cancel"
 STACKS = "stacks"
+BESIDE = "beside"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import pickle
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from ._address import LaneAddress
 from ._door import connect_lane
 from ._envelope import BulkPath, claimed, inline, is_bulk, open_part, open_values, to_part
 from ._link import LaneLink
-from ._messages import CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
+from ._messages import BESIDE, CANCEL, CONTROL_LINK, DONE, PING, PONG, STACKS, START
 from ._rows import row_layout
 
 
@@ -43,14 +44,19 @@ class LaneRank:
         self._bulk = bulk
         self._on_driver_gone = on_driver_gone
         self._isolate = True
+        self._besides: queue.SimpleQueue[tuple[Any, ...] | None] | None = None
 
-    def serve(self, address: LaneAddress | str, timeout: float = 60.0) -> None:
-        """Connect both links to the driver at ``address`` and run its calls here until it closes the lane."""
+    def serve(self, address: LaneAddress | str, timeout: float = 60.0, *, secret: bytes | None = None) -> None:
+        """Connect both links to the driver at ``address`` and run its calls here until it closes the lane.
+
+        ``secret``: the driver's lane secret, as the executor handed it over (``None``: this
+        process's :func:`lane_secret`, e.g. set by ``use_lane_secret``).
+        """
         if not isinstance(address, LaneAddress):
             address = LaneAddress.decode(address)
-        calls = connect_lane(address, self.rank, timeout)
+        calls = connect_lane(address, self.rank, timeout, secret)
         try:
-            control = connect_lane(address, self.rank | CONTROL_LINK, timeout)
+            control = connect_lane(address, self.rank | CONTROL_LINK, timeout, secret)
         except BaseException:
             calls.close()  # not left for the garbage collector: the driver's door is gone or refused us
             raise
@@ -125,6 +131,23 @@ class LaneRank:
         layout = row_layout(value, pickled.buffers, first)
         return (DONE, cid, ok, part), (cid.to_bytes(8, "little") + layout if layout else b"")
 
+    def _beside(self, control: LaneLink) -> queue.SimpleQueue[tuple[Any, ...] | None]:
+        """The queue of the rank's beside thread (started on the first beside call of this lane)."""
+        if self._besides is None:
+            self._besides = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve_beside, args=(control, self._besides), name="dispatchcore-lane-beside", daemon=True
+            ).start()
+        return self._besides
+
+    def _serve_beside(self, control: LaneLink, besides: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+        """The core's beside calls (row reads and frees), one at a time, while the method thread runs a call."""
+        while (message := besides.get()) is not None:
+            ok, value = self._call(message)
+            answer, _ = self._answer(message[1], ok, value, message[2])
+            if not _send(control, answer):
+                return
+
     def _serve_control(self, control: LaneLink, method_thread: int) -> None:
         """Pings, cancels and stacks, beside whatever call runs; the driver's end when the link ends."""
         while True:
@@ -139,6 +162,11 @@ class LaneRank:
                 cancel_in_process(message[1])
             elif kind == STACKS:
                 _send(control, (STACKS, message[1], thread_stacks(method_thread, message[2])))
+            elif kind == BESIDE:
+                self._beside(control).put(message)
+        besides, self._besides = self._besides, None  # a later serve (another driver) starts its own
+        if besides is not None:
+            besides.put(None)
         if self._on_driver_gone is not None:
             self._on_driver_gone()
 

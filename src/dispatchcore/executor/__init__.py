@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from .._base import check_options
 from .._lane import (
+    HANDSHAKE_TIMEOUT_S,
     BulkPath,
     HandedOver,
     LaneAddress,
+    LaneAuthError,
     LaneCallHandle,
     LaneDirectory,
     LaneDoor,
@@ -18,11 +20,15 @@ from .._lane import (
     LaneExecutor,
     LaneLink,
     LaneRank,
+    accept_link,
     address_toward,
     connect_lane,
     frame_object,
+    lane_secret,
+    offer_link,
     open_lane,
     unframe_object,
+    use_lane_secret,
 )
 from .._rows import (
     HeldRows,
@@ -86,6 +92,7 @@ from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_
 __all__ = [
     "ATOMS",
     "COLLECTIVE_STORE_ENV",
+    "HANDSHAKE_TIMEOUT_S",
     "INTERRUPT_SIGNAL",
     "LOOPBACK",
     "PLAIN",
@@ -102,6 +109,7 @@ __all__ = [
     "HeldRows",
     "Instructions",
     "LaneAddress",
+    "LaneAuthError",
     "LaneCallHandle",
     "LaneDirectory",
     "LaneDoor",
@@ -126,6 +134,7 @@ __all__ = [
     "TransferPlan",
     "UniqueValues",
     "WorkerHost",
+    "accept_link",
     "address_toward",
     "assemble_chunk",
     "cancel_in_process",
@@ -143,9 +152,11 @@ __all__ = [
     "isolated_copy",
     "keep_freed_memory",
     "kept_results",
+    "lane_secret",
     "liveness_poll",
     "local_ranks",
     "method_names",
+    "offer_link",
     "open_lane",
     "plan_forward",
     "plan_transfer",
@@ -160,4 +171,5 @@ __all__ = [
     "unframe_object",
     "unpicklable_error",
     "unpicklable_spec_error",
+    "use_lane_secret",
 ]

@@ -35,7 +35,7 @@ from .. import (
     create_colocated_worker_cls,
     driver_traffic,
 )
-from ..executor import Executor
+from ..executor import Executor, lane_secret
 from .assertions import assert_dataproto_equal
 from .weight_workers import WEIGHT_SET, WeightRollout, WeightTrainer, expected, make_weights
 from .workers import ActorRole, CriticRole, EchoWorker, FailingInitWorker
@@ -97,6 +97,12 @@ class ExecutorConformance:
         assert group.backend == self.backend
         assert group.world_size == self.world_size
         assert "echo" in group.method_names
+
+    def test_the_lane_secret_is_in_no_rank_command_line_or_environment(self, group: WorkerGroup[Any]) -> None:
+        """Another user reads argv and (same uid only, but logs and dumps copy it) the environment: never the key."""
+        secret = lane_secret().hex()
+        for text in group.exposed():
+            assert secret not in text
 
     def test_rank_and_world_size_valid_in_init(self, group: WorkerGroup[Any]) -> None:
         infos = group.info()

@@ -50,6 +50,18 @@ class EchoWorker(Worker):
     def env(self, *names: str) -> dict[str, str | None]:
         return {name: os.environ.get(name) for name in names}
 
+    @register(Dispatch.ONE_TO_ALL)
+    def exposed(self) -> str:
+        """What another user of the machine may read of this rank's process: command line and environment."""
+        try:
+            with open("/proc/self/cmdline", "rb") as f:  # noqa: PTH123 - procfs, not a project file
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # no procfs (macOS): the interpreter's view of it
+            import sys
+
+            cmdline = " ".join(sys.argv)
+        return cmdline + "\n" + "\n".join(f"{k}={v}" for k, v in os.environ.items())
+
     @register(Dispatch.ALL_TO_ALL)
     def all_to_all(self, *args: Any, **kwargs: Any) -> tuple[int, tuple[Any, ...], dict[str, Any]]:
         return self.rank, args, kwargs

@@ -34,6 +34,7 @@ from dispatchcore.executor import (
     StoreCollective,
     check_options,
     free_port,
+    lane_secret,
     rank_environment,
 )
 
@@ -80,7 +81,8 @@ class MultiprocessExecutor(LaneExecutor):
             if self._collective is not None:
                 env[COLLECTIVE_STORE_ENV] = self._collective[1]
             name = f"dispatchcore-{self.spec.name}-rank{rank}"
-            process = ctx.Process(target=rank_main, args=(address.encode(), rank, env), name=name)
+            # the lane secret rides the spawn pipe with the other arguments: never argv, a store or a file
+            process = ctx.Process(target=rank_main, args=(address.encode(), lane_secret(), rank, env), name=name)
             process.start()
             self._processes[rank] = process
 

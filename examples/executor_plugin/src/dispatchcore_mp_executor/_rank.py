@@ -19,13 +19,13 @@ import torch
 from dispatchcore.executor import LaneRank, StoreCollective, WorkerHost
 
 
-def rank_main(address: str, rank: int, env: dict[str, str]) -> None:
-    """Entry point of a rank process (the target ``multiprocessing`` spawns)."""
+def rank_main(address: str, secret: bytes, rank: int, env: dict[str, str]) -> None:
+    """Entry point of a rank process (the target ``multiprocessing`` spawns); ``secret`` is the driver's lane secret."""
     os.environ.update(env)  # this process's own environment; the driver's stays untouched
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     if torch.cuda.is_available():
         torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
-    LaneRank(rank, prepare=_prepare, on_driver_gone=_leave).serve(address)
+    LaneRank(rank, prepare=_prepare, on_driver_gone=_leave).serve(address, secret=secret)
     _leave()
 
 
