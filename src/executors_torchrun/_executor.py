@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError, WorkerError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerError
 from dispatchcore.executor import (
     LOOPBACK,
     Call,
@@ -24,7 +24,6 @@ from dispatchcore.executor import (
     LaneAddress,
     LaneCallHandle,
     LaneExecutor,
-    RemoteFailure,
     check_options,
     free_port,
     rank_environment,
@@ -32,7 +31,6 @@ from dispatchcore.executor import (
 
 from . import _env, _grow
 from ._bridge_rows import WorldStore, reachable
-from ._row_plane import RowPlane
 from ._worlds import LaunchWorld, Meeting, SpawnedWorld, World, launch_world
 
 #: The tensor address of every torchrun group: a source's store is reachable from every destination's process.
@@ -195,44 +193,10 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> LaneCallHandle:
-        if self.closed:
-            raise DispatchError("this torchrun group is shut down")
-        if call.beside:  # the core's row reads (and the frees they carry): beside any running call, never behind it
-            return self._read_rows(call)
-        handle = self.lane.submit(call)
+        """A call (the core's row reads too: on the lane's beside thread), kept to see whether it is still running."""
+        handle = super().submit(call)
         self._calls.add(handle)
         return handle
-
-    def _read_rows(self, call: Call) -> LaneCallHandle:
-        """A driver visit to kept rows (a ``RowAccess``: frees, then reads), by this process's row plane."""
-        assert self._world is not None  # noqa: S101 - calls come after the start
-        handle = LaneCallHandle(self.lane, call)
-        self._calls.add(handle)
-        rank, access, rows = call.ranks[0], call.args[0][0], self._world.row_plane()
-        if access.free:
-            self._free_rows(rows, rank, list(access.free))
-
-        def fetch() -> None:
-            try:
-                parts = rows.fetch(list(access.requests), death_timeout=self.spec.death_timeout)
-            except WorkerDiedError as exc:
-                handle.rank_died(0, exc.detail)
-            except BaseException as exc:  # noqa: BLE001 - reported to the reading caller
-                handle.deliver(0, False, RemoteFailure.capture(rank, call.method, exc))
-            else:
-                handle.deliver(0, True, parts)
-
-        threading.Thread(target=fetch, name=f"dispatchcore-{self.spec.name}-read-rows", daemon=True).start()
-        return handle
-
-    def _free_rows(self, rows: RowPlane, g: int, keys: list[str]) -> None:
-        """Drop ``keys`` in rank ``g``'s process (rows kept in this process are freed by the core here)."""
-        d = self._data_ranks[g]
-        if d != 0 and self.lane.silent(g, self.spec.death_timeout) is None:
-            try:
-                rows.free(d, keys)
-            except Exception:  # noqa: BLE001, S110 - the store is gone: so are the rows
-                pass
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:

@@ -72,7 +72,6 @@ class World:
         #: The driver's end of the processes' links (``_hub``); names this world in row addresses.
         self.hub = hub
         self.identity = hub.identity
-        self._rows: RowPlane | None = None
         self._lock = threading.Lock()
         self._marked: set[int] = set()
         self.stopped = False
@@ -83,13 +82,6 @@ class World:
         It travels on the process's authenticated link, the lane's address too: no store says where to connect.
         """
         self.hub.local.send((self.identity, data_rank), ("join", *order))
-
-    def row_plane(self) -> RowPlane:
-        """The driver's row plane (its reads of kept rows), started on first use."""
-        with self._lock:
-            if self._rows is None:
-                self._rows = RowPlane(self.hub.local, self.store, self.transport)
-            return self._rows
 
     def mark_dead(self, data_rank: int, detail: str) -> None:
         """``data_rank``'s process is gone: fetches of its rows are answered so at once (``Hub.gone``)."""
@@ -102,14 +94,6 @@ class World:
         self.stopped = True
         for d in ranks:
             self.hub.local.send((self.identity, d), ("stop",))
-
-    def _close_rows(self) -> None:
-        """Stop the driver's row plane and the hub (fetches still waiting are answered ``stopped``)."""
-        with self._lock:
-            rows, self._rows = self._rows, None
-        self.hub.close()
-        if rows is not None:
-            rows.close()
 
 
 class SpawnedWorld(World):
@@ -237,7 +221,7 @@ class SpawnedWorld(World):
         for proc in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.0, deadline - time.monotonic()))
-        self._close_rows()
+        self.hub.close()
         reap(self.processes, 0.5)
         self.transport.close()
         self.store = None  # type: ignore[assignment]  # let go of the store, so its port closes now
@@ -254,7 +238,7 @@ class LaunchWorld(World):
         self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
         bridge = Bridge(store, hub.local, loopback=transport.loopback)
-        self.services = Services(store, self.row_plane(), bridge)
+        self.services = Services(store, RowPlane(hub.local, store, transport), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
 
@@ -273,7 +257,8 @@ class LaunchWorld(World):
                 continue
             if host == socket.gethostname():
                 _wait_process_ended(int(pid), min(deadline, time.monotonic() + KILL_WAIT_S))
-        self._close_rows()
+        self.hub.close()
+        self.services.rows.close()
         self.services.bridge.close()
         self.transport.close()
 
