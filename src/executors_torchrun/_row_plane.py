@@ -1,7 +1,8 @@
 """Lazy results' rows, moved process to process, never through the driver (docs/lazy-results.md).
 
-Every process of a world that hosts workers (the driver too, for its column
-reads) runs one :class:`RowPlane`.  Requests and reply headers are small
+Every process of a world that hosts workers (the driver too, under the
+launcher) runs one :class:`RowPlane`; the driver's own reads and frees are
+the core's beside calls on the lane.  Requests and reply headers are small
 messages on the processes' links to the driver (``_post``, relayed by
 ``_hub``); the rows' bytes go rank to rank over gloo into buffers made for
 them (raw tensor bytes).  A data thread answers requests with
@@ -26,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, WorkerHost, free_kept_rows, take_kept_rows
+from dispatchcore.executor import RowRequest, WorkerHost, take_kept_rows
 
 from ._bridge_rows import BridgeLane, RowBridges
 from ._env import set_local_device
@@ -36,7 +37,7 @@ from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_r
 from ._wire import Header, pack, unpack
 
 #: Kinds the data thread serves in order, and the answers a fetch waits for.
-_SERVED = ("fetch", "free", "transport")
+_SERVED = ("fetch", "transport")
 _ANSWERS = ("rows", "failed", "dead", "stopped")
 
 
@@ -75,9 +76,7 @@ class RowPlane:
         while (item := self._work.get()) is not None:
             sender, message = item
             try:
-                if message[0] == "free":
-                    free_kept_rows(message[1])
-                elif message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
+                if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
                     self._rebuild(*message[1:])
                 elif message[3] is not None:  # a consumer in another world (``_bridge_rows``)
                     self.row_bridges().answer(self._post, self._store, sender, message)
@@ -107,10 +106,6 @@ class RowPlane:
             return
         self._reaper.add(works, packed)
         self._post.send(requester, ("rows", fetch_id, packed.header, first, generation))
-
-    def free(self, process: int, keys: Sequence[str]) -> None:
-        """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
-        self._post.send((self.world, process), ("free", list(keys)))
 
     # -- fetching -----------------------------------------------------------------------
     def equip(self, host: WorkerHost, death_timeout: float) -> None:

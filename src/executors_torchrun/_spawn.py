@@ -125,7 +125,7 @@ def spawn_ranks(
     driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
-    members = list(range(world_size + spares + 1))
+    members = list(range(1, world_size + spares + 1))  # the driver moves no rows: not a member
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(world_size + spares):
         ranks = (

@@ -4,9 +4,11 @@ Under torchrun the world is the launch, shared by every group of the
 driver and stopped at exit; ranks other than 0 never return from their
 first ``WorkerGroup(...)``: they serve every group placed on them
 (``_rank_process``), then exit 0.  Outside torchrun each group starts its
-own world and stops it at ``shutdown()``.  A world is a store, a gloo
-transport for rows (the driver is data rank 0) and :meth:`World.join`;
-calls never touch it (each group has its own lane).
+own world and stops it at ``shutdown()``.  A world is a store (torch's
+rendezvous and plain flags only), the driver's hub (``_hub``: each
+process's authenticated link) and :meth:`World.join`; its processes move
+rows over a gloo transport of their own (under the launcher the driver is
+data rank 0 of it).  Calls never touch it (each group has its own lane).
 
 A plain ``torch.distributed.init_process_group()`` in a worker under the
 launcher meets just its group's ranks: while a process builds a group's
@@ -64,11 +66,10 @@ DeadRank = Callable[[], tuple[int, str] | None]
 
 
 class World:
-    """A store, a transport, the driver's hub and processes that join groups: what the executor needs of either kind."""
+    """A store, the driver's hub and processes that join groups: what the executor needs of either kind."""
 
-    def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
+    def __init__(self, store: dist.Store, hub: Hub) -> None:
         self.store = store
-        self.transport = transport
         #: The driver's end of the processes' links (``_hub``); names this world in row addresses.
         self.hub = hub
         self.identity = hub.identity
@@ -117,14 +118,14 @@ class SpawnedWorld(World):
             n = len(self.processes)
             late = f"{n} self-started ranks were not all up after {start_timeout:g} s; "
             wait_ready(store, n, start_timeout, late + "raise WorkerGroup(..., start_timeout=...)", self.processes)
-            timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-            transport = Transport(store, 0, range(world_size + spares + 1), timeout, loopback=True)
         except BaseException:
             hub.close()
             reap(self.processes, 0.0)
             self.output.join(1.0)
             raise
-        super().__init__(store, transport, hub)
+        super().__init__(store, hub)
+        #: The newest generation of the processes' row transport (the driver moves no rows: not a member).
+        self.generation = 0
 
     def exit_reason(self, data_rank: int) -> str | None:
         """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""
@@ -144,46 +145,29 @@ class SpawnedWorld(World):
         """Start ``count`` more spares, and rebuild the row transport over every live process and them.
 
         Each live process joins the transport's next generation on its data thread (``_row_plane``), the new
-        ones as they start, the driver here; the old generations stay for rows already on their way.
+        ones as they start; the old generations stay for rows already on their way.
         """
         with self._lock:
             live = [d for d, proc in sorted(self.processes.items()) if proc.poll() is None and d not in self._marked]
         first = max(self.processes) + 1
         added = list(range(first, first + count))
-        generation = self.transport.generation + 1
-        members = [0, *live, *added]
+        generation = self.generation = self.generation + 1
+        members = [*live, *added]
         for d in live:
             self.hub.local.send((self.identity, d), ("transport", generation, members))
         boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
         for d in added:
             self.processes[d] = spawn_process(d, boot, {}, self.output)
-        failure: list[BaseException] = []
-
-        def join() -> None:
-            try:
-                self.transport.rebuild(generation, members)
-            except BaseException as exc:  # noqa: BLE001 - raised below, on the driver's thread
-                failure.append(exc)
-
-        joining = threading.Thread(target=join, name="dispatchcore-transport", daemon=True)
-        joining.start()
-        self._await_members(generation, members[1:], joining, failure, timeout)
+        self._await_members(generation, members, timeout)
         self.spares.extend(added)
 
-    def _await_members(
-        self,
-        generation: int,
-        members: list[int],
-        joining: threading.Thread,
-        failure: list[BaseException],
-        timeout: float,
-    ) -> None:
-        """Wait until every member and the driver are in ``generation``; fail fast on an exit or an error."""
+    def _await_members(self, generation: int, members: list[int], timeout: float) -> None:
+        """Wait until every member is in ``generation``; fail fast on an exit or an error."""
         deadline = time.monotonic() + timeout
         waiting = list(members)
-        store = self.store.clone()  # type: ignore[attr-defined]  # the driver's own join may block the world's
+        store = self.store
         # A flag a stranger could set makes the grow go on without that process: its next call fails, no more.
-        while waiting or joining.is_alive():
+        while waiting:
             for d in list(waiting):
                 if store.check([transport_key(generation, d)]):
                     error = bytes(store.get(transport_key(generation, d))).decode()
@@ -192,16 +176,12 @@ class SpawnedWorld(World):
                     waiting.remove(d)
                 elif self.processes[d].poll() is not None:
                     raise DispatchRuntimeError(f"process {d} exited with code {self.processes[d].poll()} while joining")
-            if failure:
-                raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
             if time.monotonic() > deadline:
                 raise DispatchTimeoutError(
-                    f"processes {waiting or [0]} had not joined the grown row transport after {timeout:g} s; "
+                    f"processes {waiting} had not joined the grown row transport after {timeout:g} s; "
                     "raise WorkerGroup(..., start_timeout=...)"
                 )
             time.sleep(0.02)
-        if failure:
-            raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
 
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
@@ -223,7 +203,6 @@ class SpawnedWorld(World):
                 proc.wait(max(0.0, deadline - time.monotonic()))
         self.hub.close()
         reap(self.processes, 0.5)
-        self.transport.close()
         self.store = None  # type: ignore[assignment]  # let go of the store, so its port closes now
         self.output.join(1.0)  # the children are gone: their last lines are out
 
@@ -232,7 +211,8 @@ class LaunchWorld(World):
     """The torchrun launch seen from its driver (rank 0), which hosts worker 0 of every group."""
 
     def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
-        super().__init__(store, transport, hub)
+        super().__init__(store, hub)
+        self.transport = transport
         self.size = transport.size
         #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
         self.lane_host = hub.address[0]
