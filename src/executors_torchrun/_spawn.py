@@ -11,7 +11,6 @@ that pipe closes, however the driver dies (``_child``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import socket
@@ -125,7 +124,6 @@ def spawn_ranks(
     driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
-    members = list(range(1, world_size + spares + 1))  # the driver moves no rows: not a member
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(world_size + spares):
         ranks = (
@@ -133,7 +131,7 @@ def spawn_ranks(
             if rank < world_size
             else {}
         )
-        processes[rank + 1] = spawn_process(rank + 1, dataclasses.replace(boot, members=members), ranks, relay)
+        processes[rank + 1] = spawn_process(rank + 1, boot, ranks, relay)
         if relay is not None and rank < world_size:
             relay.label(rank + 1, f"rank {rank}")
     return processes
@@ -141,7 +139,7 @@ def spawn_ranks(
 
 @dataclass(frozen=True)
 class Boot:
-    """What a self-started process needs to join its world: the store, the driver's hub, the transport's generation."""
+    """What a self-started process needs to join its world: the store, the driver's hub, the bound on a transfer."""
 
     store_port: int
     prefix: str
@@ -149,9 +147,6 @@ class Boot:
     world: str
     hub_port: int
     transport_timeout: float
-    #: The data ranks of the generation it joins (``_transport``).
-    members: list[int]
-    generation: int
     #: The group's size, which sets each process's share of the CPU threads.
     world_size: int
 
@@ -169,8 +164,6 @@ def spawn_process(
         "world": boot.world,
         "hub": boot.hub_port,
         "data_rank": data_rank,
-        "members": boot.members,
-        "generation": boot.generation,
         "timeout": boot.transport_timeout,
         "path": [p for p in sys.path if p],
     }
@@ -243,13 +236,5 @@ def child_main(secret: bytes) -> None:
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
-    timeout = timedelta(seconds=boot["timeout"])
-    serve_and_exit(
-        store,
-        Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"])),
-        boot["members"],
-        timeout,
-        launched=False,
-        loopback=True,
-        generation=boot["generation"],
-    )
+    home = Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"]))
+    serve_and_exit(store, home, boot["timeout"], launched=False, loopback=True)
