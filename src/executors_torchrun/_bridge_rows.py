@@ -1,15 +1,15 @@
-"""Lazy rows between two processes, over bridges (docs/lazy-results.md).
+"""Lazy rows between processes of two self-started worlds, over bridges (docs/lazy-results.md).
 
-The rows move over a two-rank gloo (NCCL for CUDA) group between the
-producing and the consuming process that meets on a ``PrefixStore`` of the
-producer's world store, unique to the pair, as weights do (``_bridge``):
-processes of one world, or a consumer of another self-started world (it
-reaches the producer's store on loopback).  Requests and reply headers are
-messages on the driver's links (``_post``; ``_row_plane`` serves them).  A
-pair's bridge is named by the producer's data rank, the consumer process's
-bridge id (fresh per process) and a generation the consumer bumps when a
-transfer on it failed, so a replaced rank or a broken bridge never meets an
-old one's keys; it is built on the pair's first fetch.
+A consuming rank cannot use its own world's transport to reach another
+world, but it reaches that world's store (a driver-hosted ``TCPStore`` on
+loopback): the rows move over a two-rank gloo (NCCL for CUDA) group that
+meets on a ``PrefixStore`` of it, unique to the pair, as weights do
+(``_bridge``).  Requests and reply headers are the in-world fetch's
+messages on the driver's links (``_post``), so one loop (``_row_plane``)
+serves both.  A pair's bridge is
+named by the producer's data rank, the consumer process's bridge id (fresh
+per process) and a generation the consumer bumps when a transfer on it
+failed, so a replaced rank or a broken bridge never meets an old one's keys.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -51,16 +50,6 @@ class WorldStore:
         return cls(*home_of(store), prefix)
 
 
-def connector(world: WorldStore) -> Callable[[float], dist.Store]:
-    """Fresh connections to another self-started world's store (where a pair meets), under its prefix."""
-
-    def connect(timeout: float) -> dist.Store:
-        client = dist.TCPStore(world.host, world.port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
-        return dist.PrefixStore(world.prefix, client)
-
-    return connect
-
-
 def reachable(address: Any) -> bool:
     """Whether ``address`` (a torchrun row address) is a running self-started world's, on this machine."""
     if not (isinstance(address, tuple) and len(address) == 3 and isinstance(address[2], WorldStore)):
@@ -75,11 +64,9 @@ def _pair_prefix(producer: int, consumer: str, generation: int, cuda: bool) -> s
 class RowBridges:
     """One process's bridges for lazy rows: serving its kept rows to other worlds, fetching theirs."""
 
-    def __init__(self, rank: int, *, loopback: bool) -> None:
+    def __init__(self, rank: int) -> None:
         #: This process's data rank in its own world (names it in answers).
         self.rank = rank
-        #: Whether its pair groups listen on loopback only (a world on one machine).
-        self.loopback = loopback
         #: Fresh per process: a replaced rank's new process never meets the old one's bridges.
         self.id = uuid.uuid4().hex
         self.tags = RowTagCounter()
@@ -120,7 +107,7 @@ class RowBridges:
             # A connection of its own: a rendezvous that timed out leaves its connection out of step.
             own = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
             prefixed = dist.PrefixStore(_pair_prefix(self.rank, consumer, generation, cuda), own)
-            group = pair_group(prefixed, 0, cuda, timeout, loopback=self.loopback)
+            group = pair_group(prefixed, 0, cuda, timeout, loopback=True)
             with self._lock:
                 self._serving[name] = group
         return group
@@ -136,19 +123,19 @@ class RowBridges:
 
 
 class BridgeLane:
-    """A consumer process's bridges to one world's rows (see module doc): ``connect(timeout)`` reaches its store."""
+    """A consumer process's bridges to one other world's rows (see module doc)."""
 
-    def __init__(self, bridges: RowBridges, connect: Callable[[float], dist.Store], timeout: float) -> None:
+    def __init__(self, bridges: RowBridges, world: WorldStore, death_timeout: float) -> None:
         self._bridges = bridges
-        self._connect = connect
-        self._floor = self._timeout = max(float(timeout), BRIDGE_FLOOR_S)
+        self._world = world
+        self._timeout = max(float(death_timeout), BRIDGE_FLOOR_S)
         #: Per producing process: the generation of its bridge to this process, and the bridges built.
         self._generation: dict[int, int] = {}
         self._groups: dict[tuple[int, int, bool], Any] = {}
 
     def ask(self, d: int, death_timeout: float) -> tuple[str, int, float]:
         """What a request to producer ``d`` carries: this process's bridge id, the pair's generation, the bound."""
-        bound = self._timeout = max(float(death_timeout), self._floor)  # bridges built next get it too
+        bound = self._timeout = max(float(death_timeout), BRIDGE_FLOOR_S)  # bridges built next get it too
         return self._bridges.id, self._generation.setdefault(d, 0), bound
 
     def post_recv(
@@ -161,10 +148,13 @@ class BridgeLane:
         name = (d, generation, cuda)
         group = self._groups.get(name)
         if group is None:
-            prefixed = dist.PrefixStore(
-                _pair_prefix(d, self._bridges.id, generation, cuda), self._connect(self._timeout)
+            world = self._world
+            client = dist.TCPStore(
+                world.host, world.port, None, False, timedelta(seconds=self._timeout), wait_for_workers=False
             )
-            group = self._groups[name] = pair_group(prefixed, 1, cuda, self._timeout, self._bridges.loopback)
+            home = dist.PrefixStore(world.prefix, client)
+            prefixed = dist.PrefixStore(_pair_prefix(d, self._bridges.id, generation, cuda), home)
+            group = self._groups[name] = pair_group(prefixed, 1, cuda, self._timeout, world.host == LOOPBACK)
         return group
 
     def failed(self, d: int) -> None:

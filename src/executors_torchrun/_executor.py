@@ -44,10 +44,10 @@ class TorchrunExecutor(LaneExecutor):
     Options: ``ranks`` (world ranks hosting this group, under torchrun;
     default ``0..world_size-1``), ``start_timeout`` (seconds for the ranks to
     come up and build their workers, default 120), ``transport_timeout``
-    (bound on one transfer of rows within the world, default 1800),
-    ``spare_ranks`` (started processes that can replace dead ranks;
-    self-started worlds only).  Under torchrun the launch's processes take
-    the first group's timeouts.
+    (bound on one tensor transfer, default 1800), ``spare_ranks`` (started
+    processes that can replace dead ranks; self-started worlds only).  Under
+    torchrun the launch's transport is built by the first group, with its
+    timeouts.
     """
 
     name = "torchrun"
@@ -200,7 +200,7 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:
-        """Hand ``ranks`` to spare processes, already up (the old ones are killed)."""
+        """Hand ``ranks`` to spare processes, which already belong to the world's transport (old ones are killed)."""
         if self.closed:
             raise DispatchError("this torchrun group is shut down")
         world = self._world
@@ -250,7 +250,7 @@ class TorchrunExecutor(LaneExecutor):
         return (self._world.identity, self._data_ranks[rank], self._world_store)
 
     def can_fetch_rows(self, address: Any) -> bool:
-        """Rows of this world, or of another running self-started world's, move over bridges."""
+        """Rows of this world move over its transport; another running self-started world's, over bridges."""
         if not (isinstance(address, tuple) and len(address) == 3) or self._world is None:
             return False
         if address[0] == self._world.identity:

@@ -6,8 +6,9 @@ keys (a denial of service), never run code through them::
 
     ready                          counter: processes up (the driver waits for the count)
     hub                            "host port": the driver's hub, under the launcher
+    transport/<generation>/<rank>  "" once that process joined the row transport's generation, else why not
     stopped/<rank>                 "host pid", set by a process as it leaves (the driver waits for its end)
-    rowbridge/..., dispatchcore-bridge/..., collective/...
+    gloo/..., nccl-rows/..., rowbridge/..., dispatchcore-bridge/..., collective/...
                                    torch's own rendezvous of the library's groups
 """
 
@@ -26,6 +27,10 @@ HUB_KEY = "hub"
 
 def stopped_key(rank: int) -> str:
     return f"stopped/{rank}"
+
+
+def transport_key(generation: int, rank: int) -> str:
+    return f"transport/{generation}/{rank}"
 
 
 def home_of(store: dist.Store) -> tuple[str, int]:

@@ -19,8 +19,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -37,8 +38,9 @@ from dispatchcore.executor import (
 from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
 from ._post import connect_post
-from ._protocol import HUB_KEY, READY_KEY, stopped_key
+from ._protocol import HUB_KEY, READY_KEY, stopped_key, transport_key
 from ._row_plane import RowPlane
+from ._transport import Transport
 
 #: After ``stop``, how long a rank still inside a call is waited for before the process leaves anyway.
 STOP_GRACE_S = 5.0
@@ -94,13 +96,26 @@ class Home:
         return host, int(port)
 
 
-def serve_and_exit(store: dist.Store, home: Home, timeout: float, *, launched: bool, loopback: bool) -> NoReturn:
-    """Say this process is up, serve until told to stop, then exit 0 (``timeout``: the bound on a row transfer).
+def serve_and_exit(
+    store: dist.Store,
+    home: Home,
+    members: Sequence[int],
+    timeout: timedelta,
+    *,
+    launched: bool,
+    loopback: bool,
+    generation: int = 0,
+) -> NoReturn:
+    """Say this process is up, join the world's transport, serve until told to stop, then exit 0.
 
     A launch's process serves each group on a thread of its own; a self-started one, one group on this thread.
+    A process added to a running world joins its transport's newest ``generation`` over ``members``.
     """
     store.add(READY_KEY, 1)
-    ended = serve_process(store, home, timeout, loopback=loopback, threads=launched)
+    transport = Transport(store, home.rank, members, timeout, loopback=loopback, generation=generation)
+    if generation:  # added to a running world: the driver waits for this
+        store.set(transport_key(generation, home.rank), b"")  # type: ignore[arg-type]  # the binding takes bytes
+    ended = serve_process(store, home, transport, threads=launched)
     sys.stdout.flush()
     sys.stderr.flush()
     if launched and ended:
@@ -108,7 +123,7 @@ def serve_and_exit(store: dist.Store, home: Home, timeout: float, *, launched: b
     os._exit(0)  # self-started, or a rank is stuck in a call the driver no longer waits for
 
 
-def serve_process(store: dist.Store, home: Home, timeout: float, *, loopback: bool, threads: bool) -> bool:
+def serve_process(store: dist.Store, home: Home, transport: Transport, *, threads: bool) -> bool:
     """Join the groups the driver places here (each on a thread of its own with ``threads``) until ``stop``.
 
     The driver's ``join`` and ``stop`` arrive on this process's link to it; its end is a ``stop`` too.
@@ -121,8 +136,7 @@ def serve_process(store: dist.Store, home: Home, timeout: float, *, loopback: bo
     driver = (home.world, 0)
     for kind in ("join", "stop"):
         post.on(kind, lambda sender, message: orders.put(message) if sender == driver else None)
-    rows = RowPlane(post, store, timeout=timeout, loopback=loopback)
-    services = Services(store, rows, Bridge(store, post, loopback=loopback))
+    services = Services(store, RowPlane(post, store, transport), Bridge(store, post, loopback=transport.loopback))
     post.start()
     groups: list[threading.Thread] = []
     try:
@@ -147,6 +161,7 @@ def serve_process(store: dist.Store, home: Home, timeout: float, *, loopback: bo
             thread.join(max(0.0, deadline - time.monotonic()))
         services.rows.close()
         services.bridge.close()
+        transport.close()
         try:
             store.set(stopped_key(home.rank), f"{socket.gethostname()} {os.getpid()}".encode())  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001, S110 - the driver is gone already

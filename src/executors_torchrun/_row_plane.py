@@ -4,13 +4,14 @@ Every process of a world that hosts workers (the driver too, under the
 launcher) runs one :class:`RowPlane`; the driver's own reads and frees are
 the core's beside calls on the lane.  Requests and reply headers are small
 messages on the processes' links to the driver (``_post``, relayed by
-``_hub``); the rows' bytes go rank to rank over a bridge between the two
-processes (``_bridge_rows``: gloo into buffers made for them, raw tensor
-bytes), another self-started world's alike.  A data thread answers
-requests with :func:`~dispatchcore.executor.take_kept_rows`, beside any
-call, so a busy process still serves its rows; :meth:`RowPlane.fetch` asks
-every producer first, then receives the answers as they come, one fetch at
-a time per process.  A producer that is gone is answered for by the driver (``dead``), a world
+``_hub``); the rows' bytes go rank to rank over gloo into buffers made for
+them (raw tensor bytes).  A data thread answers requests with
+:func:`~dispatchcore.executor.take_kept_rows` (posting the rows' tensors
+before the reply that names their tags), beside any call, so a busy process
+still serves its rows; :meth:`RowPlane.fetch` asks every producer first,
+then receives the answers as they come, one fetch at a time per process.
+Another world's rows come the same way over bridges (``_bridge_rows``).  A
+producer that is gone is answered for by the driver (``dead``), a world
 that stops likewise (``stopped``): no store is watched.
 """
 
@@ -28,37 +29,42 @@ import torch.distributed as dist
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
 from dispatchcore.executor import RowRequest, WorkerHost, take_kept_rows
 
-from ._bridge_rows import BridgeLane, RowBridges, connector
+from ._bridge_rows import BridgeLane, RowBridges
 from ._env import set_local_device
 from ._post import Address, Post
-from ._transport import peer_error
-from ._wire import Header, unpack
+from ._protocol import transport_key
+from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
+from ._wire import Header, pack, unpack
 
-#: The answers a fetch waits for.
+#: Kinds the data thread serves in order, and the answers a fetch waits for.
+_SERVED = ("fetch", "transport")
 _ANSWERS = ("rows", "failed", "dead", "stopped")
 
 
 class RowPlane:
     """One process's row traffic: the data thread serving its kept rows, and its fetches."""
 
-    def __init__(self, post: Post, store: dist.Store, *, timeout: float, loopback: bool) -> None:
-        """``timeout``: the bound on a transfer within the world; ``loopback``: its bridges listen there only."""
+    def __init__(self, post: Post, store: dist.Store, transport: Transport) -> None:
         self._post = post
-        #: The world's store: where the bridges from this process meet their consumers.
+        #: The world's store: rendezvous of the bridges to other worlds, and the transport's join flags.
         self._store = store
-        self._timeout = timeout
-        self.world, self.rank = post.address
-        self._loopback = loopback
+        self._transport = transport
+        self.rank = transport.rank
+        self.world = post.address[0]
+        self._tags = RowTagCounter()
+        self._reaper = SendReaper(f"dispatchcore-row-reaper{self.rank}")
         self._fetch_lock = threading.Lock()
         self._fetch_ids = itertools.count()
         self._replies: dict[int, queue.SimpleQueue[tuple[Address, tuple[Any, ...]]]] = {}
-        #: Per world fetched from: its bridges.
+        self._home = _HomeLane(self)
+        #: Per other world fetched from: its bridges.
         self._lanes: dict[str, BridgeLane] = {}
         self._bridges: RowBridges | None = None
         self._bridges_lock = threading.Lock()
         self._work: queue.SimpleQueue[tuple[Address, tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._closed = False
-        post.on("fetch", lambda sender, message: self._work.put((sender, message)))
+        for kind in _SERVED:
+            post.on(kind, lambda sender, message: self._work.put((sender, message)))
         for kind in _ANSWERS:
             post.on(kind, self._answered)
         self._thread = threading.Thread(target=self._serve, name=f"dispatchcore-rows{self.rank}", daemon=True)
@@ -70,9 +76,36 @@ class RowPlane:
         while (item := self._work.get()) is not None:
             sender, message = item
             try:
-                self.row_bridges().answer(self._post, self._store, sender, message)
+                if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
+                    self._rebuild(*message[1:])
+                elif message[3] is not None:  # a consumer in another world (``_bridge_rows``)
+                    self.row_bridges().answer(self._post, self._store, sender, message)
+                else:
+                    self._answer(sender, message[1], message[2])
             except Exception:  # noqa: BLE001, S112 - the requester (or the world) is gone
                 continue
+
+    def _rebuild(self, generation: int, members: list[int]) -> None:
+        """Join the row transport's next generation, then say so (a plain flag: the driver waits for every member)."""
+        try:
+            self._transport.rebuild(generation, members)
+        except Exception as exc:  # noqa: BLE001 - the driver reports it, naming this process
+            self._store.set(transport_key(generation, self.rank), f"{type(exc).__name__}: {exc}".encode())  # type: ignore[arg-type]
+        else:
+            self._store.set(transport_key(generation, self.rank), b"")  # type: ignore[arg-type]
+
+    def _answer(self, requester: Address, fetch_id: int, requests: list[RowRequest]) -> None:
+        """Post the requested rows to ``requester``, then tell it their header and tags."""
+        try:
+            packed = pack([take_kept_rows(request) for request in requests])
+            first = self._tags.take(packed.header.tags)
+            generation, peer, groups = self._transport.link(self.rank, requester[1])
+            works = post_sends(packed, peer, first, self._tags, groups)
+        except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
+            self._post.send(requester, ("failed", fetch_id, f"{type(exc).__name__}: {exc}"))
+            return
+        self._reaper.add(works, packed)
+        self._post.send(requester, ("rows", fetch_id, packed.header, first, generation))
 
     # -- fetching -----------------------------------------------------------------------
     def equip(self, host: WorkerHost, death_timeout: float) -> None:
@@ -125,21 +158,18 @@ class RowPlane:
 
     def _lane(self, world: str, address: Any, bound: float) -> Any:
         """The way to ``world``'s rows: this world's transport, or bridges to another (made on first use)."""
+        if world == self.world:
+            return self._home
         lane = self._lanes.get(world)
         if lane is None:
-            if world == self.world:
-                home = self._store
-                lane = BridgeLane(self.row_bridges(), lambda timeout: home.clone(), max(bound, self._timeout))
-            else:
-                lane = BridgeLane(self.row_bridges(), connector(address[2]), bound)
-            self._lanes[world] = lane
+            lane = self._lanes[world] = BridgeLane(self.row_bridges(), address[2], bound)
         return lane
 
     def row_bridges(self) -> RowBridges:
         """This process's bridges to other worlds (serving and fetching), made on first use."""
         with self._bridges_lock:
             if self._bridges is None:
-                self._bridges = RowBridges(self.rank, loopback=self._loopback)
+                self._bridges = RowBridges(self.rank)
             return self._bridges
 
     def _answered(self, sender: Address, message: tuple[Any, ...]) -> None:
@@ -148,7 +178,7 @@ class RowPlane:
         if replies is not None:
             replies.put((sender, message))
         elif message[0] == "rows":
-            lane = self._lanes.get(sender[0])
+            lane = self._home if sender[0] == self.world else self._lanes.get(sender[0])
             if lane is not None:
                 threading.Thread(target=_drain, args=(lane, sender[1], *message[2:]), daemon=True).start()
 
@@ -211,9 +241,33 @@ class RowPlane:
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()
+        self._reaper.drain(timeout)
+        self._reaper.close()
         if self._bridges is not None:
             self._bridges.close(timeout)
         self._store = None  # type: ignore[assignment]  # its connection goes now, even while the plane is referenced
+
+
+class _HomeLane:
+    """This world's rows: the world's transport carries them."""
+
+    def __init__(self, plane: RowPlane) -> None:
+        self._plane = plane
+
+    def ask(self, d: int, bound: float) -> None:
+        """What a request to ``d`` adds (nothing: the transport is already shared)."""
+        return None
+
+    def post_recv(self, d: int, header: Header, first: int, generation: int) -> tuple[list[Any], list[Any], list[Any]]:
+        plane = self._plane
+        _, peer, groups = plane._transport.link(d, plane.rank, generation)
+        return post_recvs(header, peer, first, plane._tags, groups)
+
+    def failed(self, d: int) -> None:
+        """Nothing to drop: the world's transport is shared, and a dead process is known to the driver."""
+
+    def close(self) -> None:
+        """Nothing to let go of."""
 
 
 def _drain(lane: Any, d: int, header: Header, first: int, *extra: Any) -> None:

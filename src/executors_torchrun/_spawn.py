@@ -11,6 +11,7 @@ that pipe closes, however the driver dies (``_child``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -124,6 +125,7 @@ def spawn_ranks(
     driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
+    members = list(range(1, world_size + spares + 1))  # the driver moves no rows: not a member
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(world_size + spares):
         ranks = (
@@ -131,7 +133,7 @@ def spawn_ranks(
             if rank < world_size
             else {}
         )
-        processes[rank + 1] = spawn_process(rank + 1, boot, ranks, relay)
+        processes[rank + 1] = spawn_process(rank + 1, dataclasses.replace(boot, members=members), ranks, relay)
         if relay is not None and rank < world_size:
             relay.label(rank + 1, f"rank {rank}")
     return processes
@@ -139,7 +141,7 @@ def spawn_ranks(
 
 @dataclass(frozen=True)
 class Boot:
-    """What a self-started process needs to join its world: the store, the driver's hub, the bound on a transfer."""
+    """What a self-started process needs to join its world: the store, the driver's hub, the transport's generation."""
 
     store_port: int
     prefix: str
@@ -147,6 +149,9 @@ class Boot:
     world: str
     hub_port: int
     transport_timeout: float
+    #: The data ranks of the generation it joins (``_transport``).
+    members: list[int]
+    generation: int
     #: The group's size, which sets each process's share of the CPU threads.
     world_size: int
 
@@ -164,6 +169,8 @@ def spawn_process(
         "world": boot.world,
         "hub": boot.hub_port,
         "data_rank": data_rank,
+        "members": boot.members,
+        "generation": boot.generation,
         "timeout": boot.transport_timeout,
         "path": [p for p in sys.path if p],
     }
@@ -236,5 +243,13 @@ def child_main(secret: bytes) -> None:
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
-    home = Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"]))
-    serve_and_exit(store, home, boot["timeout"], launched=False, loopback=True)
+    timeout = timedelta(seconds=boot["timeout"])
+    serve_and_exit(
+        store,
+        Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"])),
+        boot["members"],
+        timeout,
+        launched=False,
+        loopback=True,
+        generation=boot["generation"],
+    )

@@ -7,8 +7,8 @@ first ``WorkerGroup(...)``: they serve every group placed on them
 own world and stops it at ``shutdown()``.  A world is a store (torch's
 rendezvous and plain flags only), the driver's hub (``_hub``: each
 process's authenticated link) and :meth:`World.join`; its processes move
-rows to one another over bridges made on demand (``_bridge_rows``).  Calls
-never touch it (each group has its own lane).
+rows over a gloo transport of their own (under the launcher the driver is
+data rank 0 of it).  Calls never touch it (each group has its own lane).
 
 A plain ``torch.distributed.init_process_group()`` in a worker under the
 launcher meets just its group's ranks: while a process builds a group's
@@ -42,17 +42,18 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dispatchcore import DispatchRuntimeError, WorkerDiedError
+from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
 from dispatchcore.executor import LOOPBACK, use_lane_secret
 
 from . import _env
 from ._bridge import Bridge
 from ._hub import Hub
-from ._protocol import FOREVER_S, HUB_KEY, stopped_key
+from ._protocol import FOREVER_S, HUB_KEY, stopped_key, transport_key
 from ._rank_process import Home, Services, serve_and_exit
 from ._row_plane import RowPlane
 from ._secret import forget_launch_secret, launch_secret
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
+from ._transport import Transport
 
 #: Seconds ``stop`` waits for processes to leave before leaving them to their fate.
 STOP_WAIT_S = 10.0
@@ -109,7 +110,7 @@ class SpawnedWorld(World):
         self.prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(self.prefix, master)
         hub = Hub(f"spawned:{self.prefix}", LOOPBACK)
-        self._boot = Boot(master.port, self.prefix, hub.identity, hub.address[1], transport_timeout, world_size)
+        self._boot = Boot(master.port, self.prefix, hub.identity, hub.address[1], transport_timeout, [], 0, world_size)
         self.processes = spawn_ranks(world_size, self._boot, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
@@ -123,6 +124,8 @@ class SpawnedWorld(World):
             self.output.join(1.0)
             raise
         super().__init__(store, hub)
+        #: The newest generation of the processes' row transport (the driver moves no rows: not a member).
+        self.generation = 0
 
     def exit_reason(self, data_rank: int) -> str | None:
         """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""
@@ -139,16 +142,46 @@ class SpawnedWorld(World):
         return None
 
     def add_processes(self, count: int, world_size: int, timeout: float) -> None:
-        """Start ``count`` more spares and wait until they are up (rows reach them over bridges made on demand)."""
+        """Start ``count`` more spares, and rebuild the row transport over every live process and them.
+
+        Each live process joins the transport's next generation on its data thread (``_row_plane``), the new
+        ones as they start; the old generations stay for rows already on their way.
+        """
+        with self._lock:
+            live = [d for d, proc in sorted(self.processes.items()) if proc.poll() is None and d not in self._marked]
         first = max(self.processes) + 1
-        added = {
-            d: spawn_process(d, dataclasses.replace(self._boot, world_size=world_size), {}, self.output)
-            for d in range(first, first + count)
-        }
-        self.processes.update(added)
-        late = f"{count} new process(es) were not up after {timeout:g} s; raise WorkerGroup(..., start_timeout=...)"
-        wait_ready(self.store, len(self.processes), timeout, late, added)
+        added = list(range(first, first + count))
+        generation = self.generation = self.generation + 1
+        members = [*live, *added]
+        for d in live:
+            self.hub.local.send((self.identity, d), ("transport", generation, members))
+        boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
+        for d in added:
+            self.processes[d] = spawn_process(d, boot, {}, self.output)
+        self._await_members(generation, members, timeout)
         self.spares.extend(added)
+
+    def _await_members(self, generation: int, members: list[int], timeout: float) -> None:
+        """Wait until every member is in ``generation``; fail fast on an exit or an error."""
+        deadline = time.monotonic() + timeout
+        waiting = list(members)
+        store = self.store
+        # A flag a stranger could set makes the grow go on without that process: its next call fails, no more.
+        while waiting:
+            for d in list(waiting):
+                if store.check([transport_key(generation, d)]):
+                    error = bytes(store.get(transport_key(generation, d))).decode()
+                    if error:
+                        raise DispatchRuntimeError(f"process {d} could not join the grown row transport: {error}")
+                    waiting.remove(d)
+                elif self.processes[d].poll() is not None:
+                    raise DispatchRuntimeError(f"process {d} exited with code {self.processes[d].poll()} while joining")
+            if time.monotonic() > deadline:
+                raise DispatchTimeoutError(
+                    f"processes {waiting} had not joined the grown row transport after {timeout:g} s; "
+                    "raise WorkerGroup(..., start_timeout=...)"
+                )
+            time.sleep(0.02)
 
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
@@ -177,14 +210,15 @@ class SpawnedWorld(World):
 class LaunchWorld(World):
     """The torchrun launch seen from its driver (rank 0), which hosts worker 0 of every group."""
 
-    def __init__(self, store: dist.Store, hub: Hub, size: int, timeout: float, loopback: bool) -> None:
+    def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
         super().__init__(store, hub)
-        self.size = size
+        self.transport = transport
+        self.size = transport.size
         #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
         self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        rows = RowPlane(hub.local, store, timeout=timeout, loopback=loopback)
-        self.services = Services(store, rows, Bridge(store, hub.local, loopback=loopback))
+        bridge = Bridge(store, hub.local, loopback=transport.loopback)
+        self.services = Services(store, RowPlane(hub.local, store, transport), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
 
@@ -206,6 +240,7 @@ class LaunchWorld(World):
         self.hub.close()
         self.services.rows.close()
         self.services.bridge.close()
+        self.transport.close()
 
     def first_dead(self, wait: float) -> tuple[int, str] | None:
         """A rank some group's lane knows is gone, waiting up to ``wait`` seconds for one to."""
@@ -262,13 +297,13 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     """Rank 0: the launch's world, made on first use.  Other ranks serve and exit 0 here."""
     global _launch
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
-    timeout = max(start_timeout, transport_timeout)
+    timeout = timedelta(seconds=max(start_timeout, transport_timeout))
     loopback = not _env.spans_nodes()
     identity = f"torchrun:{_env.run_id()}"
     if rank != 0:
         use_lane_secret(launch_secret())  # read before this process says it is up (the driver then removes it)
         home = Home(identity, rank, None)  # the hub's address: in the store once the driver opens it
-        serve_and_exit(_torchrun_store(start_timeout), home, timeout, launched=True, loopback=loopback)
+        serve_and_exit(_torchrun_store(start_timeout), home, range(size), timeout, launched=True, loopback=loopback)
     with _launch_lock:
         if _launch is None:
             use_lane_secret(launch_secret())  # before this process's first door opens
@@ -283,7 +318,7 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
                 forget_launch_secret()  # every process has read it (or the launch failed)
             hub = Hub(identity, _env.listen_host())
             store.set(HUB_KEY, f"{hub.address[0]} {hub.address[1]}".encode())  # type: ignore[arg-type]  # an address
-            _launch = LaunchWorld(store, hub, size, timeout, loopback)
+            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout, loopback=loopback), hub)
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
