@@ -35,11 +35,18 @@ verl-internal helpers, when it uses such a helper or its file imports nothing
 of verl's public surface.
 
 Ray: the tests call ``ray.init`` themselves; a ``conftest.py`` added to both
-copies makes every such call start a fresh local Ray with ``num_cpus`` (the
-test's own, else ``--ray-cpus``; logical CPUs, none pre-started as worker
-processes) and ``include_dashboard=False``, never connecting to an address,
-and shuts down a Ray a failed test left running.  Each test file runs in its
-own pytest process.
+copies makes every such call start a fresh local Ray (``address="local"``:
+never one found through ``RAY_ADDRESS`` or ``ray start``) with ``num_cpus``
+(the test's own, else ``--ray-cpus``; logical CPUs, none pre-started as
+worker processes) and ``include_dashboard=False``.  A Ray already running
+when a test calls ``ray.init`` is not shut down first: the test sees what a
+verl user would.  A start that misses Ray's fixed 30 s for the raylet to
+register (a loaded machine) is tried once more, saying so.  After each test
+it shuts down a Ray left running; when the test passed (so it had shut Ray
+down itself), that is an error of the test: something started Ray again.
+Each test file runs in its own pytest process
+(``tests/verl_parity/test_verl_parity.py``, the CI harness built on this
+file, runs the single-controller files in one, as verl's CI does).
 
 Typed errors: where verl raises a bare ``AssertionError`` on refused input,
 dispatchcore raises a typed ``ValueError`` subclass on purpose.  On the
@@ -114,11 +121,23 @@ CONFTEST = '''
 """Added by scripts/verl_parity.py: a local Ray per ray.init call, and (dispatchcore side) the typed-error lens."""
 import json
 import os
+import sys
 
 import pytest
 
 RAY_CPUS = int(os.environ["VERL_PARITY_RAY_CPUS"])
 TYPED_LOG = os.environ.get("VERL_PARITY_TYPED_LOG")
+RESULTS = os.environ.get("VERL_PARITY_RESULTS")
+
+
+if RESULTS:
+
+    def pytest_runtest_logreport(report):
+        """Each phase's outcome as it happens: a run that dies later keeps what it had."""
+        with open(RESULTS, "a") as out:
+            text = str(report.longrepr or "")[-4000:] if report.outcome != "passed" else ""
+            line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome, "text": text}
+            out.write(json.dumps(line) + "\\n")
 
 
 def _patch_ray():
@@ -132,12 +151,17 @@ def _patch_ray():
 
     def local_init(*args, **kwargs):
         os.environ.pop("RAY_ADDRESS", None)
-        if ray.is_initialized():
-            ray.shutdown()
-        kwargs.pop("address", None)
+        kwargs["address"] = "local"  # None would join a cluster someone started with `ray start` on this machine
         kwargs.setdefault("num_cpus", RAY_CPUS)  # verl's pools reserve CPUs by the test's own count
         kwargs.update(include_dashboard=False, log_to_driver=False)
-        return real_init(**kwargs)
+        try:
+            return real_init(**kwargs)
+        except Exception as exc:
+            # Ray gives its raylet a fixed 30 s to register: a loaded machine, not the test, missed it.
+            if "timed out during startup" not in str(exc):
+                raise
+            print("verl parity: Ray's node missed its 30 s start; starting it once more", file=sys.stderr)
+            return real_init(**kwargs)
 
     local_init._verl_parity = True
     ray.init = local_init
@@ -146,8 +170,20 @@ def _patch_ray():
 _patch_ray()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        item._verl_parity_call = outcome.get_result()
+
+
 @pytest.fixture(autouse=True)
-def _no_ray_left_behind():
+def _no_ray_left_behind(request):
+    """Shut down a Ray the test left running; after a passing test, one running is an error.
+
+    verl's tests shut Ray down themselves, so after one that passed Ray is up
+    only when something (a thread of the old session) started it again.
+    """
     yield
     try:
         import ray
@@ -155,6 +191,9 @@ def _no_ray_left_behind():
         return
     if ray.is_initialized():
         ray.shutdown()
+        call = getattr(request.node, "_verl_parity_call", None)
+        if call is not None and call.passed:
+            pytest.fail("Ray was initialized again after the test's own ray.shutdown() (a leftover thread called Ray)")
 
 
 if TYPED_LOG:

@@ -32,6 +32,7 @@ LAYERS = (
     "_lane",  # its links import nothing; its driver and rank sides run calls through _runtime's WorkerHost
     "_group",
     "_sync",
+    "_async",  # async RL: a rollout stream over groups and WeightSync
 )
 
 

@@ -148,9 +148,9 @@ def test_atoms_tuples_and_unregistered_methods(data2):
     assert data2.pid() != data2.fail(5)  # atoms come back as they are
     assert data2.execute_all("pid") == data2.pid()  # registered
     with pytest.raises(WorkerError, match="registered no mesh"):  # not registered
-        data2.execute_all("_dispatchcore_mesh_info", "no-mesh")
+        data2.execute_all("query_collect_info", "no-mesh")
     assert data2.execute_all("_register_dispatch_collect_info", "m", 0, True) == [None, None]
-    assert data2.execute_all("_dispatchcore_mesh_info", "m") == [(0, True), (0, True)]  # a tuple result
+    assert data2.mesh_ranks("m") == [(0, True), (0, True)]  # the core's mesh query: an operation, no method
 
 
 def test_worker_error_keeps_group_usable(data2):

@@ -6,7 +6,10 @@ The lane itself (order, tokens, sends that never block) is tested once in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
+import os
 import socket
 import subprocess
 import sys
@@ -19,7 +22,16 @@ import torch
 ray = pytest.importorskip("ray")
 
 import dispatchcore._lane._driver as ray_lane  # noqa: E402 - the door the core's lane opens, watched (private, on purpose)
-from dispatchcore import DataProto, Dispatch, DispatchError, DispatchValueError, Worker, WorkerGroup, register  # noqa: E402
+from dispatchcore import (  # noqa: E402
+    DataProto,
+    Dispatch,
+    DispatchError,
+    DispatchValueError,
+    Worker,
+    WorkerGroup,
+    collective,
+    register,
+)
 from executors_ray._lane_setup import ray_client_error  # noqa: E402
 from executors_ray.testing import ray_session  # noqa: E402, F401
 
@@ -54,6 +66,12 @@ class Threads(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def echo(self, data: DataProto) -> DataProto:
         return data
+
+    @register(Dispatch.ONE_TO_ALL)
+    def summed(self) -> float:
+        t = torch.ones(1) * (self.rank + 1)
+        collective.all_reduce(t)  # through the store the driver hosts for the group
+        return float(t)
 
 
 def test_calls_on_the_lane_run_on_the_thread_init_ran_on() -> None:
@@ -158,7 +176,8 @@ def test_a_stranger_at_the_door_is_dropped_and_the_door_closes_once_the_actors_a
 
 def test_a_driver_that_cannot_open_the_lane_fails_the_group_and_leaves_no_actor(monkeypatch) -> None:
     monkeypatch.setattr("executors_ray._executor.lane_host", lambda ray, infos: "192.0.2.1")  # not ours: bind fails
-    with pytest.raises(DispatchError, match=r"could not open its control lane on 192\.0\.2\.1") as info:
+    # The first of the driver's listeners on that host to fail names itself (the collectives' store, the lane).
+    with pytest.raises(DispatchError, match=r"could not open .*(lane|collectives) on 192\.0\.2\.1") as info:
         WorkerGroup(Threads, 2, backend="ray", name="no-door")
     assert "cannot start" in str(info.value)
     assert not [a for a in ray.util.list_named_actors() if a.startswith("no-door-")]
@@ -180,3 +199,43 @@ def test_actors_that_cannot_reach_the_lane_fail_the_group_naming_them(monkeypatc
     assert "cut-off-rank0" in message and "cut-off-rank1" in message  # the actors
     assert "never connected" in message and "ConnectionRefusedError" in message  # why
     assert not [a for a in ray.util.list_named_actors() if a.startswith("cut-off-")]
+
+
+def _listening() -> set[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket this process listens on (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    addr, port = fields[1].split(":")
+                    raw = bytes.fromhex(addr)
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # host order per word
+                    found.add((str(ipaddress.ip_address(words if width == 16 else raw[::-1])), int(port, 16)))
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="reads this process's sockets from /proc")
+def test_the_drivers_own_listeners_bind_to_loopback_on_one_node(monkeypatch) -> None:
+    doors: list[str] = []
+    real = ray_lane.open_lane
+
+    def watched(host: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        doors.append(host)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(ray_lane, "open_lane", watched)
+    before = _listening()
+    with WorkerGroup(Threads, 2, backend="ray") as group:
+        assert group.summed() == [3.0, 3.0]
+        opened = _listening() - before  # Ray's own servers were up before: Ray binds those
+        assert opened, "the group's collectives store should be listening"
+        assert all(ipaddress.ip_address(addr).is_loopback for addr, _ in opened), opened
+    assert doors == ["127.0.0.1"]  # the lane's door: every actor shares this node

@@ -20,10 +20,12 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: A module whose import never ends: rank 0's ``__init__`` loads it (a start-up stuck inside an import).
 BLOCKS_ON_IMPORT = """
+import pathlib
 import threading
 
 
 def wait_for_a_peer_that_never_comes():
+    pathlib.Path(__file__ + ".reached").touch()  # the test knows rank 0 got here before the bound
     threading.Event().wait()
 
 
@@ -44,30 +46,40 @@ class ImportsForever(Worker):
             spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def _check_stuck_start(exc: DispatchTimeoutError, timeout: float) -> None:
-    """The message names the bound and a possible deadlock; rank 0's stack leads with the user's frames."""
+def _check_stuck_start(exc: DispatchTimeoutError, timeout: float, module: Path) -> None:
+    """What holds however loaded the machine: the error names the bound; where rank 0 is, once it got there.
+
+    On a loaded machine the ranks may not even have connected within the bound (then the error says
+    so, naming ``start_timeout``); rank 1 may still be starting too.  Only when rank 0 reached its
+    import before the bound (it leaves a file) must its stack show it there.
+    """
     text = str(exc)
-    assert exc.ranks == (0,)
-    assert f"within {timeout:g} s (start_timeout)" in text and "deadlocked" in text and "init_process_group" in text
+    assert f"{timeout:g} s" in text and "start_timeout" in text
+    if not Path(str(module) + ".reached").exists():
+        return
+    assert 0 in exc.ranks
+    assert "deadlocked" in text and "init_process_group" in text
     notes = "\n".join(exc.__notes__)
-    assert "rank 0:" in notes and "rank 1:" not in notes
-    frames = [line.strip() for line in notes.splitlines() if line.strip().startswith(("File", "..."))]
+    assert "rank 0:" in notes
+    rank0 = notes.split("rank 0:", 1)[1].split("\n  rank ", 1)[0]
+    frames = [line.strip() for line in rank0.splitlines() if line.strip().startswith(("File", "..."))]
     assert frames[0].startswith("... ") and "machinery" in frames[0]  # the library's loop, in one line
     assert frames[1].startswith("File") and frames[1].endswith("in __init__")  # then the user's frames lead
     assert "frames of the import system" in frames[2]  # an import in progress, in one line
     assert "blocks_on_import.py" in frames[3] and "in <module>" in frames[3]
-    assert "wait_for_a_peer_that_never_comes" in notes
+    assert "wait_for_a_peer_that_never_comes" in rank0
     assert not re.search(r"importlib|_bootstrap", "\n".join(f for f in frames if f.startswith("File")))
 
 
 @pytest.mark.timeout(90)
 def test_self_started_torchrun_start_timeout_shows_where_each_rank_is(tmp_path: Path) -> None:
-    """About 10 s, the one CI check of it on a process backend: the 6 s bound must cover the ranks' start too."""
+    """About 12 s, the one CI check of it on a process backend: the bound covers the ranks' start too (2 processes
+    importing torch: 5-6 s alone, more on a loaded machine, when the check of the stack is skipped)."""
     module = tmp_path / "blocks_on_import.py"
     module.write_text(BLOCKS_ON_IMPORT)
     with pytest.raises(DispatchTimeoutError) as info:
-        WorkerGroup(ImportsForever, 2, init_args=(str(module),), backend="torchrun", start_timeout=6)
-    _check_stuck_start(info.value, 6)
+        WorkerGroup(ImportsForever, 2, init_args=(str(module),), backend="torchrun", start_timeout=12)
+    _check_stuck_start(info.value, 12, module)
 
 
 @pytest.mark.slow
@@ -82,7 +94,7 @@ def test_ray_start_timeout_shows_where_each_rank_is(tmp_path: Path) -> None:
     module.write_text(BLOCKS_ON_IMPORT)
     with pytest.raises(DispatchTimeoutError) as info:
         WorkerGroup(ImportsForever, 2, init_args=(str(module),), backend="ray", start_timeout=20)
-    _check_stuck_start(info.value, 20)
+    _check_stuck_start(info.value, 20, module)
 
 
 LAUNCHED = textwrap.dedent(
@@ -121,6 +133,7 @@ LAUNCHED = textwrap.dedent(
     class HalfJoins(Worker):
         def __init__(self):
             if self.rank == 0:
+                open(os.environ["STUCK_MARK"], "w").close()  # got here within the bound (not sure on a loaded machine)
                 wait_for_a_peer_that_never_comes()
 
 
@@ -136,7 +149,9 @@ LAUNCHED = textwrap.dedent(
     try:
         WorkerGroup(HalfJoins, 2, backend="torchrun", ranks=[3, 0], start_timeout=5)
     except DispatchTimeoutError as exc:
-        print("stuck", exc.ranks, "start_timeout" in str(exc), "wait_for_a_peer_that_never_comes" in exc.__notes__[0])
+        where = "wait_for_a_peer_that_never_comes" in "".join(getattr(exc, "__notes__", []))
+        reached = os.path.exists(os.environ["STUCK_MARK"])
+        print("stuck", "start_timeout" in str(exc), not reached or (0 in exc.ranks and where))
     print("launch", WorkerGroup(Where, backend="torchrun").where())  # the launch's size, though RANK was rewritten
     """
 )
@@ -149,6 +164,7 @@ def test_under_the_launcher_a_plain_init_process_group_meets_the_groups_ranks(tm
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_"))}
+    env["STUCK_MARK"] = str(tmp_path / "stuck.reached")
     command = [shutil.which("torchrun") or "torchrun", "--standalone", "--nproc-per-node=4", str(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=200, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -156,6 +172,6 @@ def test_under_the_launcher_a_plain_init_process_group_meets_the_groups_ranks(tm
         "whole [('0', '4', 0, 4, 10.0), ('1', '4', 1, 4, 10.0), ('2', '4', 2, 4, 10.0), ('3', '4', 3, 4, 10.0)]",
         "subset [('0', '2', 0, 2, 3.0), ('1', '2', 1, 2, 3.0)]",
         "second 0 ValueError True True",
-        "stuck (0,) True True",
+        "stuck True True",
         "launch [(0, 4, '0'), (1, 4, '1'), (2, 4, '2'), (3, 4, '3')]",
     ]

@@ -93,7 +93,7 @@ DRIVER = textwrap.dedent(
     print("between", wg.allreduce(10))
     big = DataProto.from_dict({"x": torch.arange(1 << 20)})
     print("big", torch.equal(wg.step(big).batch["x"], big.batch["x"] * 2))
-    print("subset", WorkerGroup(Single, 1, backend="torchrun", ranks=[1]).where())
+    print("subset", WorkerGroup(Single, backend="torchrun", ranks=[1]).where())  # world_size: len(ranks)
     lazy = wg.step.options(lazy=True)(data)  # rows stay in processes 0 (the driver) and 1
     swapped = WorkerGroup(Single, 2, backend="torchrun", ranks=[1, 0])  # each rank's rows are in the other
     before = driver_traffic()

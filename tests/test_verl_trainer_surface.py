@@ -25,6 +25,7 @@ from dispatchcore import (  # noqa: E402
     DataProto,
     DataProtoFuture,
     Dispatch,
+    DispatchTimeoutError,
     Execute,
     Worker,
     WorkerError,
@@ -87,6 +88,10 @@ class Trainee(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_version(self) -> int:
         return self.version
+
+    def nap(self, seconds: float) -> int:  # not registered: execute_all_async runs it by name
+        time.sleep(seconds)
+        return self.rank
 
 
 class Critic(Worker):
@@ -161,6 +166,20 @@ def test_ray_get_on_a_dead_actor_is_rays_actor_died_error() -> None:
         _wait_until_dead(group.workers[0])
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(group.update_weights(1), timeout=60)
+    finally:
+        group.shutdown()
+
+
+def test_async_calls_by_name_and_refs_take_the_groups_pipeline_and_its_bounds() -> None:
+    group = RayWorkerGroup(cpu_pool(2), RayClassWithInitArgs(Trainee), name_prefix="verl_bounded", call_timeout=3)
+    try:
+        first, second = group.execute_all_async("nap", 0.2), group.execute_rank_zero_async("nap", 0)
+        assert ray.get(first) == [0, 1] and ray.get(second) == 0  # in the order asked
+        refs = group.execute_all_async("nap", 600)  # the group's call_timeout bounds it, as any call
+        with pytest.raises(DispatchTimeoutError):
+            refs.get()
+        with pytest.raises(DispatchTimeoutError):
+            ray.get(refs, timeout=120)  # the refs raise what the call raised
     finally:
         group.shutdown()
 

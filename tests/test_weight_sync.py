@@ -384,7 +384,9 @@ def test_a_transfer_makes_four_calls_and_two_per_bucket() -> None:
             dst.configure()
             with trace() as tracer:
                 report = sync(version=step)
-            calls = [n for track, n, _ in _slices(tracer) if track == "driver" and n.endswith("transfer__ dispatch")]
+            calls = [
+                n for track, n, _ in _slices(tracer) if track == "driver" and n.endswith("<weight transfer> dispatch")
+            ]
             counts.append(len(calls) - 2 * report.buckets)
         _check(dst, None, 1, step=1, dtype=torch.float16)
     assert counts == [4, 4, 5]

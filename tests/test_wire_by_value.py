@@ -69,6 +69,10 @@ class TestModuleWorker(Worker):
         return Box(x + self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail(self) -> None:
+        raise ValueError("from the test module")  # FAIL-LINE
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def imported_by_name(self) -> tuple[int, bool]:
         """This rank's process, and whether it imported this test module (or received the code instead)."""
         return os.getpid(), __name__ in sys.modules
@@ -161,6 +165,12 @@ def test_a_worker_class_from_a_test_module_runs(backend: str, request: pytest.Fi
         boxes = wg.box(5)
         assert boxes == [Box(5), Box(6)]
         assert all(type(b) is Box for b in boxes)  # the driver gets its own class back
+        # Code that went by value keeps its file name: the rank's frames point at this file and line.
+        with pytest.raises(dispatchcore.WorkerError) as info:
+            wg.fail()
+        line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# FAIL-LINE" in text)
+        assert f'File "{__file__}", line {line}, in fail' in info.value.remote_traceback
+        assert "<dynamic-code>" not in info.value.remote_traceback
 
 
 _shared_gate = threading.Event()

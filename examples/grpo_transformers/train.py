@@ -14,6 +14,16 @@ are and checks the bytes (``verify=True``). The task: emit token 7. The
 reward is the fraction of sampled tokens that are 7 (about 1/17 at first).
 ``local`` cannot run it: its ranks are threads of one process, and a process
 holds one torch process group.
+
+A failed step is recovered: both roles declare their FSDP2 modules and the
+actor its optimizer (``sharded_modules``, ``sharded_optimizers``), and
+define ``recover_sharded_state``. After a call that failed, the library
+checks every rank's FSDP2 state before the next call and, where a rank was
+left mid-step (a raise inside backward), runs that hook on every rank: the
+actor rebuilds model, ``fully_shard`` and optimizer and restores the copy it
+kept at the start of the step; the reference rebuilds itself. The driver
+then retries the step. ``--fault-step N`` plants a raise inside backward on
+trainer rank 1 at step N, once.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from dispatchcore import (
     Dispatch,
     WeightSync,
     Worker,
+    WorkerError,
     WorkerGroup,
     collective,
     create_colocated_worker_cls,
@@ -63,6 +74,7 @@ class GRPOConfig:
     kl_coef: float = 0.01
     seed: int = 0
     check_weights: bool = False  # after every sync, compare the rollout's bytes with the gathered full parameters
+    fault_step: int | None = None  # trainer rank 1 raises inside backward at this step, once; the step is retried
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class StepResult:
     kl: float
     rows: int  # the real rows the trainer's ranks trained on, summed (padding left out)
     weights_exact: bool | None  # None unless `check_weights`
+    retried: bool = False  # the update failed once (a planted fault) and ran again after recovery
 
 
 def build_model(seed: int) -> LlamaForCausalLM:
@@ -119,14 +132,60 @@ def group_advantages(rewards: torch.Tensor, samples: int) -> torch.Tensor:
     return (centred / (grouped.std(dim=1, keepdim=True) + 1e-6)).reshape(-1)
 
 
+def _kept(state: Any) -> Any:
+    """A copy of a (possibly nested) state dict's tensors, DTensors as DTensors."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {key: _kept(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_kept(value) for value in state)
+    return state
+
+
+class PlantedFault(torch.autograd.Function):
+    """Identity; its backward raises where told: a fault inside backward, mid-FSDP2 step."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fail: bool) -> torch.Tensor:
+        ctx.fail = fail
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.fail:
+            raise RuntimeError("a planted fault inside backward")
+        return grad, None
+
+
 class Actor(Worker):
     """The policy, sharded with FSDP2; offers its DTensors to ``WeightSync`` as they are."""
+
+    sharded_modules = ("model",)  # checked on every rank after a failed call
+    sharded_optimizers = ("optimizer",)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, config: GRPOConfig) -> None:
         self.config = config
-        self.model = sharded_model(config.seed)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
+        self.faulted = False
+        self.kept: tuple[Any, Any] | None = None
+        self._build()
+
+    def _build(self) -> None:
+        self.model = sharded_model(self.config.seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
+
+    def recover_sharded_state(self) -> None:
+        """Every rank, when the check after a failed call finds FSDP2 mid-step: rebuild, restore the kept copy.
+
+        The copy lives in this process only: a replaced rank has none, so a run that replaces ranks loads
+        its last DCP checkpoint here instead (``docs/replacing-ranks.md``).
+        """
+        self._build()
+        kept = self.kept
+        if kept is not None:  # None: no step began yet, and the rebuilt model is the initial one
+            self.model.load_state_dict(kept[0])
+            self.optimizer.load_state_dict(kept[1])
 
     def weights(self) -> dict[str, Any]:
         return dict(self.model.named_parameters())
@@ -138,13 +197,18 @@ class Actor(Worker):
         Every rank runs forward and backward on its whole chunk (FSDP2's
         collectives need all of them); padding rows are masked out, and the
         loss is scaled so that FSDP2's gradient mean over ranks is the mean
-        over the real rows of the whole batch.
+        over the real rows of the whole batch.  The state before the step is
+        kept (in memory: a real run would load its last DCP checkpoint) for
+        :meth:`recover_sharded_state`.
         """
+        self.kept = _kept((self.model.state_dict(), self.optimizer.state_dict()))
         cfg, rows = self.config, data.meta_info["total_rows"]
         sequences = data.batch["sequences"]
         real = real_rows(data)
         mask = (torch.arange(len(sequences)) < real).float()
-        log_prob = response_log_probs(self.model, sequences, cfg.prompt_len)
+        fail = self.rank == 1 and data.meta_info["step"] == cfg.fault_step and not self.faulted
+        self.faulted = self.faulted or fail
+        log_prob = PlantedFault.apply(response_log_probs(self.model, sequences, cfg.prompt_len), fail)
         delta = data.batch["ref_log_prob"] - log_prob
         kl = (delta.exp() - delta - 1).mean(dim=-1) * mask
         per_row = (-(data.batch["advantages"][:, None] * log_prob).mean(dim=-1) + cfg.kl_coef * kl) * mask
@@ -164,10 +228,16 @@ class Actor(Worker):
 class Reference(Worker):
     """The frozen initial policy, sharded like the actor, in the same processes."""
 
+    sharded_modules = ("model",)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, config: GRPOConfig) -> None:
-        self.prompt_len = config.prompt_len
+        self.prompt_len, self.seed = config.prompt_len, config.seed
         self.model = sharded_model(config.seed).requires_grad_(False)
+
+    def recover_sharded_state(self) -> None:
+        """Frozen: rebuilt as it was made, so every rank's FSDP2 state starts alike again."""
+        self.model = sharded_model(self.seed).requires_grad_(False)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -265,13 +335,24 @@ def train(
             rewards = (batch.batch["responses"] == TARGET).float().mean(dim=-1)
             batch.batch["advantages"] = group_advantages(rewards, config.samples)
             batch = batch.union(ref.compute_ref_log_prob(batch))
-            batch.meta_info["total_rows"] = len(batch)
-            metrics = actor.update_actor(batch)
-            result = StepResult(step, float(rewards.mean()), metrics["loss"], metrics["kl"], metrics["rows"], exact)
+            batch.meta_info.update(total_rows=len(batch), step=step)
+            metrics, retried = _update(actor, batch)
+            result = StepResult(
+                step, float(rewards.mean()), metrics["loss"], metrics["kl"], metrics["rows"], exact, retried
+            )
             history.append(result)
             if on_step is not None:
                 on_step(result)
     return history
+
+
+def _update(actor: Any, batch: DataProto) -> tuple[dict[str, Any], bool]:
+    """The actor's update; after a failure, once more (the library checks and recovers the sharded state first)."""
+    try:
+        return actor.update_actor(batch), False
+    except WorkerError as exc:
+        print(f"update_actor failed on rank {exc.rank} ({exc.exc_message}); retrying the step", flush=True)
+        return actor.update_actor(batch), True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -281,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=GRPOConfig.seed)
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the run")
     parser.add_argument("--check-weights", action="store_true", help="compare rollout and trainer bytes every step")
+    parser.add_argument("--fault-step", type=int, help="trainer rank 1 raises inside backward at this step, once")
     args = parser.parse_args(argv)
     if args.backend == "local":
         parser.error(
@@ -289,7 +371,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     launched = args.backend == "torchrun" and os.environ.get("TORCHELASTIC_RUN_ID")
     driver = not launched or os.environ.get("RANK") == "0"
-    config = GRPOConfig(backend=args.backend, steps=args.steps, seed=args.seed, check_weights=args.check_weights)
+    config = GRPOConfig(
+        backend=args.backend,
+        steps=args.steps,
+        seed=args.seed,
+        check_weights=args.check_weights,
+        fault_step=args.fault_step,
+    )
 
     def report(r: StepResult) -> None:
         exact = "" if r.weights_exact is None else f"  rollout weights exact: {r.weights_exact}"

@@ -6,6 +6,18 @@ their results come back.  Executors (``local`` threads, ``torchrun``
 processes, ``ray`` actors) are plugins found through pluggy.
 """
 
+from ._async import (
+    AheadBound,
+    MaxStaleness,
+    RolloutBatch,
+    RolloutStream,
+    StalenessPolicy,
+    StreamEnded,
+    StreamState,
+    TakenStep,
+    versioned,
+    weights_version_of,
+)
 from ._base import (
     BackendNotFoundError,
     BatchSizeError,
@@ -91,6 +103,7 @@ _moved.install()  # old private module paths (pickles written before the move) k
 
 __all__ = [
     "PADDING_ROWS_KEY",
+    "AheadBound",
     "BackendNotFoundError",
     "BatchSizeError",
     "Call",
@@ -124,16 +137,23 @@ __all__ = [
     "GroupResized",
     "GroupSpec",
     "LazyDataProto",
+    "MaxStaleness",
     "MembershipChange",
     "MemoryBudgetError",
     "MethodProxy",
     "Registration",
     "RegistrationError",
     "RemoteFailure",
+    "RolloutBatch",
+    "RolloutStream",
     "RowShard",
     "Shard",
     "Slice",
+    "StalenessPolicy",
+    "StreamEnded",
     "StreamPart",
+    "StreamState",
+    "TakenStep",
     "TensorBatch",
     "Tracer",
     "TransferFuture",
@@ -181,4 +201,6 @@ __all__ = [
     "unregister_dispatch_mode",
     "update_dispatch_mode",
     "values_equal",
+    "versioned",
+    "weights_version_of",
 ]

@@ -12,9 +12,7 @@ from typing import Any
 
 from dispatchcore import DispatchRuntimeError
 from dispatchcore.executor import (
-    Instructions,
     LaneRank,
-    RemoteFailure,
     ResultShape,
     StoreCollective,
     WorkerHost,
@@ -23,11 +21,20 @@ from dispatchcore.executor import (
 )
 
 from . import _forward
-from ._bulk import RankBulk, Shelf
+from ._bulk import STASH_POLL_S, RankBulk, Shelf
 from ._rows import RowFetcher, serve_rows
 from ._runtime import cuda_device_index
-from ._store import Packed, pack_value, unpack
-from ._tags import BESIDE_GROUP, BESIDE_THREADS, CONTROL_GROUP, FAILED, LANE_GROUP, OK_PACKED, ROWS_GROUP, ROWS_THREADS
+from ._tags import (
+    BESIDE_GROUP,
+    BESIDE_THREADS,
+    CONTROL_GROUP,
+    HANDOVER_GROUP,
+    HANDOVER_THREADS,
+    LANE_GROUP,
+    ROWS_GROUP,
+    ROWS_THREADS,
+    Raised,
+)
 from ._transfer import RayTensorLink
 
 
@@ -45,7 +52,6 @@ class RankActor:
         self._bulk: RankBulk | None = None
         #: Stashed values and kept results of every lane this actor serves.
         self._shelf = Shelf()
-        self._plain_device = False
 
     # -- start-up --------------------------------------------------------------
     def describe(self, want_port: bool = False) -> dict[str, Any]:
@@ -133,36 +139,19 @@ class RankActor:
         """A result kept for the driver (large, or an object reference), handed over once."""
         return self._shelf.take_result(key)
 
-    # -- calls beside the lane -----------------------------------------------------
-    def call_beside(self, method: str, instructions: Instructions, payload: Packed) -> tuple[int, Any]:
-        """The core's row reads and frees, in the ``rows`` group: ``(OK_PACKED, packed)`` or ``(FAILED, failure)``."""
-        host = self._host()
-        if host is None:
-            return FAILED, RemoteFailure(self._rank, method, "RuntimeError", "worker was not started", "")
-        try:
-            args, kwargs = unpack(payload, copy=self._isolate)
-        except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            return FAILED, RemoteFailure.capture(host.rank, method, exc)
-        ok, value = host.run(method, args, kwargs, instructions)
-        if not ok:
-            return FAILED, value
-        try:
-            return OK_PACKED, pack_value(value)
-        except BaseException as exc:  # noqa: BLE001
-            return FAILED, RemoteFailure.unpicklable(host.rank, method, "result", exc, in_process=False, value=value)
-
-    def call_plain(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """verl's ``execute_*_async``: the value itself in the object store, errors raised (default thread)."""
-        host = self._host()
-        if host is None:
-            raise DispatchRuntimeError("worker was not started")
-        if not self._plain_device:
-            self._select_device()
-            self._plain_device = True
-        ok, value = host.run(method, args, kwargs)
-        if not ok:
-            raise value.to_error()
-        return value
+    # -- verl's refs (handover group) -----------------------------------------------
+    def hand_over(self, key: Any) -> Any:
+        """A verl async call's outcome on this rank, once the driver stashed it (``verl._refs``)."""
+        entry = self._shelf.entry(key)
+        while not entry.arrived.wait(STASH_POLL_S):
+            if self._bulk is None or self._bulk.driver_gone.is_set():
+                break
+        self._shelf.drop(key)
+        if not entry.arrived.is_set():
+            raise DispatchRuntimeError("the driver's lane closed before the call's outcome arrived")
+        if isinstance(entry.value, Raised):
+            raise entry.value.error
+        return entry.value
 
     # -- control group (runs beside a busy call) --------------------------------
     def identity(self) -> dict[str, Any]:
@@ -204,5 +193,11 @@ def actor_class() -> Any:
     import ray
 
     remote: Any = ray.remote  # its overloads do not list concurrency_groups
-    groups = {LANE_GROUP: 1, BESIDE_GROUP: BESIDE_THREADS, CONTROL_GROUP: 1, ROWS_GROUP: ROWS_THREADS}
+    groups = {
+        LANE_GROUP: 1,
+        BESIDE_GROUP: BESIDE_THREADS,
+        CONTROL_GROUP: 1,
+        ROWS_GROUP: ROWS_THREADS,
+        HANDOVER_GROUP: HANDOVER_THREADS,
+    }
     return remote(concurrency_groups=groups)(RankActor)

@@ -1,12 +1,16 @@
 """``RayExecutor``: backend ``"ray"``, one named Ray actor per rank, each serving the core's lane.
 
-Large values go by the object store (``_bulk``); futures and lazy rows move
-actor to actor (docs/executor-contract.md, docs/lazy-results.md).
+The core's :class:`~dispatchcore.executor.LaneExecutor` runs the calls
+(submit, cancel, stacks, liveness); this backend only starts and stops the
+actors, offers the object store as the lane's bulk path (``_bulk``) and
+says when an actor died.  Futures and lazy rows move actor to actor
+(docs/executor-contract.md, docs/lazy-results.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,33 +23,31 @@ from dispatchcore.executor import (
     Call,
     CallHandle,
     ChunkPlan,
-    Executor,
     GroupSpec,
     LaneAddress,
     LaneCallHandle,
     LaneDriver,
+    LaneExecutor,
     ResultShape,
-    StoreCollective,
     check_options,
     lane_secret,
     local_ranks,
     rank_environment,
-    unpicklable_error,
-    unpicklable_spec_error,
 )
-from dispatchcore.wire import Serialized, dumps
 
 from . import _grow
 from ._actor import actor_class
 from ._bulk import DriverBulk, KeptResult
-from ._handle import RowsCallHandle
 from ._lane_setup import inline_bytes, lane_host, refuse_ray_client, refuse_removed
 from ._pool import PlacementError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
-from ._runtime import DETACHED_NAMESPACE, ensure_ray
-from ._store import pack_value
-from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, ROWS_GROUP, Forwarded
+from ._runtime import DETACHED_NAMESPACE, ensure_ray, in_session, session_key
+from ._store_server import outlive, serve_store
+from ._tags import BESIDE_GROUP, CONTROL_GROUP, LANE_GROUP, Forwarded
+
+#: Why a group's ranks are gone once its Ray session ended.
+SESSION_ENDED = "its Ray session ended (ray.shutdown()): the group closed with it; create a new group"
 
 #: Backend options and their defaults (``WorkerGroup(..., backend="ray", **options)``).
 OPTIONS: dict[str, Any] = {
@@ -68,7 +70,7 @@ OPTIONS: dict[str, Any] = {
 }
 
 
-class RayExecutor(Executor):
+class RayExecutor(LaneExecutor):
     """Backend ``"ray"``: each rank is a named Ray actor (see the module docstring)."""
 
     name: ClassVar[str] = "ray"
@@ -76,7 +78,6 @@ class RayExecutor(Executor):
     requires: ClassVar[tuple[str, ...]] = ("ray",)
 
     def __init__(self, spec: GroupSpec) -> None:
-        super().__init__(spec)
         opts = self.options = check_options(self.name, refuse_removed(spec.options), OPTIONS)
         self._env = _user_env(opts["env"])
         self._pool: RayResourcePool | None = opts["resource_pool"]
@@ -95,38 +96,47 @@ class RayExecutor(Executor):
         self._collective: tuple[Any, str] | None = None
         self._pool_acquired = False
         self._lane_inline = inline_bytes(opts["lane_inline_bytes"])
-        # Pickled before Ray or any actor starts, so what cannot be pickled is refused with nothing sent.
-        self._spec_payload = _pack_spec(spec) if opts["actors"] is None and not opts["attach"] else None
         refuse_ray_client(opts["address"])  # its actors could never reach this driver's lane
-        self.ray = ensure_ray(opts)
-        #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
-        self.job_id = self.ray.get_runtime_context().get_job_id()
-        #: All that its call handles see of the group (kept current here, in place).
+        #: All that its call handles see of the group (kept current here, in place; its Ray once connected).
         self._rank_actors = RankActors(
-            ray=self.ray,
-            job_id=self.job_id,
+            ray=None,
+            job_id="",
             death_timeout=spec.death_timeout,
             isolate=spec.isolate,
             mark_broken=self.mark_broken,
             names=[f"{spec.name}-rank{rank}" for rank in range(spec.world_size)],
         )
-        #: This driver's Ray connection, as row addresses name it (job ids repeat in a fresh local Ray).
-        self._ray_key = f"{self.job_id}@{self.ray.get_runtime_context().get_node_id()}"
+        self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
+        # Pickles the worker class and init arguments before Ray or any actor starts (refused with nothing sent).
+        super().__init__(spec, bulk=self._bulk)
         self._row_addresses: dict[int, RowAddress] = {}
         #: Ray's actor ids of an attached detached group (a launched one has them in its ``RankActors.infos``).
         self._attached_ids: list[str] = []
-        self._bulk = DriverBulk(self._rank_actors, self._lane_inline)
-        self._lane: LaneDriver | None = None
         #: Each rank's running ``serve_lane`` task: it fails when the actor dies.
         self._serve_refs: dict[int, Any] = {}
+        #: Each launched rank's environment, for :meth:`launch_ranks` (``None``: attached actors keep theirs).
+        self._launch_env: list[dict[str, str]] | None = None
+        #: Where the lane listens, once the actors' nodes are known (``_use_lane``).
+        self._lane_host: str | None = None
+        self._ray_key = ""
         try:
-            if self._spec_payload is not None:
+            self.ray = self._rank_actors.ray = ensure_ray(opts)
+            #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
+            self.job_id = self._rank_actors.job_id = self.ray.get_runtime_context().get_job_id()
+            #: This driver's Ray session, as row addresses name it; a group whose session ended closes quietly.
+            self._ray_key = session_key(self.ray)
+            if opts["actors"] is None and not opts["attach"]:
                 self._launch()
             else:
                 self._attach(None if opts["actors"] is None else list(opts["actors"]))
         except BaseException:
-            self._release(kill=True)
+            self.shutdown()
             raise
+
+    @property
+    def _lane(self) -> LaneDriver:
+        """The core's lane (``LaneExecutor.lane``), by the name ``_grow`` and older tests use."""
+        return self.lane
 
     # -- start-up ----------------------------------------------------------------
     def _launch(self) -> None:
@@ -143,52 +153,59 @@ class RayExecutor(Executor):
         """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
         here = self.ray.get_runtime_context().get_node_id()
         self._bulk.bundle = all(info["node_id"] == here for info in self._rank_actors.infos)
-        self._join_lane(ranks, env)
-        assert self._lane is not None and self._spec_payload is not None  # noqa: S101 - attached groups start none
-        self._lane.start(tuple(ranks), self._spec_payload, self.spec.world_size, self._start_timeout)
+        self._launch_env = env
+        self._join_lane(ranks)
+        self.lane.start(tuple(ranks), self._boot, self.spec.world_size, self._start_timeout)
 
     # -- the lane ------------------------------------------------------------------
-    def _join_lane(self, ranks: Sequence[int], env: list[dict[str, str]] | None) -> None:
+    def _use_lane(self) -> None:
+        """The core's lane, listening where every actor reaches it (made once their nodes are known)."""
+        if self._lane_host is not None:
+            return
+        self._lane_host = lane_host(self.ray, self._rank_actors.infos)
+        self.lane.close()  # the base's, made before the actors' nodes were known
+        self.lane = LaneDriver(
+            self._lane_host,
+            death_timeout=self.spec.death_timeout,
+            on_broken=self.mark_broken,
+            rank_dead=self.rank_dead,
+            bulk=self._bulk,
+            isolate=self.spec.isolate,
+            name=self.spec.name,
+            reason_wait=self.spec.death_timeout,  # a lost node is known only after Ray's health checks
+        )
+
+    def _join_lane(self, ranks: Sequence[int]) -> None:
         """Have ``ranks``' actors serve the lane, within ``start_timeout``; the group cannot start without it."""
-        if self._lane is None:
-            self._lane = LaneDriver(
-                lane_host(self.ray, self._rank_actors.infos),
-                death_timeout=self.spec.death_timeout,
-                on_broken=self.mark_broken,
-                rank_dead=self._rank_dead,
-                bulk=self._bulk,
-                isolate=self.spec.isolate,
-                name=self.spec.name,
-                reason_wait=self.spec.death_timeout,  # a lost node is known only after Ray's health checks
-            )
+        self._use_lane()
         try:
-            self._lane.join(tuple(ranks), lambda address: self._serve(ranks, env, address), self._start_timeout)
+            self.lane.join(tuple(ranks), functools.partial(self.launch_ranks, ranks), self._start_timeout)
         except OSError as exc:
             raise DispatchError(
-                f"ray group {self.spec.name!r}: the driver could not open its control lane on {self._lane.host} "
+                f"ray group {self.spec.name!r}: the driver could not open its control lane on {self.lane.host} "
                 f"({type(exc).__name__}: {exc}); every call goes by the lane, so the group cannot start"
             ) from exc
         except DispatchError as exc:
             names = [self._rank_actors.names[rank] for rank in ranks]
             raise DispatchError(
                 f"ray group {self.spec.name!r}: the actors of rank(s) {list(ranks)} ({names}) could not reach the "
-                f"driver's control lane on {self._lane.host} ({exc}); every call goes by the lane, so the group "
+                f"driver's control lane on {self.lane.host} ({exc}); every call goes by the lane, so the group "
                 "cannot start: let the actors' nodes open TCP connections to this driver (a firewall between them?)"
             ) from exc
 
-    def _serve(self, ranks: Sequence[int], env: list[dict[str, str]] | None, lane: LaneAddress) -> None:
+    def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """One task per rank actor serving the lane: on its method thread, or beside its own group's lane."""
-        spec, actors, address = self.spec, self._rank_actors.actors, lane.encode()
+        spec, actors, env, encoded = self.spec, self._rank_actors.actors, self._launch_env, address.encode()
         secret = lane_secret()  # with the Ray call, which Ray's own authentication guards (docs/security.md)
         for rank in ranks:
             if self.options["actors"] is not None:  # running actors of another group, whose lane may be up
                 task = actors[rank].serve_beside.options(concurrency_group=BESIDE_GROUP)
-                self._serve_refs[rank] = task.remote(address, rank, self._lane_inline, self._start_timeout, secret)
+                self._serve_refs[rank] = task.remote(encoded, rank, self._lane_inline, self._start_timeout, secret)
             else:
                 rank_env = None if env is None else env[rank]
                 task = actors[rank].serve_lane.options(concurrency_group=LANE_GROUP)
                 self._serve_refs[rank] = task.remote(
-                    address,
+                    encoded,
                     rank,
                     rank_env,
                     spec.name,
@@ -198,16 +215,28 @@ class RayExecutor(Executor):
                     secret,
                 )
 
-    def _rank_dead(self, rank: int) -> str | None:
-        """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits)."""
+    def rank_dead(self, rank: int) -> str | None:
+        """Ray's word that rank ``rank``'s actor is gone: its ``serve_lane`` task failed (polled, never waits).
+
+        Once this group's Ray session ended (``ray.shutdown()``), every rank is gone and Ray is not asked.
+        """
+        if not in_session(self.ray, self._ray_key):
+            self._session_ended()
+            return SESSION_ENDED
         ref = self._serve_refs.get(rank)
-        if ref is None or not self.ray.wait([ref], timeout=0, fetch_local=False)[0]:
-            return None
         try:
+            if ref is None or not self.ray.wait([ref], timeout=0, fetch_local=False)[0]:
+                return None
             self.ray.get(ref, timeout=0)
         except Exception as exc:  # noqa: BLE001 - the actor died, or its lane could not start
             return self._rank_actors.gone(rank, exc)
         return None
+
+    def _session_ended(self) -> None:
+        """Close quietly, asking Ray nothing: its session (and every actor of it) is gone."""
+        if not self.closed:
+            self.mark_broken(SESSION_ENDED)
+            self.shutdown()
 
     # -- replacing dead ranks ------------------------------------------------------
     def _add_spares(self, count: int) -> None:
@@ -219,7 +248,7 @@ class RayExecutor(Executor):
 
         A used spare is topped up in the background (docs/replacing-ranks.md).
         """
-        if self._rank_actors.closed:
+        if self.closed:
             raise DispatchError(f"ray group {self.spec.name!r} is shut down")
         if self._detached:
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
@@ -314,7 +343,15 @@ class RayExecutor(Executor):
         """torch.distributed's variables per rank; rank 0's node and port are the rendezvous."""
         n, addr, port = self.spec.world_size, str(infos[0]["ip"]), int(infos[0]["port"])
         if self._collective is None:  # on the driver, so it outlives replaced ranks
-            self._collective = StoreCollective.serve(self.ray.util.get_node_ip_address())
+            self._use_lane()  # the store listens where the lane does
+            host = self.lane.host
+            try:
+                self._collective = serve_store(host)
+            except OSError as exc:
+                raise DispatchError(
+                    f"ray group {self.spec.name!r}: the driver could not open the store of its ranks' collectives "
+                    f"on {host} ({type(exc).__name__}: {exc}), so the group cannot start"
+                ) from exc
         envs = []
         for rank, (local, size) in enumerate(local_ranks([info["node_id"] for info in infos])):
             env = rank_environment(
@@ -383,31 +420,16 @@ class RayExecutor(Executor):
             if handles is not None:
                 group.names[rank] = f"{ident['group']}-rank{ident['rank']}"
         self._attached_ids = [str(i.get("actor_id") or name) for i, name in zip(idents, group.names, strict=True)]
-        self._join_lane(range(size), None)
+        self._launch_env = None
+        self._join_lane(range(size))
 
     # -- calls -------------------------------------------------------------------
-    def submit(self, call: Call) -> CallHandle:
-        if self._rank_actors.closed:
-            raise DispatchError(f"ray group {self.spec.name!r} is shut down")
-        assert self._lane is not None  # noqa: S101 - joined before the group was handed out
-        # The core's row reads (and the frees they carry) are Ray tasks, never queued behind a call on the lane.
-        handle = self._submit_rows(call, self._lane) if call.beside else self._lane.submit(call)
+    def submit(self, call: Call) -> LaneCallHandle:
+        """The lane's (the core's row reads too: they ride the control link, beside a running call)."""
+        handle = super().submit(call)
         if self.poll_interval is not None:
             handle.poll = min(handle.poll, self.poll_interval)
         return handle
-
-    def _submit_rows(self, call: Call, lane: LaneDriver) -> RowsCallHandle:
-        """The core's row read or free, in the ranks' ``rows`` concurrency group; ``lane`` pings the ranks."""
-        refs = []
-        for position, rank in enumerate(call.ranks):
-            share = (call.args[position], call.kwargs[position])
-            try:
-                payload = pack_value(share)
-            except Exception as exc:
-                raise unpicklable_error(call.method, share, exc) from exc
-            task = self._rank_actors.actors[rank].call_beside.options(concurrency_group=ROWS_GROUP)
-            refs.append(task.remote(call.method, call.instructions, payload))
-        return RowsCallHandle(lane, self._rank_actors, call, refs)
 
     # -- futures forwarded rank to rank -----------------------------------------------
     def describe_results(self, handle: CallHandle) -> list[ResultShape | None] | None:
@@ -484,51 +506,37 @@ class RayExecutor(Executor):
         return self._rank_actors.node_of(rank)
 
     @property
+    def session(self) -> str:
+        """The Ray session this group lives in (``_runtime.in_session`` tells whether it still runs)."""
+        return self._ray_key
+
+    @property
     def actors(self) -> list[Any]:
         """The actor handles, in rank order."""
         return list(self._rank_actors.actors)
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`shutdown` ran (the actors are gone, or let go of if detached)."""
-        return self._rank_actors.closed
-
-    def cancel_call(self, call: Call, ranks: Sequence[int]) -> bool:
-        """Each rank is asked on its lane control link, beside the running call (not waited for)."""
-        if self.closed or self._lane is None:
-            return False
-        self._lane.cancel(call.instructions.call_id, ranks)
-        return True
-
     def can_replace_ranks(self) -> bool:
         """Not the ranks of a detached group (another driver may own them)."""
-        return not self.closed and not self._detached
+        return super().can_replace_ranks() and not self._detached
 
-    def rank_stacks(self, ranks: Sequence[int], all_threads: bool, timeout: float) -> dict[int, str]:
-        """Each rank answers on its lane control link, beside a running call."""
-        return {} if self.closed or self._lane is None else self._lane.stacks(ranks, all_threads, timeout)
-
-    def shutdown(self) -> None:
-        """Kill the actors (detached groups: only let go of them) and release the pool."""
-        if self._rank_actors.closed:
-            return
-        self._rank_actors.closed = True
-        self._release(kill=not self._detached)
-
-    def _release(self, kill: bool) -> None:
-        lane, self._lane = getattr(self, "_lane", None), None
-        if lane is not None:
-            lane.close()
-        actors, self._rank_actors.actors = self._rank_actors.actors, []
+    def stop_ranks(self) -> None:
+        """Kill the actors (detached groups: only let go of them), then release the pool; Ray's session may be gone."""
+        group = self._rank_actors
+        group.closed = True
+        actors, group.actors = group.actors, []
         actors += [actor for actor, _, _ in self._spares]
         self._spares = []
-        self._collective = None  # the collective store (its port closes with it)
-        if kill and self.ray.is_initialized():
+        store, self._collective = self._collective, None
+        alive = group.ray is not None and in_session(self.ray, self._ray_key)
+        if alive and not self._detached:
             self._kill(actors)
             _grow.release(self)
+            # The store outlives the actors: a rank whose store vanished under it prints torch's C++ trace.
+            outlive(self.ray, self._ray_key, actors, store)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
-            self._pool.release()
+            if alive:
+                self._pool.release()
 
     def _kill(self, actors: Iterable[Any]) -> None:
         for actor in actors:
@@ -557,11 +565,3 @@ def _user_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     if ray_local := sorted({"RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"} & set(env)):
         raise DispatchValueError(f"worker environment may not set {ray_local}: the executor sets them per rank")
     return {str(k): str(v) for k, v in env.items()}
-
-
-def _pack_spec(spec: GroupSpec) -> Serialized:
-    """The worker class and init arguments pickled for the ranks, or the one error naming what cannot be pickled."""
-    try:
-        return dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
-    except Exception as exc:
-        raise unpicklable_spec_error(spec, exc) from exc

@@ -7,7 +7,7 @@ from typing import Any
 
 from dispatchcore.executor import ChunkPlan
 
-#: What a rank's row read, free or fetch answers: ``(OK_PACKED, packed)`` or ``(FAILED, failure or message)``.
+#: What a rank answers another rank's fetch of its kept rows: ``(OK_PACKED, packed)`` or ``(FAILED, message)``.
 OK_PACKED, FAILED = 1, 2
 
 #: The actor's concurrency groups, each beside the worker's thread so a busy rank still answers:
@@ -21,6 +21,11 @@ ROWS_THREADS = 2
 #: The driver's lane: its one thread is the rank's method thread (every call and ``__init__``).
 LANE_GROUP = "lane"
 
+#: verl's non-blocking calls: each rank's outcome handed to a Ray ref once the driver has it (a thread per
+#: outstanding call; more wait their turn).
+HANDOVER_GROUP = "handover"
+HANDOVER_THREADS = 8
+
 #: Lanes of groups made of running actors (verl's ``worker_handles``): a thread per such lane.
 BESIDE_GROUP = "beside"
 BESIDE_THREADS = 4
@@ -32,3 +37,10 @@ class Forwarded:
 
     refs: dict[int, Any]
     plan: ChunkPlan
+
+
+@dataclass
+class Raised:
+    """An outcome that is an error: the rank's ``hand_over`` raises it (verl's ``ray.get`` then does)."""
+
+    error: BaseException

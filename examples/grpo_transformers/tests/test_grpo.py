@@ -39,8 +39,19 @@ def test_the_batch_is_padded_for_the_trainer_group() -> None:
 
 
 def test_grpo_learns_on_torchrun_with_exact_weights_after_every_sync(tmp_path: Path) -> None:
-    config = GRPOConfig(backend="torchrun", check_weights=True)
-    _check(train(config, trace_path=str(tmp_path / "trace.json")), tmp_path / "trace.json", config)
+    """With a raise planted inside backward on trainer rank 1 at step 3: recovered, retried, learning on."""
+    config = GRPOConfig(backend="torchrun", check_weights=True, fault_step=3)
+    history = train(config, trace_path=str(tmp_path / "trace.json"))
+    _check(history, tmp_path / "trace.json", config)
+    assert [r.step for r in history if r.retried] == [3]
+
+
+@pytest.mark.slow
+def test_a_step_recovered_after_a_raise_inside_backward_ends_as_a_clean_run() -> None:
+    clean = train(GRPOConfig(backend="torchrun", steps=5))
+    faulted = train(GRPOConfig(backend="torchrun", steps=5, fault_step=2))
+    assert [r.retried for r in faulted] == [False, True, False, False, False]
+    assert [(r.reward, r.loss, r.kl) for r in faulted] == [(r.reward, r.loss, r.kl) for r in clean]
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from ._padding import (
     PADDING_ROWS_KEY,
     DataProtoConfig,
     chunk_with_padding,
+    kept_result_rows,
     pad_dataproto_to_divisor,
     unpad_dataproto,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "concat_tensordicts",
     "fold_batch_dim",
     "is_tensordict",
+    "kept_result_rows",
     "merge_meta_info",
     "pad_dataproto_to_divisor",
     "slice_rows",

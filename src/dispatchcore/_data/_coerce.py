@@ -11,7 +11,7 @@ import torch
 from dispatchcore._base._errors import DispatchIndexError, DispatchTypeError
 from dispatchcore._data._tensor_batch import TensorBatch, is_tensordict
 
-__all__ = ["as_batch", "as_column", "as_index"]
+__all__ = ["as_batch", "as_column", "as_index", "not_a_dataproto"]
 
 
 def as_batch(batch: Any) -> TensorBatch | None:
@@ -55,3 +55,18 @@ def as_index(idxs: Any, length: int | None = None) -> tuple[torch.Tensor, np.nda
     if length is not None and arr.dtype != bool and arr.size and not (-length <= arr.min() and arr.max() < length):
         raise DispatchIndexError(f"row index out of range for a DataProto of length {length}")
     return torch.from_numpy(np.ascontiguousarray(arr)), arr
+
+
+def not_a_dataproto(operation: str, value: Any) -> DispatchTypeError:
+    """The error for a non-DataProto handed where one is needed, naming what it likely is and the fix."""
+    kind = type(value).__name__
+    if isinstance(value, (list, tuple)):
+        fix = (
+            f"a {kind} of {len(value)} (what a ONE_TO_ALL or ALL_TO_ALL call returns: one value per rank); pick "
+            "one (e.g. result[0]) or register the method with Dispatch.DP_COMPUTE_PROTO to get one DataProto"
+        )
+    elif callable(getattr(value, "get", None)) and "Future" in kind:
+        fix = f"a {kind} (what a blocking=False call returns); call .get() on it first"
+    else:
+        fix = f"a {kind}; build one with DataProto.from_dict(...)"
+    return DispatchTypeError(f"{operation} takes a DataProto, got {fix}")

@@ -22,7 +22,7 @@ from dispatchcore._base._errors import (
     DispatchTypeError,
     DispatchValueError,
 )
-from dispatchcore._data._coerce import as_batch, as_column, as_index
+from dispatchcore._data._coerce import as_batch, as_column, as_index, not_a_dataproto
 from dispatchcore._data._item import DataProtoItem
 from dispatchcore._data._meta_info import merge_meta_info, union_numpy_dict, union_tensor_dict, union_two_dict
 from dispatchcore._data._minibatch import collate_rows, iterate_minibatches
@@ -383,6 +383,8 @@ class DataProto:
 
         With a lazy ``other``, self becomes a ``LazyDataProto`` in place; nothing is fetched.
         """
+        if not isinstance(other, DataProto):
+            raise not_a_dataproto("DataProto.union", other)
         if other.is_lazy and not self.is_lazy:
             joined = type(other).of_local(self).union(other)  # type: ignore[attr-defined]
             self.__class__ = type(joined)  # in place, as verl code expects of union

@@ -6,6 +6,7 @@ Every chunk records how many trailing rows are padding (:data:`PADDING_ROWS_KEY`
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "DataProtoConfig",
     "check_positive",
     "chunk_with_padding",
+    "kept_result_rows",
     "pad_dataproto_to_divisor",
     "real_rows",
     "split_views",
@@ -81,6 +83,40 @@ def real_rows(data: RowsLike) -> int:
 def _padding_rows_in(start: int, stop: int, real_end: int) -> int:
     """How many of virtual rows ``[start, stop)`` lie at or past ``real_end``."""
     return max(0, min(stop - start, stop - real_end))
+
+
+def kept_result_rows(lengths: Sequence[int], pad_size: int, padded_len: int, ranks: Sequence[int] | None = None) -> int:
+    """How many leading rows of the ranks' concatenated results are real, judged rank by rank.
+
+    Rank ``i`` was sent ``L = padded_len / len(lengths)`` rows, ``p`` of them padding (only trailing ranks
+    have any).  It may return ``L`` rows (``p`` are trimmed), ``k * L`` rows (``k`` results per row, each
+    row's together: ``k * p`` trimmed), or only its ``L - p`` real rows (kept whole); a rank sent no padding
+    may return any count.  Padding lies in trailing rows of trailing ranks, so what is kept is always a
+    prefix.  Any other count is refused, naming the rank (``ranks[i]``) and the counts: a guess would lose
+    or keep rows without a word.
+    """
+    total = sum(lengths)
+    n = len(lengths)
+    if pad_size <= 0 or n == 0 or padded_len % n:
+        return total
+    size = padded_len // n
+    real_end = padded_len - pad_size
+    keep = 0
+    for i, got in enumerate(lengths):
+        pad = _padding_rows_in(i * size, (i + 1) * size, real_end)
+        if pad == 0 or got == size - pad:
+            keep += got
+        elif got > 0 and got % size == 0:
+            keep += got - got // size * pad
+        else:
+            rank = i if ranks is None else ranks[i]
+            raise BatchSizeError(
+                f"rank {rank} was sent {size} rows, the last {pad} of them padding (auto_padding), and returned "
+                f"{got}: the padding rows cannot be told apart. Return one row per row sent ({size}; the "
+                f"padding is trimmed), k rows per row sent, each row's k together (k*{size}), or only the "
+                f"{size - pad} real rows (meta_info[{PADDING_ROWS_KEY!r}] says how many to drop)"
+            )
+    return keep
 
 
 def _existing_padding(data: RowsLike) -> int | None:

@@ -14,6 +14,7 @@ from .._data import (
     chunk_with_padding,
     concat_tensordicts,
     is_tensordict,
+    kept_result_rows,
     slice_rows,
 )
 from .._spi import plan_forward, trimmed_rows
@@ -204,18 +205,29 @@ def concat_outputs(outputs: list[Any], ranks: list[int] | None = None, row_buffe
     )
 
 
+def _rows_to_keep(picked: list[Any], ranks: list[int], pad_size: int, padded_len: int) -> int | None:
+    """Real rows at the head of the concatenated ``picked`` results (per rank), or ``None``: keep all."""
+    if pad_size <= 0 or not all(isinstance(o, (DataProto, torch.Tensor)) or is_tensordict(o) for o in picked):
+        return None
+    try:
+        return kept_result_rows([len(o) for o in picked], pad_size, padded_len, ranks)
+    except BatchSizeError as exc:
+        raise BatchSizeError(f"call {current_call().method!r}: {exc}") from None
+
+
 def collect_dp_compute_proto(wg: Any, outputs: list[Any]) -> Any:
     ctx = current_call()
     positions = ctx.collect_positions
     buffers = ctx.row_buffers
-    result = (
-        concat_outputs(outputs, row_buffers=buffers)
-        if positions is None
-        else concat_outputs([outputs[i] for i in positions], positions, buffers)
-    )
+    ranks = list(range(len(outputs))) if positions is None else list(positions)
+    picked = outputs if positions is None else [outputs[i] for i in positions]
+    keep = _rows_to_keep(picked, ranks, ctx.pad_size, ctx.padded_len)  # checked before anything is copied
+    result = concat_outputs(picked, ranks, buffers)
     if isinstance(result, DataProto):
         result.meta_info.pop(PADDING_ROWS_KEY, None)
-    return trim_padding(result, ctx.pad_size, ctx.padded_len)
+    if keep is None or keep >= len(result):
+        return result
+    return slice_rows(result, 0, keep) if is_tensordict(result) else result[:keep]
 
 
 def _direct_only(wg: Any, *args: Any, **kwargs: Any) -> PerRank:

@@ -14,8 +14,6 @@ from .._base import CallSignatureError
 
 #: Shapes remembered per method (a method called with ever new keyword sets stops caching).
 _MAX_SHAPES = 64
-#: Names of the core's own methods on the ranks (``_dispatchcore_mesh_info``, ``<role>__dispatchcore_...``).
-_CORE_METHOD = "_dispatchcore_"
 #: Where the core's colocated classes define their ``<role>_<method>`` forwarders.
 _FORWARDER_MODULES = ("dispatchcore._worker._colocate", "dispatchcore._worker._fused")
 _MISSING: Any = object()
@@ -89,12 +87,15 @@ def bind_call(
         binder = binders[key] = binder_for(group.worker_cls, name, key)
     if binder is not None:
         binder.check(len(per_rank_args), per_rank_kwargs, mode)
+    elif "self" in per_rank_kwargs:  # a method taking ``*args, **kwargs`` is not read, but never takes this one
+        raise CallSignatureError(
+            f"call {key!r} got the keyword 'self': each rank passes its worker as self; pass the value under "
+            "another name"
+        )
 
 
 def binder_for(worker_cls: type, name: str, called: str | None = None) -> CallBinder | None:
     """A :class:`CallBinder` for ``worker_cls.name`` (``called`` on the ranks), or ``None`` when not checked."""
-    if _CORE_METHOD in name:
-        return None
     try:
         attr = inspect.getattr_static(worker_cls, name)
     except AttributeError:

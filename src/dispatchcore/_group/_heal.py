@@ -3,10 +3,12 @@
 After setup replay a replaced rank holds what setup made, not what training
 changed since.  Where the worker defines ``replica_state`` and a replica of
 the rank survives (``Worker.replicas``), its state goes rank to rank with
-``WeightSync`` (every backend's tensor link; the group hands the class down) into the new rank's
+``WeightSync`` (every backend's tensor link; the group hands the class down),
+kept on the new rank until the core's ``Operation.HANDOVER`` gives it to
 ``load_replica_state``; the ranks left with setup's state are named
-(``MembershipChange.reset``).  The rank half is ``_worker._handover``; see
-``docs/replacing-ranks.md``.
+(``MembershipChange.reset``).  No step names a method: the version read and
+the load are that operation, the tensors' arrival WeightSync's ``apply=None``.
+The rank half is ``_worker._handover``; see ``docs/replacing-ranks.md``.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base import DispatchError, WorkerError
+from .._spi import Call, Instructions, Operation
 from .._worker import MembershipChange, hands_over
 
 _log = logging.getLogger("dispatchcore")
 
-#: A hook name no worker defines: the hand-over never asks for slices nor lends buffers.
-_NO_HOOK = "_dispatchcore_no_hook"
+#: The hand-over's instructions: the core's operation, not a worker method.
+_HANDOVER = Instructions(operation=Operation.HANDOVER)
+#: What the hand-over's calls are named in errors and traces.
+HANDOVER_CALL = "<hand-over>"
 
 
 def heal_from_replica(group: Any, new_ranks: Sequence[int], source_rank: int, transfer: Any = None) -> bool:
@@ -37,19 +42,26 @@ def heal_from_replica(group: Any, new_ranks: Sequence[int], source_rank: int, tr
     if not new_ranks or not hands_over(group.worker_cls):
         return False
     source, destination = group.ranks([source_rank]), group.ranks(new_ranks)
-    version = source.execute_all("_dispatchcore_weights_version")[0]
-    transfer = transfer or group._site.shared.membership.transfer
-    transfer(
-        source,
-        destination,
-        offer="replica_state",
-        apply="_dispatchcore_replica_part",
-        want=_NO_HOOK,
-        lend=_NO_HOOK,
-        read="replica_state",
-    )(version)
-    destination.execute_all("_dispatchcore_replica_load", version)
+    version = _hand_over(source, ("version",))[0]
+    transfer = transfer or source.call_site.shared.membership.transfer
+    # apply=None: the tensors wait on each new rank for the load below; no slices asked, no buffers lent.
+    transfer(source, destination, offer="replica_state", apply=None, want=None, lend=None, read="replica_state")(
+        version
+    )
+    _hand_over(destination, ("load", version))
     return True
+
+
+def _hand_over(view: Any, step: tuple[Any, ...]) -> list[Any]:
+    """``Operation.HANDOVER``'s ``step`` on every rank of ``view``, through the call pipeline."""
+    site = view.call_site
+    site.check_open(view)
+    n = site.world_size
+    call = Call(
+        HANDOVER_CALL, site.ranks, [step] * n, [{} for _ in range(n)], site.call_timeout, instructions=_HANDOVER
+    )
+    values: list[Any] = site.submit(call, view).result()
+    return values
 
 
 def heal(group: Any, change: MembershipChange, transfer: Any, automatic: bool) -> MembershipChange:

@@ -133,8 +133,8 @@ class Membership:
             instructions=_REJOIN,
         )
         try:
-            # Through the group's submit path; the stragglers were settled above.
-            group._submit_call(call, settled=True).result(group.call_timeout)
+            # Through the call pipeline; the stragglers were settled above.
+            group.call_site.submit(call, group, settled=True).result(group.call_timeout)
         except WorkerError as exc:
             raise DispatchError(
                 f"rank(s) {list(ranks)} were restarted, but rank {exc.rank} failed to rejoin "

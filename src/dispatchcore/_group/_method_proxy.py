@@ -51,7 +51,8 @@ class MethodProxy(Generic[P, D_co]):
         self._timeout = site.call_timeout if timeout is DEFAULT else timeout
         self._lazy = lazy
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> D_co:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> D_co:
+        # ``self`` positional-only: ``wg.m(x, self=1)`` reaches the binder, which refuses it as a signature error.
         result: D_co = run_call(self, args, kwargs, self._lazy)
         return result
 
@@ -79,7 +80,7 @@ class MethodProxy(Generic[P, D_co]):
             self._lazy if lazy is None else lazy, on_timeout or self._on_timeout,
         )  # fmt: skip
 
-    def stream(self, *args: P.args, **kwargs: P.kwargs) -> CallStream:
+    def stream(self, /, *args: P.args, **kwargs: P.kwargs) -> CallStream:
         """Run the call and take its results as ranks finish: ``for part in wg.generate.stream(batch)``.
 
         ``ordered=True`` (the stream's own keyword) gives rank order; leaving

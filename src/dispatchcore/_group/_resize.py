@@ -6,17 +6,16 @@ views at the new world, then runs ``Operation.RESIZE`` on every rank:
 new numbers, collectives on a new generation, setup replayed on new ranks,
 ``on_membership_change``.  A grow then hands the new ranks rank 0's state
 where the worker defines a hand-over (``replica_state``), and the current
-weights (a ``WeightSync`` into them), before their first call.
+weights (a ``WeightSync`` into them), before their first call; a grow that fails removes them again.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._base import DispatchError, DispatchValueError, WorkerError
+from .._base import DispatchError, DispatchValueError, WorkerDiedError, WorkerError
 from .._spi import Call, Instructions, Operation
 from .._trace import active_tracer, now_us
 from .._worker import GroupResized
@@ -29,10 +28,43 @@ RESIZE_CALL = "<resize>"
 _RESIZE = Instructions(operation=Operation.RESIZE)
 #: How often a resize looks again at the calls it waits for.
 _POLL_S = 0.005
+#: After a grow could not start its ranks: how long the old ones are asked whether they live.
+_PROBE_S = 10.0
 
 
 def grow(group: Any, members: Sequence[Any], count: int, sync: Any, version: Any) -> GroupResized:
-    """Add ``count`` ranks to ``group`` (its views in ``members``); ``sync``: a ``WeightSync`` into the group."""
+    """Add ``count`` ranks to ``group`` (its views in ``members``); ``sync``: a ``WeightSync`` into the group.
+
+    A grow that fails removes the ranks it added: the old ones keep serving at the old size, and the
+    error names the phase (an old rank that died is reported as a death, ``WorkerDiedError``).
+    """
+    _check_grow(group, count, sync)
+    copy_back, version = _weights_plan(sync, version)
+    site, started = _quiesce(group, "grow"), now_us()
+    n = site.world_size
+    added = tuple(range(n, n + count))
+    with site.shared.membership._lock:
+        env = _start_ranks(group, site, n, count)
+        _follow(members, n, {r: r for r in range(n)}, n + count)
+        try:
+            change = _rejoin(group, site, n, env, added=added, undoable=True)
+        except Exception as exc:
+            raise _undo_grow(group, site, members, n, added, "every rank took the new size", exc) from exc
+    try:
+        if getattr(group.worker_cls, "replicas", None) == "all":  # DP replicas: rank 0's trained state
+            heal_from_replica(group, added, 0)
+        if copy_back:  # the old ranks hold ``version``: the new ones get those bytes, whatever the source holds now
+            sync.copy_back(group.ranks(list(range(n))), group.ranks(list(added)), version)
+        elif sync is not None:  # another version (or the old ranks may disagree): every rank, from the source
+            sync(version)
+    except Exception as exc:
+        with site.shared.membership._lock:
+            raise _undo_grow(group, site, members, n, added, "the new ranks took their state", exc) from exc
+    _mark(site, f"grow {n} -> {n + count}", started)
+    return change
+
+
+def _check_grow(group: Any, count: Any, sync: Any) -> None:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise DispatchValueError(f"grow needs a number of ranks >= 1, got {count!r}")
     if sync is not None and sync.destination is not group:
@@ -40,22 +72,89 @@ def grow(group: Any, members: Sequence[Any], count: int, sync: Any, version: Any
             f"grow(sync=...) takes a WeightSync whose destination is this group ({group!r}), got one into "
             f"{sync.destination!r}"
         )
-    site, started = _quiesce(group, "grow"), now_us()
-    n = site.world_size
-    executor = site.executor
-    with site.shared.membership._lock:
-        env = dict(executor.add_ranks(count))
-        added = tuple(range(n, n + count))
-        _follow(members, n, {r: r for r in range(n)}, n + count)
-        change = _rejoin(group, site, n, env, added=added)
-    if getattr(group.worker_cls, "replicas", None) == "all":  # DP replicas: rank 0's trained state
-        heal_from_replica(group, added, 0)
-    if sync is not None:  # before their first call: the new ranks take the source's weights now
-        into_new = copy.copy(sync)
-        into_new.destination = group.ranks(added)
-        into_new(version)
-    _mark(site, f"grow {n} -> {n + count}", started)
-    return change
+
+
+def _weights_plan(sync: Any, version: Any) -> tuple[bool, Any]:
+    """``(copy_back, version)``: whether the new ranks copy the old ranks' weights, and the version they get.
+
+    ``version=None`` means the version the old ranks hold.  Where they hold ``version`` (the last
+    transfer, complete), the new ranks take those bytes from an old rank; otherwise (another
+    version, no transfer yet, or one that failed half-way) every rank is synced from the source.
+    """
+    if sync is None:
+        return False, version
+    if version is None and sync.holds(sync.last_version):
+        version = sync.last_version
+    if not sync.holds(version):
+        return False, version
+    why = sync.cannot_copy_back()
+    if why is not None:
+        raise DispatchError(
+            f"grow(sync=..., version={version!r}): the old ranks hold version {version!r}, which the source may "
+            f"have moved past, so the new ranks take the same bytes from an old rank; but {why}. Define it, or "
+            "grow with a new version (every rank is then synced from the source). Nothing was changed"
+        )
+    return True, version
+
+
+def _start_ranks(group: Any, site: CallSite, n: int, count: int) -> dict[str, str]:
+    """The executor's new ranks and their environment; when it cannot start them, the error says why."""
+    try:
+        return dict(site.executor.add_ranks(count))
+    except Exception as exc:
+        dead = _dead_rank(site, n)
+        if dead is not None:
+            raise WorkerDiedError(dead, f"it died while grow({count}) started the new ranks ({exc})", "<grow>") from exc
+        broken = site.executor.broken
+        exc.add_note(
+            f"grow({count}) did not start its ranks; the {site.shared.backend!r} backend can take no more calls "
+            f"({broken})"
+            if broken
+            else f"grow({count}) did not start its ranks; the group keeps its {n} rank{'s' if n > 1 else ''}"
+        )
+        raise
+
+
+def _dead_rank(site: CallSite, n: int) -> int | None:
+    """The lowest of ranks ``0..n-1`` that is gone (asked with an empty core operation), or ``None``."""
+    ranks = tuple(range(n))
+    call = Call(RESIZE_CALL, ranks, [(None, r, []) for r in ranks], [{} for _ in ranks], instructions=_RESIZE)
+    try:
+        site.executor.submit(call).result(min(site.executor.spec.death_timeout, _PROBE_S))
+    except WorkerDiedError as exc:
+        return exc.rank if exc.rank in ranks else None
+    except Exception:  # noqa: BLE001 - only a death is reported as one; the grow's own error says the rest
+        return None
+    return None
+
+
+def _undo_grow(
+    group: Any, site: CallSite, members: Sequence[Any], n: int, added: tuple[int, ...], phase: str, exc: Exception
+) -> Exception:
+    """Remove the ranks a failed grow added and put the old ones back at size ``n``; the error to raise."""
+    died = exc.rank if isinstance(exc, WorkerDiedError) and exc.rank < n else None
+    try:
+        env = dict(site.executor.remove_ranks(added))
+        _follow(members, n + len(added), {r: r for r in range(n)}, n, added)
+        if died is None:
+            _rejoin(group, site, n + len(added), env, removed=added, undoable=True)
+    except Exception as undo:  # noqa: BLE001 - the grow's error is the one to raise; this one is its note
+        site.executor.mark_broken(f"a failed grow could not be undone ({undo})")
+        error = DispatchError(
+            f"grow({len(added)}) failed before {phase} ({type(exc).__name__}: {exc}), and removing the new ranks "
+            f"failed too ({undo}): the group can take no more calls; shut it down and create a new one"
+        )
+        return error
+    if died is not None:
+        detail = f"it died while the group grew, before {phase} ({exc}); the new ranks were removed"
+        return WorkerDiedError(died, detail, "<grow>")
+    rank = getattr(exc, "rank", None)
+    who = f"rank {rank}: " if isinstance(rank, int) else ""
+    return DispatchError(
+        f"grow({len(added)}) failed before {phase} ({who}{type(exc).__name__}: "
+        f"{getattr(exc, 'exc_message', None) or exc}); the new ranks were removed and the group keeps its {n} "
+        f"rank{'s' if n > 1 else ''}"
+    )
 
 
 def shrink(group: Any, members: Sequence[Any], ranks: Sequence[Any]) -> GroupResized:
@@ -127,6 +226,8 @@ def _follow(members: Sequence[Any], n: int, mapping: dict[int, int], size: int, 
     whole = tuple(range(n))
     for member in members:
         site = member._site
+        if site.refused is not None:  # a view that named a removed rank stays refused, whatever the world does
+            continue
         member._mesh_cache.clear()  # meshes are asked again at the new size
         if site.ranks == whole:
             site.ranks = tuple(range(size))
@@ -150,6 +251,7 @@ def _rejoin(
     *,
     added: tuple[int, ...] = (),
     removed: tuple[int, ...] = (),
+    undoable: bool = False,
 ) -> GroupResized:
     """Every rank takes its number and the new size; new ranks replay setup (rank 0's arguments); the hook runs."""
     membership = site.shared.membership
@@ -172,6 +274,8 @@ def _rejoin(
     try:
         group._submit_call(call, settled=True).result(site.call_timeout)
     except WorkerError as exc:
+        if undoable:
+            raise
         reason = f"rank {exc.rank} failed to rejoin after a resize: {exc.exc_type}: {exc.exc_message}"
         site.executor.mark_broken(reason)
         raise DispatchError(f"{reason}. The group stays broken; shut it down and create a new one") from exc

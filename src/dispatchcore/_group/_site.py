@@ -1,6 +1,8 @@
 """What one call needs to know about the group it goes through (the pipeline never reads a ``WorkerGroup``).
 
-A group and its views share one :class:`SharedRanks`; each adds a :class:`CallSite`.
+A group and its views share one :class:`SharedRanks`; each adds a :class:`CallSite`.  The core's own
+calls (weight sync's steps, a rejoin, the mesh query, a hand-over, the row ledger's reads and frees)
+are sent with :meth:`CallSite.submit`, the call pipeline's one submit path (``WorkerGroup.call_site``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from typing import Any
 
 from .._base import DispatchError
 from .._rows import RowLedger
-from .._spi import Executor
+from .._spi import Call, Executor
 from ._membership import Membership
+from ._submit import Submitted, submit
 
 
 @dataclass
@@ -36,6 +39,8 @@ class SharedRanks:
     binders: dict[str, Any] = field(default_factory=dict)
     #: Handles of the calls sent, while anything holds them: a resize waits until each is done.
     calls: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: A call ended early: the next call checks the ranks' sharded state first (``_sharded_check``).
+    sharded_check_due: bool = False
 
 
 @dataclass
@@ -58,6 +63,14 @@ class CallSite:
     @property
     def executor(self) -> Executor:
         return self.shared.executor
+
+    def submit(self, call: Call, group: Any = None, *, settled: bool = False) -> Submitted:
+        """Send one of the core's own calls on these ranks through the call pipeline (``_submit``).
+
+        ``group`` names the group in errors (``None``: the site's ranks); ``settled``: the caller
+        settled the stragglers already.  Wait with ``result(timeout)``.
+        """
+        return submit(group, self, call, settled=settled)
 
     def over(self, ranks: tuple[int, ...] | None = None, prefix: str | None = None) -> CallSite:
         """A site for a view: some of these ranks, or another role's prefix."""
@@ -83,3 +96,16 @@ class CallSite:
             lost = ", ".join(str(self.ranks.index(r)) for r in sorted(dead) if r in self.ranks) or "<rank>"
             fix = f"Restart the lost rank(s) with wg.replace_rank({lost}) (setup is replayed), or {fix.lower()}"
         raise DispatchError(f"{group!r} can take no more calls: {reason}. {fix}")
+
+
+def ledger_sender(shared: SharedRanks) -> Callable[[Call], Submitted]:
+    """What the row ledger sends its beside calls with (holding the ranks weakly: rows never keep a group alive)."""
+    ref = weakref.ref(shared)
+
+    def send(call: Call) -> Submitted:
+        found = ref()
+        if found is None:
+            raise DispatchError("the group holding these lazy rows was shut down; its rows are gone")
+        return CallSite(found, call.ranks, "", None).submit(call)
+
+    return send

@@ -5,6 +5,7 @@ See ``docs/calls-that-cannot-hang.md``.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Protocol
 
@@ -24,21 +25,46 @@ class CallSite(Protocol):
     def executor(self) -> Executor: ...
 
 
-#: How long a failed or timed-out call waits for its ranks' stacks before raising without them.
+#: How long an error waits for its ranks' stacks before it is raised: a timeout fires within its bound plus this.
+STACKS_WAIT_S = 0.3
+#: How long the stacks that had not come by then are waited for, in the background (then added as a note).
 STACKS_TIMEOUT_S = 2.0
 
 
 def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = None) -> None:
-    """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note."""
+    """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note.
+
+    Those that answer within :data:`STACKS_WAIT_S` are noted before it is raised; a rank that answers
+    later (a frozen or busy process) has its stack added to the same error's notes when it comes, so
+    the error is never held back by the ranks it describes.
+    """
     ranks = list(getattr(error, "ranks", ()) or ()) if ranks is None else ranks
     if not ranks:
         return
     try:
-        stacks = site.executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
+        stacks = site.executor.rank_stacks(ranks, False, STACKS_WAIT_S)
     except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
         return
     if stacks:
         error.add_note(stacks_note(stacks))
+    late = [rank for rank in ranks if rank not in stacks]
+    if late:
+        error.add_note(
+            f"the stacks of rank(s) {late} had not come {STACKS_WAIT_S:g} s after the call ended; they are added "
+            f"to this error's notes (exc.__notes__) if they come within {STACKS_TIMEOUT_S:g} s"
+        )
+        threading.Thread(
+            target=_note_late_stacks, args=(site.executor, error, late), name="dispatchcore-stacks", daemon=True
+        ).start()
+
+
+def _note_late_stacks(executor: Executor, error: BaseException, ranks: list[int]) -> None:
+    try:
+        stacks = executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - nobody waits on this thread: a failed ask leaves the error as it was
+        return
+    if stacks:
+        error.add_note("(came after the error was raised) " + stacks_note(stacks))
 
 
 def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None = None) -> None:
@@ -85,8 +111,17 @@ def cancel_on_ranks(site: CallSite, handle: CallHandle, call: Call, why: str) ->
     end = getattr(handle, "cancel", None)
     if end is None or not end():
         return False
+    site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
+    _forget_kept(site, call)
     site.shared.membership.stragglers.track(site.executor, handle, call, why)
     return True
+
+
+def _forget_kept(site: CallSite, call: Call) -> None:
+    """A lazy call that ended early is never adopted: queue frees of what its ranks keep (``RowLedger.forget``)."""
+    keep = call.instructions.keep_rows
+    if keep is not None:
+        site.shared.ledger.forget(call.ranks, keep)
 
 
 def ended_early(
@@ -102,6 +137,8 @@ def ended_early(
 
     A timeout stops them only with ``cancel_after``; the error to raise instead is then returned.
     """
+    site.shared.sharded_check_due = True  # the next call checks sharded state first (_sharded_check)
+    _forget_kept(site, call)
     if isinstance(exc, CallCancelledError):
         return None
     if isinstance(exc, DispatchTimeoutError):

@@ -1,19 +1,18 @@
 """The one way the core sends a call, so each settles stragglers, carries frees, is traced and fails alike.
 
-Beside calls (``Call.beside``) neither wait for stragglers nor become ones.
+Beside calls (``Call.beside``) neither wait for stragglers nor become ones.  The core's own calls
+(weight sync's steps, a rejoin, the row ledger's reads) come in through ``CallSite.submit``; this
+module reads a call site but does not import it (``_site`` imports this one).
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._base import DispatchError
 from .._spi import Call, CallHandle
 from ._call_checks import submit_call
-from ._site import CallSite, SharedRanks
+from ._sharded_check import check_before
 from ._stuck import clear_stragglers, ended_early
 from ._tracing import CallTrace
 
@@ -29,7 +28,8 @@ class Submitted:
 
     call: Call
     handle: CallHandle
-    site: CallSite
+    #: The ``CallSite`` it went through.
+    site: Any
     trace: CallTrace | None
 
     def result(self, timeout: float | None = CALL_BOUND) -> list[Any]:
@@ -51,10 +51,8 @@ class Submitted:
         return self.handle.done()
 
 
-def submit(
-    group: Any, site: CallSite, call: Call, trace: CallTrace | None = BEGIN, *, settled: bool = False
-) -> Submitted:
-    """Send ``call`` to ``site``'s executor (``group`` names the group in errors and is what a restart rebuilds).
+def submit(group: Any, site: Any, call: Call, trace: CallTrace | None = BEGIN, *, settled: bool = False) -> Submitted:
+    """Send ``call`` to ``site``'s executor (a ``CallSite``; ``group`` names the group in errors).
 
     ``trace``: one the caller began (or ``None``); ``settled``: the caller settled stragglers already.
     """
@@ -63,12 +61,14 @@ def submit(
     return Submitted(call, send(group, site, call, trace, settled), site, trace)
 
 
-def send(group: Any, site: CallSite, call: Call, trace: CallTrace | None, settled: bool) -> CallHandle:
+def send(group: Any, site: Any, call: Call, trace: CallTrace | None, settled: bool) -> CallHandle:
     """:func:`submit` for a caller that waits its own way (``run_call``: retries, cancels): the handle only."""
     shared = site.shared
     beside = call.beside
     if not (settled or beside):
         clear_stragglers(group, site, call.ranks)
+    if shared.sharded_check_due:
+        check_before(site, call)
     if trace is not None:
         trace.dispatched(call)
     ledger = shared.ledger
@@ -86,16 +86,3 @@ def send(group: Any, site: CallSite, call: Call, trace: CallTrace | None, settle
         raise
     shared.calls.add(handle)
     return handle
-
-
-def ledger_sender(shared: SharedRanks, ranks: tuple[int, ...]) -> Callable[[Call], Submitted]:
-    """What the row ledger sends its beside calls with (holding the ranks weakly: rows never keep a group alive)."""
-    ref = weakref.ref(shared)
-
-    def send(call: Call) -> Submitted:
-        found = ref()
-        if found is None:
-            raise DispatchError("the group holding these lazy rows was shut down; its rows are gone")
-        return submit(None, CallSite(found, ranks, "", None), call)
-
-    return send

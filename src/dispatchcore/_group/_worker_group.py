@@ -21,7 +21,7 @@ from .._base import (
 )
 from .._dispatch import Registration, collect_list, dispatch_all_to_all, registered_methods
 from .._rows import DEFAULT_BUDGET, RowLedger
-from .._spi import Call, Executor, GroupSpec, get_executor_class
+from .._spi import Call, Executor, GroupSpec, Instructions, Operation, get_executor_class
 from .._worker import GroupResized, MembershipChange, method_names
 from ._bind import bind_call
 from ._call_options import check_timeout
@@ -31,8 +31,8 @@ from ._membership import CANCEL_GRACE_S, SetupLog, check_on_rank_death
 from ._method_proxy import MethodNamespace, proxy_class
 from ._plan import build_call
 from ._resize import grow, shrink
-from ._site import CallSite, SharedRanks
-from ._submit import Submitted, ledger_sender, submit
+from ._site import CallSite, SharedRanks, ledger_sender
+from ._submit import Submitted, submit
 
 W = TypeVar("W")
 R = TypeVar("R")
@@ -40,9 +40,15 @@ R = TypeVar("R")
 _live_groups: weakref.WeakSet[WorkerGroup[Any]] = weakref.WeakSet()
 _names = itertools.count()
 _labels = itertools.count()
+#: The mesh query's instructions: the core's operation, not a worker method.
+_MESH = Instructions(operation=Operation.MESH)
 
 
-def _check_world_size(executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any) -> int:
+def _check_world_size(
+    executor_cls: type[Executor], backend: str, worker_cls: type, world_size: Any, ranks: Any = None
+) -> int:
+    if world_size is None and isinstance(ranks, (list, tuple, range)):
+        world_size = len(ranks)  # ``ranks=[1, 2]`` places a group of two: its size needs no second saying
     if world_size is None:
         world_size = executor_cls.launch_world_size()
         if world_size is None:
@@ -95,7 +101,7 @@ class WorkerGroup(Generic[W]):
             raise DispatchTypeError(f"worker_cls must be a class, got {worker_cls!r}")
         name = resolve_backend(backend)
         executor_cls = get_executor_class(name)
-        world_size = _check_world_size(executor_cls, name, worker_cls, world_size)
+        world_size = _check_world_size(executor_cls, name, worker_cls, world_size, backend_options.get("ranks"))
         _check_flags(isolate, init_args, lazy, lazy_budget_bytes)
         check_on_rank_death(on_rank_death, name, executor_cls)
         timeout = check_timeout("call_timeout", call_timeout)
@@ -127,7 +133,7 @@ class WorkerGroup(Generic[W]):
         )  # fmt: skip
         shared.root = weakref.ref(self)
         shared.membership.cancel_grace = check_timeout("cancel_grace", cancel_grace, allow_none=False)  # type: ignore[assignment]
-        shared.ledger.send = ledger_sender(shared, tuple(range(world_size)))
+        shared.ledger.send = ledger_sender(shared)
         self._attach(CallSite(shared, tuple(range(world_size)), "", timeout), worker_cls, methods, None)
         _live_groups.add(self)
 
@@ -245,6 +251,12 @@ class WorkerGroup(Generic[W]):
         return self._site.shared.label
 
     @property
+    def call_site(self) -> CallSite:
+        """Where this group's calls go; ``call_site.submit(call)`` sends one of the core's own calls
+        (``Instructions.operation``) through the call pipeline, as weight sync's steps go."""
+        return self._site
+
+    @property
     def call_timeout(self) -> float | None:
         """The group's default call bound (``None``: calls may run as long as they need)."""
         return self._site.call_timeout
@@ -313,14 +325,14 @@ class WorkerGroup(Generic[W]):
         return submit(self, site, call).result()
 
     def _submit_call(self, call: Call, *, settled: bool = False) -> Submitted:
-        """The core's own calls on these ranks (a rejoin, a transfer step) through the one submit path."""
-        return submit(self, self._site, call, settled=settled)
+        """``self.call_site.submit(call, self, settled=...)`` (kept for the resize's calls)."""
+        return self._site.submit(call, self, settled=settled)
 
-    def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def execute_all(self, method_name: str, /, *args: Any, **kwargs: Any) -> list[Any]:
         """Run any worker method on every rank (verl's ALL_TO_ALL rule for arguments)."""
         return collect_list(self, self._raw_call(method_name, args, kwargs, rank_zero=False))
 
-    def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+    def execute_rank_zero(self, method_name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Run any worker method on rank 0 only and return its value."""
         return self._raw_call(method_name, args, kwargs, rank_zero=True)[0]
 
@@ -328,7 +340,7 @@ class WorkerGroup(Generic[W]):
         """Each rank's ``(dp_rank, is_collect)`` on ``mesh_name``, asked once (a view's dp ranks numbered from 0)."""
         cached = self._mesh_cache.get(mesh_name)  # a dict read needs no lock; the write below takes it
         if cached is None:
-            answers = self._raw_call("_dispatchcore_mesh_info", (mesh_name,), {}, rank_zero=False)
+            answers = self._mesh_query(mesh_name)
             cached = [(int(dp), bool(c)) for dp, c in answers]
             if self._site.world_size < (self._parent or self).world_size:
                 # A view over some dp ranks splits over those only, renumbered 0..k-1.
@@ -337,6 +349,22 @@ class WorkerGroup(Generic[W]):
             with self._lock:
                 self._mesh_cache[mesh_name] = cached
         return cached
+
+    def _mesh_query(self, mesh_name: str) -> list[Any]:
+        """``Operation.MESH`` on every rank: each one's declaration of ``mesh_name`` (its role's, in a role view)."""
+        site = self._site
+        site.check_open(self)
+        if not isinstance(mesh_name, str):
+            raise DispatchTypeError(
+                f"a mesh name is a string (the one the workers passed to _register_dispatch_collect_info), "
+                f"got {mesh_name!r}"
+            )
+        n = site.world_size
+        call = Call(
+            f"{site.prefix}<mesh {mesh_name}>", site.ranks, [(site.prefix, mesh_name)] * n, [{} for _ in range(n)],
+            site.call_timeout, instructions=_MESH,
+        )  # fmt: skip
+        return site.submit(call, self).result()
 
     @property
     def world_size(self) -> int:

@@ -44,7 +44,7 @@ class RowLedger:
         self.unfreed: dict[int, list[str]] = {}
         #: Ranks seen dead (their kept rows are gone).
         self.dead: set[int] = set()
-        #: How row calls are sent; the group sets its submit path (until then: straight to the executor).
+        #: How row calls are sent: the group's call pipeline, set as the group is made (nothing else sends them).
         self.send: Send | None = None
 
     def adopt(self, ranks: Sequence[int], results: list[Any]) -> list[Any]:
@@ -86,6 +86,16 @@ class RowLedger:
         with self._lock:
             self._held[rank] = max(0, self._held.get(rank, 0) - nbytes)
             self.unfreed.setdefault(rank, []).append(key)
+
+    def forget(self, ranks: Sequence[int], keep: str) -> None:
+        """A lazy call under key ``keep`` ended early: whatever its ranks kept (now or when they finish) is freed.
+
+        Never adopted, such rows would stay on the ranks for good; the free rides the next call that
+        reaches each rank (its method thread runs that call only after the ended one), an unknown key is skipped.
+        """
+        with self._lock:
+            for rank in ranks:
+                self.unfreed.setdefault(rank, []).append(f"{keep}/{rank}")
 
     def held_on(self, ranks: Sequence[int]) -> dict[int, int]:
         """Bytes of kept rows still referenced on each of ``ranks`` that holds any."""
@@ -131,10 +141,12 @@ class RowLedger:
         for rank, keys in taken.items():
             call = Call(ROWS_CALL, (rank,), [(RowAccess((), tuple(keys)),)], [{}], None, True, _ROWS, True)
             with contextlib.suppress(Exception):  # a gone rank took its rows with it
-                self._send(executor, call)
+                self._send(call)
 
-    def _send(self, executor: Executor, call: Call) -> Any:
-        return executor.submit(call) if self.send is None else self.send(call)
+    def _send(self, call: Call) -> Any:
+        if self.send is None:
+            raise DispatchError("this row ledger belongs to no group yet (its send is unset); nothing was sent")
+        return self.send(call)
 
     def read(self, requests: Sequence[RowRequest], timeout: float | None) -> list[DataProto]:
         """Rows for ``requests`` on the driver (copies; one beside call per producing rank, carrying its frees)."""
@@ -160,7 +172,7 @@ class RowLedger:
                 access = RowAccess(tuple(requests[i] for i in idx), tuple(frees.pop(rank, ())))
                 call = Call(ROWS_CALL, (rank,), [(access,)], [{}], timeout, True, _ROWS, True)
                 try:
-                    handles[rank] = self._send(executor, call)
+                    handles[rank] = self._send(call)
                 except BaseException:
                     self.give_back({rank: list(access.free)})
                     self.give_back(frees)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .._base import CallCancelledError, Latch, WorkerDiedError
 from .._spi import Call, CallHandle
+from ._failure_hints import with_hint
 from ._timeout_wording import timeout_error
 from ._worker_host import RemoteFailure, first_failure
 
@@ -255,5 +256,5 @@ class RankCallHandle(CallHandle):
                 error.add_note(f"rank(s) {others} died too")
             raise error
         if self._failures:
-            raise first_failure(self._failures, self.call.ranks)
+            raise with_hint(first_failure(self._failures, self.call.ranks))
         return self._results

@@ -9,6 +9,7 @@ from typing import Any
 from .._base import UnpicklableError
 from .._spi import Call, GroupSpec
 from .._wire import Culprit, dumps_in_process, find_unpicklable
+from ._render import message, type_name
 
 #: What to do about data that cannot be pickled.
 ARGUMENT_FIX = (
@@ -29,10 +30,10 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 def describe(culprit: Culprit | None, exc: BaseException) -> str:
     """What the culprit is and what pickling it raised, e.g. ``cannot pickle '_thread.lock' object``."""
     if culprit is None:
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type_name(exc)}: {message(exc)}"
     kind = type(culprit.value)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    text = str(culprit.error)
+    text = message(culprit.error)
     return text if name in text else f"a {name}: {text}"
 
 

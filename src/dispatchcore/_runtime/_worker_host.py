@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .._base import CallInterrupted, WorkerDiedError, WorkerError
 from .._data import DataProto
@@ -26,12 +25,17 @@ from .._worker import (
     enter_method,
     holds_sharded_group,
     leave_method,
+    load_replica,
+    mesh_info,
     rank_context,
     rejoin,
     renumber,
+    replica_version,
+    sharded_state,
     swap_collective,
 )
 from ._cancel import GATE, INTERRUPT_AFTER_S, RunningCall
+from ._render import message, traceback_text, type_name
 from ._unpicklable import wording
 
 #: ``RemoteFailure.unpicklable`` without the value that failed.
@@ -55,10 +59,15 @@ class RemoteFailure:
 
     @classmethod
     def capture(cls, rank: int, method: str, exc: BaseException) -> RemoteFailure:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        if isinstance(exc, WorkerDiedError):
-            return cls(rank, method, type(exc).__qualname__, exc.detail, text, exc.rank)
-        return cls(rank, method, type(exc).__qualname__, str(exc), text)
+        """``exc`` as text; never raises, whatever its ``__str__``, ``__repr__`` or attributes raise (``_render``)."""
+        text = traceback_text(exc)
+        if issubclass(type(exc), WorkerDiedError):  # by type: no attribute of ``exc`` is read
+            died = cast("WorkerDiedError", exc)
+            try:
+                return cls(rank, method, type_name(exc), str(died.detail), text, int(died.rank))
+            except BaseException:  # noqa: BLE001 - a subclass's broken attributes: report it as it is
+                pass
+        return cls(rank, method, type_name(exc), message(exc), text)
 
     @classmethod
     def unpicklable(
@@ -66,10 +75,13 @@ class RemoteFailure:
     ) -> RemoteFailure:
         """The one wording, on every backend, for a rank's ``part`` ("arguments" or "result") that cannot be pickled."""
         failure = cls.capture(rank, method, exc)
-        culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
-        where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
         fix = "return picklable values" if part == "result" else None
-        failure.message = wording(where, culprit, exc, fix)
+        try:
+            culprit = None if value is _UNSET else find_unpicklable(value, part, share_callables=in_process)
+            where = f"its {part}" if culprit is None else culprit.where(f"its {part}")
+            failure.message = wording(where, culprit, exc, fix)
+        except BaseException:  # noqa: BLE001 - the value's own methods raised while it was searched
+            failure.message = wording(f"its {part}", None, exc, fix)
         return failure
 
     def to_error(self) -> WorkerError | WorkerDiedError:
@@ -121,6 +133,8 @@ class WorkerHost:
         self.tensor_link: TensorLink | None = None
         #: Weight transfers under way on this rank, by id (``_transfer``).
         self.transfers: dict[int, Any] = {}
+        #: A replica's tensors arriving for this (replaced) rank, until ``Operation.HANDOVER`` loads them.
+        self.handover: dict[str, Any] = {}
         #: How this rank's group runs ``dispatchcore.collective`` (set by the executor before ``start``).
         self.collective: CollectiveLink = CollectiveLink("?", "this executor gives its ranks no collective link")
 
@@ -211,22 +225,33 @@ class WorkerHost:
     def _operation(
         self, operation: Operation, label: str, args: tuple[Any, ...], running: RunningCall
     ) -> tuple[bool, Any]:
-        """The core's own work: kept rows freed and read (a ``RowAccess``), a weight-transfer step, a rejoin."""
+        """The core's own work: kept rows freed and read (a ``RowAccess``), a weight-transfer step, a rejoin,
+        a resize, the mesh query, a replica hand-over."""
         try:
             if operation is Operation.ROWS:
                 access = args[0]
                 ROW_STORE.free(access.free)
                 return True, [ROW_STORE.take(request) for request in access.requests]
-            if operation is Operation.REJOIN:
-                previous = enter_method(running, self._method_context())
-                try:
-                    rejoin(self.worker, *args)
-                finally:
-                    leave_method(previous)
-                return True, None
+            if operation is Operation.TRANSFER:
+                return True, run_transfer_step(self, args)
+            if operation is Operation.MESH:
+                return True, mesh_info(self.worker, *args)
             if operation is Operation.RESIZE:
                 return True, self._resize(running, *args)
-            return True, run_transfer_step(self, args)
+            if operation is Operation.HANDOVER and args[0] == "version":
+                return True, replica_version(self.worker)
+            previous = enter_method(running, self._method_context())  # the worker's own hooks run here
+            try:
+                if operation is Operation.REJOIN:
+                    rejoin(self.worker, *args)
+                elif operation is Operation.SHARDED:  # the hook may build groups: in the method's context
+                    return True, sharded_state(self.worker, args[0])
+                else:  # Operation.HANDOVER, ("load", version)
+                    state, self.handover = self.handover, {}
+                    load_replica(self.worker, state, args[1])
+            finally:
+                leave_method(previous)
+            return True, None
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
             return False, RemoteFailure.capture(self.rank, label, exc)
 

@@ -20,6 +20,14 @@ class Operation(enum.Enum):
     REJOIN = "rejoin"
     #: After a resize: renumber, replay setup on new ranks, the hook; or a probe (``_worker._resize``).
     RESIZE = "resize"
+    #: The mesh query: the call's arguments are ``(role prefix, mesh name)``; the value ``(dp_rank, is_collect)``.
+    MESH = "mesh"
+    #: A replica's state handed to a replaced rank (``_worker._handover``): ``("version",)`` on the live
+    #: replica, its ``weights_version``; ``("load", version)`` on the new rank, once every tensor arrived.
+    HANDOVER = "handover"
+    #: The sharded-state check after a failed call (``_worker._sharded``): ``("check",)`` reports this rank's
+    #: FSDP2 state; ``("recover",)`` runs the worker's ``recover_sharded_state`` first.
+    SHARDED = "sharded"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,15 @@ import copy
 import itertools
 from collections.abc import Mapping, Sequence
 
-from .._data import AUTO_PADDING_KEY, PADDING_ROWS_KEY, DataProto, DataProtoConfig, merge_meta_info
+from .._base import BatchSizeError
+from .._data import (
+    AUTO_PADDING_KEY,
+    PADDING_ROWS_KEY,
+    DataProto,
+    DataProtoConfig,
+    kept_result_rows,
+    merge_meta_info,
+)
 from ._row_pieces import ChunkPlan, ForwardPlan, ResultShape, RowPiece
 
 
@@ -42,7 +50,10 @@ def plan_forward(
         return None
     meta.pop(PADDING_ROWS_KEY, None)
     rows = [s.rows for s in present]
-    total = trimmed_rows(sum(rows), pad_size, padded_len)
+    try:
+        total = kept_result_rows(rows, pad_size, padded_len)
+    except BatchSizeError:  # resolved on the driver, whose collect refuses it naming the rank
+        return None
     if total <= 0:
         return None
     pad = (-total) % chunks

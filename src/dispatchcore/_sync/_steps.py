@@ -1,7 +1,7 @@
 """The driver's side of one transfer step: a core call on some ranks of one group, errors named by group.
 
 Every step is a call of the core's transfer operation (``Operation.TRANSFER``)
-through the group's own submit path, so each is traced, settles stragglers,
+through the call pipeline (the group's ``call_site.submit``), so each is traced, settles stragglers,
 reads the same when a backend refuses it, and inherits that executor's time
 bounds and death detection (``RankCallHandle``); only the wording is added
 here, saying which group (source or destination) lost which rank, and a
@@ -35,8 +35,10 @@ class Side:
     prefix: str
     timeout: float | None
     isolate: bool
-    #: The group (or view) itself: its steps go through its submit path.
+    #: The group (or view) itself, which errors name.
     group: Any = None
+    #: Its ``CallSite``: the steps go through the call pipeline (``call_site.submit``).
+    site: Any = None
     #: Its ranks' tracks in a trace are ``f"{track} rank {rank}"``, as its calls' are.
     track: str = ""
 
@@ -47,7 +49,8 @@ class Side:
         ranks = tuple(wg.rank_ids)
         track = getattr(wg, "trace_label", None) or repr(wg)
         label = repr(wg)
-        return cls(role, label, executor, ranks, wg.role_prefix, wg.call_timeout, executor.spec.isolate, wg, track)
+        isolate = executor.spec.isolate
+        return cls(role, label, executor, ranks, wg.role_prefix, wg.call_timeout, isolate, wg, wg.call_site, track)
 
 
 def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]) -> Any:
@@ -58,7 +61,7 @@ def submit(side: Side, positions: Sequence[int], args: Sequence[tuple[Any, ...]]
     ranks = tuple(side.ranks[p] for p in positions)
     call = Call(TRANSFER_METHOD, ranks, list(args), [{} for _ in ranks], side.timeout, True, _TRANSFER)
     try:
-        return side.group._submit_call(call)
+        return side.site.submit(call, side.group)
     except DispatchError as exc:
         exc.add_note(f"(a weight transfer step on the {side.role} group {side.label})")
         raise

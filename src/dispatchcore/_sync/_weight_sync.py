@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._base import DispatchError, DispatchValueError, WorkerError
+from .._base import DispatchAttributeError, DispatchError, DispatchValueError, WorkerError, did_you_mean
 from .._trace import count_received_bytes, count_sent_bytes
 from .._transfer import DEFAULT_BUCKET_BYTES, Bucket, Held, TensorSpec, TransferPlan, plan_transfer
 from .._transfer._errors import BY_NAME
@@ -43,6 +43,8 @@ from ._timeline import Timeline
 _log = logging.getLogger("dispatchcore")
 _ids = itertools.count(1)
 
+#: No version: before the first transfer, or after one that failed once bytes moved.
+_NONE: Any = object()
 #: A bucket size no plan reaches: verify digests each region whole, not split by buckets.
 _WHOLE = 1 << 62
 
@@ -97,7 +99,9 @@ class WeightSync:
     names it wants a slice of (the rest arrive whole); an optional ``lend``
     method gets ``{name: (shape, dtype)}`` of what will arrive and returns
     ``{name: tensor}`` of its own memory for names to land in (then applied
-    as that same tensor: no copy between receive and apply).  ``rename`` maps a
+    as that same tensor: no copy between receive and apply); ``want=None`` or
+    ``lend=None``: no such method is asked (``apply=None`` is the core's own
+    replica hand-over: the tensors wait on the rank for it).  ``rename`` maps a
     source name to a destination name (``None`` drops it), ``dtype`` casts on
     the way (one dtype: floating-point tensors only; a mapping: by destination
     name), ``names`` keeps a subset (source names).  After a complete
@@ -113,9 +117,9 @@ class WeightSync:
         destination: Any,
         *,
         offer: str = "weights",
-        apply: str = "load_weights",
-        want: str = "weight_slices",
-        lend: str = "weight_buffers",
+        apply: str | None = "load_weights",
+        want: str | None = "weight_slices",
+        lend: str | None = "weight_buffers",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         rename: Rename | None = None,
         dtype: Dtypes | None = None,
@@ -125,6 +129,7 @@ class WeightSync:
     ) -> None:
         if int(bucket_bytes) <= 0:
             raise DispatchValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        _check_apply(destination, apply)
         self.source, self.destination = source, destination
         self.offer, self.apply, self.want, self.lend, self.read = offer, apply, want, lend, read
         self.verify_each = bool(verify)
@@ -138,6 +143,44 @@ class WeightSync:
         self._planned: tuple[Any, ...] | None = None
         #: The plan of the last transfer (for inspection and tests).
         self.last_plan: TransferPlan | None = None
+        #: The version every destination rank holds from the last complete transfer; ``_NONE`` before the
+        #: first and once a transfer failed after bytes began to move (its ranks may then disagree).
+        self._held: Any = _NONE
+
+    @property
+    def last_version(self) -> Any:
+        """The version the destination's ranks hold from the last complete transfer (``None`` if none did)."""
+        return None if self._held is _NONE else self._held
+
+    def holds(self, version: Any) -> bool:
+        """Whether the last transfer, tagged ``version``, completed on every destination rank.
+
+        ``False`` before the first transfer and after one that failed once bytes moved (the ranks may
+        then hold different weights): ``grow(sync=...)`` then syncs every rank (``docs/elastic-groups.md``).
+        """
+        return self._held is not _NONE and bool(self._held == version)
+
+    def cannot_copy_back(self) -> str | None:
+        """Why the destination's ranks cannot hand what they hold to other ranks (no ``read`` method), or ``None``."""
+        target = _lacking(self.destination, self.read)
+        if target is None:
+            return None
+        return (
+            f"{target.__name__} has no {self.read!r} method returning {{name: tensor}} of the weights it holds "
+            f"(WeightSync(read=...) names it)"
+        )
+
+    def copy_back(self, holders: Any, into: Any, version: Any) -> TransferReport:
+        """Give ``into`` (destination ranks) the weights ``holders`` (destination ranks too) hold, tagged ``version``.
+
+        What a grow does when the old ranks hold ``version`` already: the new ranks get those bytes, not
+        the source's current ones.  Names are the destination's (no rename, cast or subset again).
+        """
+        peer = WeightSync(
+            holders, into, offer=self.read, apply=self.apply, want=self.want, lend=self.lend,
+            bucket_bytes=self.bucket_bytes, read=self.read,
+        )  # fmt: skip
+        return peer(version)
 
     @property
     def transport(self) -> str:
@@ -212,8 +255,9 @@ class WeightSync:
             with timeline.driver("plan"):
                 held, tensors, wants = self._ask(src, dst, tid)
                 plan = self._plan(held, tensors, wants)
-            how = (dst.prefix + self.apply, not dst.isolate, dst.prefix + self.lend)
+            how = (_hook(dst, self.apply), not dst.isolate, _hook(dst, self.lend))
             begins: list[Any] = [(plan.wanted[d], *how) for d in range(len(dst.ranks))]
+            self._held = _NONE  # from the first bucket on, the ranks may hold different weights until the commit
             with timeline.driver("buckets"):
                 driver_bytes = _move(plan, src, dst, tid, begins, transport == "driver", timeline)
             if self.verify_each:  # before the version: a transfer whose bytes differ never sets it
@@ -228,6 +272,7 @@ class WeightSync:
                 ended = submit(src, range(len(src.ranks)), [(("end", tid),)] * len(src.ranks))
                 wait(dst, committed, "commit")
                 timeline.ranks(src, range(len(src.ranks)), wait(src, ended, "commit"))
+            self._held = version
             ok = True
         finally:
             if not ok:
@@ -256,7 +301,7 @@ class WeightSync:
         guess, early = self._shapes, None
         if guess is not None:
             early = submit(
-                dst, range(len(dst.ranks)), [(("want", tid, dst.prefix + self.want, guess),)] * len(dst.ranks)
+                dst, range(len(dst.ranks)), [(("want", tid, _hook(dst, self.want), guess),)] * len(dst.ranks)
             )
         try:
             held = wait(src, asked, "layout")
@@ -274,7 +319,7 @@ class WeightSync:
             wants = wait(dst, early, "want")
         else:
             _quietly(early)
-            step = (("want", tid, dst.prefix + self.want, shapes),)
+            step = (("want", tid, _hook(dst, self.want), shapes),)
             wants = wait(dst, submit(dst, range(len(dst.ranks)), [step] * len(dst.ranks)), "want")
         self._shapes = shapes
         return held, tensors, wants
@@ -296,6 +341,41 @@ class WeightSync:
                 dtype = _dtype(self.dtype, target, h.dtype)
                 out[target] = TensorSpec(name, h.full_shape, dtype)
         return out
+
+
+def _lacking(wg: Any, name: str | None) -> type | None:
+    """The class of ``wg``'s ranks (the role's class for a colocated role) when it has no ``name``, else ``None``.
+
+    Read on the class; a class with its own ``__getattr__`` may make the method on the fly, so it is
+    left to the ranks.
+    """
+    cls = getattr(wg, "worker_cls", None)
+    if name is None or not isinstance(cls, type):
+        return None
+    prefix = str(getattr(wg, "role_prefix", "") or "")
+    roles: Mapping[str, type] = getattr(cls, "_dispatchcore_roles", None) or {}
+    target = roles.get(prefix[:-1], cls) if prefix else cls
+    if getattr(target, name, None) is not None or any("__getattr__" in vars(k) for k in target.__mro__[:-1]):
+        return None
+    return target
+
+
+def _check_apply(wg: Any, name: str | None) -> None:
+    """Refuse, before anything moves, a destination whose class has no ``name`` (a misspelt ``load_weights``).
+
+    ``None`` is the core's hand-over: no method applies, the tensors wait on the rank.
+    """
+    if name is None:
+        return
+    target = _lacking(wg, name)
+    if target is None:
+        return
+    known = [n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n, None))]
+    raise DispatchAttributeError(
+        f"WeightSync: the destination's class {target.__name__} has no method {name!r} to apply the weights "
+        f"with{did_you_mean(name, known)}; define {target.__name__}.{name}(self, named_tensors) or name the one "
+        f"it has: WeightSync(..., apply='<method name>'). Nothing was moved"
+    )
 
 
 def _dtype(dtypes: Dtypes | None, name: str, held: torch.dtype) -> torch.dtype:
@@ -396,3 +476,8 @@ def _end(src: Side, dst: Side, tid: int, ok: bool) -> None:
         except Exception:  # noqa: BLE001 - a dead rank holds no state
             if ok:
                 raise
+
+
+def _hook(side: Side, name: str | None) -> str | None:
+    """A hook's method name on ``side``'s ranks (a role's is prefixed); ``None``: no hook."""
+    return None if name is None else side.prefix + name

@@ -111,6 +111,7 @@ def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]], turn:
     of whole tensors (``Replicate``) share the sending too.
     """
     holders = []
+    first: tuple[int, torch.dtype] | None = None  # the first holder's rank and dtype: the others must agree
     for source, offered in enumerate(held):
         h = offered.get(spec.source_name)
         if h is None:
@@ -118,6 +119,14 @@ def cover(name: str, spec: TensorSpec, held: Sequence[Mapping[str, Held]], turn:
         if h.full_shape != spec.full_shape:
             raise WeightOfferError(
                 f"source ranks disagree on the shape of {spec.source_name!r}: {h.full_shape} and {spec.full_shape}"
+            )
+        if first is None:
+            first = (source, h.dtype)
+        elif h.dtype != first[1]:
+            raise WeightOfferError(
+                f"source ranks disagree on the dtype of {spec.source_name!r}: source rank {first[0]} offers "
+                f"{first[1]}, source rank {source} {h.dtype}; replicas and shards of one weight must share a "
+                "dtype (cast them alike before offering; WeightSync(dtype=...) casts on the way)"
             )
         holders.append((h.offset, h.offset + h.rows, source))
     total = rows_of(spec.full_shape)

@@ -1,7 +1,8 @@
 """The rank side of a weight transfer: offer, pack a bucket, receive and apply what arrives, commit.
 
-The driver sends every step as a call of :data:`TRANSFER_METHOD`, which
-``WorkerHost`` hands to :func:`run_step`.  A source rank reads its offered
+The driver sends every step as the core's ``Operation.TRANSFER`` (named
+:data:`TRANSFER_METHOD` in errors and traces), which ``WorkerHost`` hands
+to :func:`run_step`.  A source rank reads its offered
 tensors once per transfer (DTensors as the rows it holds, ``_dtensor``:
 no transport ever sees one) and ``pack`` s each bucket it is sent as views
 (a copy only where a cast or a column cut needs one); the executor's
@@ -36,8 +37,8 @@ from ._layout import Held, held_of, rows_view
 from ._packing import pack, packed, places, unpack
 from ._plan import Bucket, Piece, Wanted
 
-#: The method name of every transfer step (no worker method may be called so).
-TRANSFER_METHOD = "__dispatchcore_transfer__"
+#: What every transfer step's call is named in errors and traces (an ``Operation.TRANSFER``, no method).
+TRANSFER_METHOD = "<weight transfer>"
 #: The attribute a destination worker reads its last complete version from.
 VERSION_ATTRIBUTE = "weights_version"
 
@@ -89,7 +90,10 @@ class _Transfer:
 
     offered: dict[str, tuple[torch.Tensor, Held]] = field(default_factory=dict)
     wanted: Mapping[str, Wanted] = field(default_factory=dict)
-    apply: str = ""
+    #: The destination's apply method (``None``: the core's hand-over, kept in ``keep``).
+    apply: str | None = ""
+    #: Where a hand-over's tensors wait for ``Operation.HANDOVER`` (the rank's ``WorkerHost.handover``).
+    keep: dict[str, torch.Tensor] = field(default_factory=dict)
     share: bool = False
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     rows_in: dict[str, int] = field(default_factory=dict)
@@ -120,7 +124,7 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
     if step == "layout":
         return _layout(worker, state, args[0][2])
     if step == "want":
-        want = getattr(worker, args[0][2], None)
+        want = None if args[0][2] is None else getattr(worker, args[0][2], None)
         return {} if want is None else dict(want(args[0][3]))
     if step == "pack":
         return _pack(state, args[0][2], host.tensor_link)
@@ -131,7 +135,7 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
     if step not in ("move", "commit"):
         raise DispatchValueError(f"unknown transfer step {step!r}")
     if args[0][3] is not None:  # the destination's first step of this transfer
-        _begin(worker, state, *args[0][3])
+        _begin(host, state, *args[0][3])
     if step == "move":
         return _move(worker, state, args[0][2], host.tensor_link, args[1], args[0][4])
     if not state.offered:  # commit: the destination's last step (a colocated source's end drops it)
@@ -139,9 +143,23 @@ def run_step(host: Any, args: tuple[Any, ...]) -> Any:
     return _commit(worker, state, args[0][2])
 
 
-def _begin(worker: Any, state: _Transfer, wanted: Mapping[str, Wanted], apply: str, share: bool, lend: str) -> None:
+def _begin(
+    host: Any, state: _Transfer, wanted: Mapping[str, Wanted], apply: str | None, share: bool, lend: str | None
+) -> None:
+    """What the destination assembles and how it applies (``apply=None``: kept for the core's hand-over)."""
     state.wanted, state.apply, state.share = wanted, apply, share
-    state.lent = _lent(worker, wanted, lend)
+    if apply is None:  # a failed hand-over's leftovers are dropped
+        host.handover.clear()
+        state.keep = host.handover
+    state.lent = {} if lend is None else _lent(host.worker, wanted, lend)
+
+
+def _hand(worker: Any, state: _Transfer, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Hand completed tensors to the destination's apply method, or keep them for the core's hand-over."""
+    if state.apply is None:
+        state.keep.update(tensors)
+    else:
+        getattr(worker, state.apply)(tensors)
 
 
 def _layout(worker: Any, state: _Transfer, offer: str) -> dict[str, Held]:
@@ -279,7 +297,7 @@ def _apply(worker: Any, state: _Transfer, link: TensorLink | None, index: int) -
             ready.append((piece.name, state.buffers.pop(piece.name)))
             state.done.add(piece.name)
     if ready:
-        getattr(worker, state.apply)(ready)
+        _hand(worker, state, ready)
     return [("move", index, start, arrived), ("apply", index, arrived, _now_us())]
 
 
@@ -287,7 +305,7 @@ def _commit(worker: Any, state: _Transfer, version: Any) -> Any:
     """Give the empty tensors, check every name arrived, then (only then) set the version."""
     empty = [(n, torch.empty(w.shape, dtype=w.dtype)) for n, w in state.wanted.items() if w.numel == 0]
     if empty:
-        getattr(worker, state.apply)(empty)
+        _hand(worker, state, empty)
         state.done.update(n for n, _ in empty)
     missing = sorted(set(state.wanted) - state.done)
     if missing:

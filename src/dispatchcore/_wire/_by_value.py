@@ -14,7 +14,8 @@ import sysconfig
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
+from typing import Any
 
 import cloudpickle
 
@@ -26,6 +27,23 @@ _names: list[str] = []
 _by_rule: set[str] = set()
 #: Stream markers of the modules sent by value: the module name as the pickler writes it.
 _markers: tuple[bytes, ...] = ()
+
+
+#: What cloudpickle writes for every code object's file name (it keeps payloads deterministic).
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+def reduce_code(code: CodeType) -> Any:
+    """cloudpickle's reduction of ``code``, keeping its real file name instead of ``<dynamic-code>``.
+
+    Frames of driver-script code that ran on a rank then read ``File "/path/driver.py", line 25`` in
+    tracebacks and stacks (and show the line, where the file is readable there), not ``<dynamic-code>``.
+    """
+    reduced = cloudpickle.CloudPickler.dispatch_table[CodeType](code)
+    if not isinstance(reduced, tuple) or len(reduced) != 2 or not isinstance(code.co_filename, str):
+        return reduced
+    rebuild, args = reduced
+    return rebuild, tuple(code.co_filename if a == _ANONYMOUS_FILE else a for a in args)
 
 
 def _pth_paths(site_dir: str) -> Iterable[str]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ._buffers import BUFFERS
-from ._by_value import by_value_by_rule, names_by_value_module, refresh_by_value
+from ._by_value import by_value_by_rule, names_by_value_module, reduce_code, refresh_by_value
 from ._tensor_pickle import reduce_tensor
 
 PROTOCOL = 5
@@ -48,6 +48,8 @@ class _Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
         plain = type(obj) is torch.Tensor and obj.layout == torch.strided and not obj.is_quantized
         if plain and obj.device.type != "meta":
             return reduce_tensor(obj)
+        if type(obj) is types.CodeType:
+            return reduce_code(obj)
         return super().reducer_override(obj)
 
 

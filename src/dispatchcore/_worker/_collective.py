@@ -37,7 +37,7 @@ from ._rank_context import call_cancelled, current_call
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 #: How long a rank waits for the others in one collective (seconds) unless told otherwise.
 DEFAULT_TIMEOUT_S = 300.0
-#: The default process group ``collective.init_process_group`` made in this process: (link, mesh).
+#: The default process group ``collective.init_process_group`` made in this process: (link, torch's group).
 LIBRARY_DEFAULT: list[tuple[CollectiveLink, Any]] = []
 #: Environment variable through which a process executor tells its ranks where its collective store is.
 STORE_ENV = "DISPATCHCORE_COLLECTIVE_STORE"
@@ -159,6 +159,9 @@ class StoreCollective(CollectiveLink):
         self.epoch = 0
         #: Store clients of their own: the abort signal (from a cancel's thread) and the watcher's blocking wait.
         self._signal: Any = None
+        #: The client communicators are built on: a build a cancel left behind blocks in the store until its
+        #: timeout, so after a failed build the next gets a new client, and the rank's own is never held up.
+        self._builder: Any = None
         self._building = False
         #: The call whose first collective checked that the group was not aborted meanwhile.
         self._checked: Any = None
@@ -210,7 +213,7 @@ class StoreCollective(CollectiveLink):
             if store is None:
                 return None
             if self._signal is None:
-                self._signal = store.clone()
+                self._signal, self._builder = store.clone(), store.clone()
                 threading.Thread(target=self._watch, args=(store.clone(),), daemon=True).start()
             flag = current_call()
             dropped: dict[str, Any] = {}
@@ -225,9 +228,13 @@ class StoreCollective(CollectiveLink):
             epoch, prefix = self.epoch, self._key(kind)
             self._building = True
         _release(dropped)
+        builder = self._builder
         try:
-            built = _build_interruptibly(kind, store, prefix, rank, world_size, timeout)
+            built = _build_interruptibly(kind, builder, prefix, rank, world_size, timeout)
         except BaseException:
+            with self._lock:  # its build may still block in the store (until its timeout): never build on it again
+                if self._builder is builder:
+                    self._builder = store.clone()
             self.abort()  # other ranks may have joined this epoch's build: nobody reuses it
             raise
         with self._lock:
@@ -354,7 +361,7 @@ def made_default_group() -> bool:
     """Whether torch's default group in this process is the one ``collective.init_process_group`` made."""
     import torch.distributed as dist
 
-    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][1].get_group() is dist.group.WORLD
+    return bool(LIBRARY_DEFAULT) and LIBRARY_DEFAULT[0][1] is dist.group.WORLD
 
 
 def reduce_in_order(values: Sequence[Any], op: str) -> Any:

@@ -9,6 +9,7 @@ gets colocation for free.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,14 +57,6 @@ def _forward(role: str, method: str, registration: Any) -> Any:
     return forward
 
 
-def _forward_mesh_info(role: str) -> Any:
-    def mesh_info(self: Any, mesh_name: str) -> tuple[int, bool]:
-        info: tuple[int, bool] = self._dispatchcore_role_objects[role]._dispatchcore_mesh_info(mesh_name)
-        return info
-
-    return mesh_info
-
-
 def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
     """One worker class hosting every role of ``class_dict`` on each rank.
 
@@ -84,7 +77,9 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
         self._dispatchcore_role_objects = {}
         for role, spec in specs.items():
             extra = role_kwargs.get(role) or {}
-            self._dispatchcore_role_objects[role] = spec.cls(*spec.args, **{**spec.kwargs, **extra})
+            self._dispatchcore_role_objects[role] = obj = spec.cls(*spec.args, **{**spec.kwargs, **extra})
+            if hasattr(obj, "__dict__"):  # a role reads the host's weights_version (dispatchcore.versioned)
+                obj.__dict__["_dispatchcore_colocated_host"] = weakref.ref(self)
 
     def on_membership_change(self: Any, change: Any) -> None:
         # Every role's hook, in the order the roles were given.
@@ -114,7 +109,6 @@ def create_colocated_worker_cls(class_dict: Mapping[str, Any]) -> type[Worker]:
     for role, spec in specs.items():
         for method, registration in registered_methods(spec.cls).items():
             namespace[f"{role}_{method}"] = _forward(role, method, registration)
-        namespace[f"{role}__dispatchcore_mesh_info"] = _forward_mesh_info(role)
     name = "Colocated_" + "_".join(specs)
     cls = type(name, (Worker,), namespace)
     return cls

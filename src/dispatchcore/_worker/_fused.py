@@ -102,7 +102,7 @@ def create_colocated_worker_raw_cls(class_dict: Mapping[str, Any]) -> type[Worke
         "is_fused_worker": True,
     }
     for role, spec in specs.items():
-        for method in (*registered_methods(spec.cls), "_dispatchcore_mesh_info"):
+        for method in registered_methods(spec.cls):
             namespace[f"{role}_{method}"] = _role_method(role, method)
     name = "_".join([FUSED_CLASS_PREFIX, *specs])
     return type(name, (Worker,), namespace)

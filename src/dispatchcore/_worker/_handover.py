@@ -4,23 +4,21 @@ A replaced rank replays setup, which rebuilds the state setup made, not
 what training changed since.  A worker that says what its state is
 (:meth:`StateHandover.replica_state`) gets it back from a live replica: the
 driver half (:mod:`dispatchcore._group._heal`) moves those tensors rank to
-rank with ``WeightSync`` into :meth:`~StateHandover._dispatchcore_replica_part`,
-then :meth:`~StateHandover._dispatchcore_replica_load` hands them over whole.
-See ``docs/replacing-ranks.md``.
+rank with ``WeightSync``, which keeps them on the new rank's ``WorkerHost``
+(no worker method receives them), then the core's ``Operation.HANDOVER``
+hands them over whole (:func:`load_replica`).  No step is a method the
+driver names.  See ``docs/replacing-ranks.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._base import DispatchRuntimeError
 
 if TYPE_CHECKING:
     import torch
-
-#: Where the tensors of a hand-over wait on the new rank until the last bucket arrived.
-_PARTS = "_dispatchcore_replica_parts"
 
 
 def hands_over(worker_cls: type) -> bool:
@@ -53,19 +51,16 @@ class StateHandover:
             f"{type(self).__name__} defines replica_state() but not load_replica_state(state): define both"
         )
 
-    def _dispatchcore_replica_part(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """One bucket of the hand-over (``WeightSync``'s apply step): kept until all arrived."""
-        self.__dict__.setdefault(_PARTS, {}).update(tensors)
 
-    def _dispatchcore_replica_load(self, version: Any) -> None:
-        """Every bucket arrived: hand the state over, and take the replica's ``weights_version``."""
-        state = self.__dict__.pop(_PARTS, {})
-        if version is None:
-            self.__dict__.pop("weights_version", None)
-        else:
-            self.__dict__["weights_version"] = version
-        self.load_replica_state(state)
+def replica_version(worker: Any) -> Any:
+    """The version a ``WeightSync`` last set on ``worker`` (``None``: none), which its replacement inherits."""
+    return vars(worker).get("weights_version")
 
-    def _dispatchcore_weights_version(self) -> Any:
-        """The version a ``WeightSync`` last set here (``None``: none), which the replacement inherits."""
-        return self.__dict__.get("weights_version")
+
+def load_replica(worker: Any, state: dict[str, torch.Tensor], version: Any) -> None:
+    """Every tensor of the hand-over arrived: give ``worker`` the state, and the replica's ``weights_version``."""
+    if version is None:
+        vars(worker).pop("weights_version", None)
+    else:
+        vars(worker)["weights_version"] = version
+    worker.load_replica_state(state)

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._base import DispatchKeyError, RegistrationError
+from .._base import RegistrationError
 from .._dispatch import Dispatch, register
+from ._mesh_query import declared_mesh
 
 
 class DispatchCollectInfo:
@@ -83,7 +84,7 @@ class DispatchCollectInfo:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_dispatch_info(self, mesh_name: str) -> int:
         """This rank's dp_rank on ``mesh_name`` (verl's name; ``wg._query_dispatch_info(mesh)`` lists them)."""
-        return self._dispatchcore_mesh_info(mesh_name)[0]
+        return declared_mesh(self, mesh_name)[0]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_collect_info(self, mesh_name: str) -> bool:
@@ -92,19 +93,7 @@ class DispatchCollectInfo:
 
     def query_collect_info(self, mesh_name: str) -> bool:
         """Whether this rank returns results on ``mesh_name``."""
-        return self._dispatchcore_mesh_info(mesh_name)[1]
-
-    def _dispatchcore_mesh_info(self, mesh_name: str) -> tuple[int, bool]:
-        """What the driver asks once per mesh: (dp_rank, is_collect)."""
-        try:
-            return self._dispatch_collect_info[mesh_name]
-        except KeyError:
-            known = sorted(self._dispatch_collect_info)
-            raise DispatchKeyError(
-                f"rank {getattr(self, 'rank', '?')} registered no mesh {mesh_name!r} (known: {known}); call "
-                f"self._register_dispatch_collect_info({mesh_name!r}, dp_rank, is_collect) "
-                "in the worker before using its nd dispatch mode"
-            ) from None
+        return declared_mesh(self, mesh_name)[1]
 
     def _refuse_redeclaring(self, mesh_name: str, how: str) -> None:
         found = self._dispatch_collect_info.get(mesh_name)

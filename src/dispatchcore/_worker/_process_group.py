@@ -30,44 +30,92 @@ FORWARDED = (
 _pending: list[tuple[CollectiveLink, float]] = []
 
 
-def init_process_group(*, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
-    """Make torch's default process group over the calling worker group's ranks; a 1-D ``DeviceMesh`` over it.
+#: The meshes ``init_process_group`` made in this process, by (shape, dimension names).
+_meshes: dict[tuple[tuple[int, ...], tuple[str, ...] | None], Any] = {}
+
+
+def init_process_group(
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    mesh_shape: tuple[int, ...] | None = None,
+    mesh_dim_names: tuple[str, ...] | None = None,
+) -> Any:
+    """Make torch's default process group over the calling worker group's ranks; a ``DeviceMesh`` over it.
 
     Call it in a worker's ``__init__`` or a method (every rank at once); pass
-    the mesh to ``fully_shard(model, mesh=...)``.  gloo on CPU, and NCCL for
+    the mesh to ``fully_shard(model, mesh=...)``.  The mesh is 1-D unless
+    ``mesh_shape`` says otherwise (``(2, 2)`` for HSDP over 4 ranks, with
+    ``mesh_dim_names=("replicate", "shard")``).  gloo on CPU, and NCCL for
     CUDA tensors where the ranks have GPUs (set each rank's device first).
     It is built on the executor's store, never from ``RANK``/``WORLD_SIZE``,
     so it works under the torchrun launcher with ``ranks=[...]``.  Calling it
-    again (colocated roles) returns the same mesh.  Refused where this
-    process already holds a default group (yours, or one for another
-    group), and on ``local`` (its ranks are threads of one process).
+    again (colocated roles) returns the same mesh for the same shape.  Refused
+    where this process already holds a default group (yours, or one for
+    another group), and on ``local`` (its ranks are threads of one process).
 
     Unlike your own ``torch.distributed.init_process_group()``, the library
-    can abort this group: when a call ends early, ranks blocked in one of its
-    collectives (an FSDP2 all-gather) raise at once, and the next collective
-    runs on a new communicator behind the same group and mesh.  ``timeout``
-    bounds each of its collectives.
+    can abort this group and every sub-group made on it (``init_device_mesh``,
+    ``DeviceMesh(...)``, ``new_group`` without a ``backend=``): when a call
+    ends early, ranks blocked in one of their collectives (an FSDP2
+    all-gather) raise at once, and the next collective runs on a new
+    communicator behind the same groups and mesh.  ``timeout`` bounds each
+    of their collectives.
     """
     link, rank, world_size = current_rank()
+    shape, names = _checked_mesh(world_size, mesh_shape, mesh_dim_names)
     if link.shares_process:
         raise DispatchError(
             f"dispatchcore.collective.init_process_group: the {link.backend!r} backend's ranks are threads of one "
             "process, and a process holds one torch default process group; on one machine use "
             "WorkerGroup(..., backend='torchrun'), which starts a process per rank itself"
         )
-    import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
 
     if dist.is_initialized():
-        if made_default_group() and LIBRARY_DEFAULT[0][0] is link:
-            return LIBRARY_DEFAULT[0][1]
-        maker = "for another group" if made_default_group() else "by the user"
+        if not (made_default_group() and LIBRARY_DEFAULT[0][0] is link):
+            maker = "for another group" if made_default_group() else "by the user"
+            raise DispatchError(
+                "dispatchcore.collective.init_process_group: this process already holds torch's default process "
+                f"group ({dist.get_world_size()} ranks, made {maker}); a process has one, so only one worker group "
+                "per process can make it"
+            )
+    else:
+        _init_default(link, rank, world_size, timeout)
+    mesh = _meshes.get((shape, names))
+    if mesh is None:
+        mesh = _meshes[(shape, names)] = _mesh(shape, names)
+    return mesh
+
+
+def _checked_mesh(
+    world_size: int, shape: tuple[int, ...] | None, names: tuple[str, ...] | None
+) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """``(shape, names)`` as the mesh takes them; a bad shape or name list raises naming the fix."""
+    where = "dispatchcore.collective.init_process_group"
+    shape = (world_size,) if shape is None else tuple(shape)
+    if not shape or not all(isinstance(size, int) and size > 0 for size in shape):
+        raise DispatchError(f"{where}: mesh_shape must be positive ints, like (2, 2); got {shape!r}")
+    product = 1
+    for size in shape:
+        product *= size
+    if product != world_size:
         raise DispatchError(
-            "dispatchcore.collective.init_process_group: this process already holds torch's default process "
-            f"group ({dist.get_world_size()} ranks, made {maker}); a process has one, so only one worker group "
-            "per process can make it"
+            f"{where}: mesh_shape {shape} holds {product} ranks, but the group has {world_size}; "
+            f"pass a shape whose sizes multiply to {world_size}"
         )
+    if names is not None:
+        names = tuple(names)
+        if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
+            raise DispatchError(
+                f"{where}: mesh_dim_names must be {len(shape)} distinct strings, one per mesh dimension of "
+                f"{shape}; got {names!r}"
+            )
+    return shape, names
+
+
+def _init_default(link: CollectiveLink, rank: int, world_size: int, timeout: float) -> None:
+    import torch.distributed as dist
+
     store = link.store(timeout)
     if store is None:
         raise DispatchError(
@@ -75,7 +123,7 @@ def init_process_group(*, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
             "to build a group on; call torch.distributed.init_process_group() yourself"
         )
     if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
     _pending[:] = [(link, timeout)]
     try:
         dist.init_process_group(
@@ -87,15 +135,39 @@ def init_process_group(*, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
         )
     finally:
         _pending.clear()
-    mesh = DeviceMesh("cuda" if torch.cuda.is_available() else "cpu", list(range(world_size)))
-    LIBRARY_DEFAULT[:] = [(link, mesh)]
-    return mesh
+    _meshes.clear()
+    LIBRARY_DEFAULT[:] = [(link, dist.group.WORLD)]
 
 
-def _create(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-    """torch's creator for :data:`BACKEND_NAME`: the forwarding group for the link being initialised."""
-    link, seconds = _pending[0]
-    return _forwarding_class()(link, rank, world_size, seconds)
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...] | None) -> Any:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if len(shape) == 1 and names is None:
+        return DeviceMesh(device, list(range(shape[0])))
+    return init_device_mesh(device, shape, mesh_dim_names=names)
+
+
+def _create(options: Any, backend_options: Any = None) -> Any:
+    """torch's creator for :data:`BACKEND_NAME`: a forwarding group for the default group or a sub-group of it.
+
+    The default group (no global ranks) forwards to the link being
+    initialised; a sub-group (``new_group``, a mesh dimension) to the default
+    group's link, on a communicator of its own named by torch's group name,
+    which every member agrees on and the link drops with the rest on an abort.
+    """
+    if not options.global_ranks_in_group:
+        link, seconds = _pending[0]
+        return _forwarding_class()(link, options.group_rank, options.group_size, seconds, "default")
+    import torch.distributed as dist
+
+    world: Any = dist.group.WORLD
+    parent = getattr(world, "link", None)
+    if parent is None:  # a default group not made here: never handed this backend
+        raise DispatchError(f"the {BACKEND_NAME!r} backend makes sub-groups of collective.init_process_group's only")
+    kind = f"sub/{options.group_id}"
+    return _forwarding_class()(parent, options.group_rank, options.group_size, world.timeout, kind)
 
 
 _classes: list[type] = []
@@ -110,9 +182,9 @@ def _forwarding_class() -> type:
     class ForwardingGroup(dist.ProcessGroup):
         """What torch, the mesh and FSDP2 hold; every collective runs on the link's current communicator."""
 
-        def __init__(self, link: Any, rank: int, world_size: int, timeout: float) -> None:
+        def __init__(self, link: Any, rank: int, world_size: int, timeout: float, kind: str) -> None:
             super().__init__(rank, world_size)  # type: ignore[call-arg]  # torch's stub lists (store, rank, size) only
-            self.link, self.timeout = link, timeout
+            self.link, self.timeout, self.kind = link, timeout, kind
             self.group_name_, self.group_desc_ = "", ""
 
         def getBackendName(self) -> str:  # noqa: N802 - torch's names
@@ -138,7 +210,7 @@ def _forwarding_class() -> type:
 
 def _forward(name: str) -> Callable[..., Any]:
     def forward(group: Any, *args: Any, **kwargs: Any) -> Any:
-        current = group.link.communicator("default", group.rank(), group.size(), group.timeout)
+        current = group.link.communicator(group.kind, group.rank(), group.size(), group.timeout)
         return getattr(current, name)(*args, **kwargs)
 
     forward.__name__ = name

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._rank_context import current_collective
+from ._sharded import run_hooks
 
 #: What the core's rejoin call is called in errors and traces (it names no worker method).
 REJOIN_CALL = "<rejoin>"
@@ -46,7 +47,15 @@ class MembershipChange:
 
 
 def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
-    """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hook."""
+    """Rank side of a replacement: adopt the new rendezvous, replay setup, run the hooks.
+
+    ``on_membership_change`` first; then, in a worker that declares
+    ``sharded_modules`` and defines ``recover_sharded_state``, that hook on
+    every rank, survivors included: a new rank's FSDP2 state is setup's, a
+    survivor's whatever its last call left (a root unsharded by a no-grad
+    forward), and only the same rebuild on every rank makes them issue the
+    same collectives (``docs/replacing-ranks.md``).
+    """
     os.environ.update(change.env)
     collective = current_collective()
     if collective is not None:  # dispatchcore.collective's groups: every rank moves to the new generation
@@ -56,6 +65,7 @@ def rejoin(worker: Any, change: MembershipChange, replay: list[tuple[str, tuple[
         if inspect.isawaitable(value):
             asyncio.run(_await(value))
     worker.on_membership_change(change)
+    run_hooks(worker)
 
 
 async def _await(value: Any) -> Any:

@@ -9,8 +9,9 @@ other way falls back to the ``RANK`` / ``WORLD_SIZE`` environment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._base import DispatchTypeError
 from ._handover import StateHandover
 from ._mesh import DispatchCollectInfo
 from ._rank_context import call_cancelled, current_rank_context
@@ -30,6 +31,12 @@ class Worker(DispatchCollectInfo, StateHandover):
     :class:`~dispatchcore._worker._handover.StateHandover`.
     """
 
+    #: Attribute names of this worker's FSDP2 modules: after a failed call the library checks them on every
+    #: rank before the next call (``docs/process-groups.md``).
+    sharded_modules: ClassVar[tuple[str, ...]] = ()
+    #: Attribute names of the optimizers over them: each must hold the modules' current parameters.
+    sharded_optimizers: ClassVar[tuple[str, ...]] = ()
+
     _rank: int
     _world_size: int
     _dispatch_collect_info: dict[str, tuple[int, bool]]
@@ -39,6 +46,26 @@ class Worker(DispatchCollectInfo, StateHandover):
         self._rank, self._world_size = current_rank_context()
         self._dispatch_collect_info = {}
         return self
+
+    def __init__(self, cuda_visible_devices: str | None = None) -> None:
+        """Takes verl's one argument, so ``super().__init__(cuda_visible_devices)`` ports unchanged.
+
+        The executor has already made the rank's device current before
+        ``__init__`` runs, so the value changes nothing: ``None`` (the default,
+        and what verl passes for most workers) is ignored, and a string such as
+        ``"0,1"`` is kept as ``self._cuda_visible_devices`` (verl's name) for
+        code that reads it, never written into ``os.environ`` (ranks of the
+        ``local`` backend share one process, and CUDA reads the variable only
+        once, at start-up).
+        """
+        if cuda_visible_devices is not None and not isinstance(cuda_visible_devices, str):
+            raise DispatchTypeError(
+                f"Worker.__init__(cuda_visible_devices=...) takes None or a string like '0,1' (verl's form), "
+                f"got {type(cuda_visible_devices).__name__} {cuda_visible_devices!r}"
+            )
+        if cuda_visible_devices is not None:
+            self._cuda_visible_devices = cuda_visible_devices
+        super().__init__()
 
     @property
     def rank(self) -> int:
@@ -71,6 +98,18 @@ class Worker(DispatchCollectInfo, StateHandover):
         ``change.source_rank`` or reload a checkpoint (``change.reset`` names
         the ranks left with setup's state).  On a new rank it runs after the
         setup calls were replayed.  The default does nothing.
+        """
+
+    def recover_sharded_state(self) -> None:
+        """Runs on every rank when the sharded-state check fails after a failed call, and on a replacement.
+
+        Override it in a worker that declares ``sharded_modules``: rebuild
+        each module, ``fully_shard`` it and its optimizer, then load the last
+        checkpoint (or an in-memory copy you kept).  The check runs again
+        after it; the next call runs only if every rank is then fit.  On a
+        replacement it runs after ``on_membership_change``, on survivors and
+        new ranks alike, so every rank issues the same collectives.  Without
+        an override a failed check refuses the next call, naming this hook.
         """
 
     @property

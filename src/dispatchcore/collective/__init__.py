@@ -22,7 +22,8 @@ early, so ranks waiting in it leave at once.  After a rank replacement the
 executor's group is rebuilt for you (your own default group is yours to
 rebuild in ``on_membership_change``).  :func:`init_process_group` makes
 torch's default group over exactly the group's ranks, with a ``DeviceMesh``
-for FSDP2, which the library can abort too (``docs/process-groups.md``).  :func:`rank_info`
+for FSDP2 (1-D, or any ``mesh_shape=`` for HSDP), which the library can abort
+too, with every mesh and ``new_group`` you build on it (``docs/process-groups.md``).  :func:`rank_info`
 tells a worker its backend and rank without an attribute on the worker.
 """
 

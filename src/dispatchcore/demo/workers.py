@@ -150,6 +150,10 @@ class RolloutWorker(Worker):
             for name, tensor in weights:
                 self.policy.get_parameter(name).copy_(tensor)
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What it holds (``WeightSync.verify`` reads it; a grow copies it into new ranks at the same version)."""
+        return {name: p.detach() for name, p in self.policy.named_parameters()}
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, retry=True)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         return sample(self.policy, prompts, self.generator)

@@ -17,7 +17,7 @@ from dispatchcore import (
 from .._detached import detached_world_size
 from .._executor import OPTIONS, RayExecutor
 from .._pool import RayResourcePool
-from ._refs import RefProxy, gives_refs, send
+from ._refs import RefProxy, by_name, gives_refs
 
 _log = logging.getLogger("executors_ray.verl")
 _logged: set[str] = set()
@@ -317,24 +317,14 @@ class RayWorkerGroup(WorkerGroup[Any]):
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Start ``method_name`` on every rank; Ray ``ObjectRef`` s to ``ray.get`` (as verl)."""
-        return self._plain_refs(method_name, args, kwargs, ranks=len(self.rank_ids))
+        refs: list[Any] = by_name(self, method_name, args, kwargs, rank_zero=False)
+        return refs
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_rank_zero(method_name, *args, **kwargs)
 
     def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._plain_refs(method_name, args, kwargs, ranks=1)[0]
-
-    def _plain_refs(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: int) -> list[Any]:
-        """Each of the first ``ranks`` ranks' ref; lists of one item per rank are split (verl's ALL_TO_ALL rule)."""
-        self.ensure_usable()
-        values = [*args, *kwargs.values()]
-        split = bool(values) and all(isinstance(v, list) and len(v) == self.world_size for v in values)
-        per_rank = [
-            (tuple(v[p] for v in args), {k: v[p] for k, v in kwargs.items()}) if split else (args, kwargs)
-            for p in range(ranks)
-        ]
-        return list(send(self, method, per_rank, share=False))
+        return by_name(self, method_name, args, kwargs, rank_zero=True)
 
 
 def create_colocated_worker_cls_fused(class_dict: Mapping[str, Any]) -> RayClassWithInitArgs:
