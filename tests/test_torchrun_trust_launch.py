@@ -9,6 +9,7 @@ and the launch's secret file is gone once every process is up.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import shutil
@@ -85,6 +86,7 @@ def test_a_stranger_runs_nothing_in_a_launch_and_it_keeps_serving(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_", "DISPATCHCORE"))}
     env.update(PYTHONUNBUFFERED="1", XDG_RUNTIME_DIR=str(tmp_path))  # the launch's secret file goes under tmp_path
     command = [shutil.which("torchrun") or "torchrun", "--standalone", "--nproc-per-node=2", str(script), str(go)]
+    pids: list[int] = []
     launch = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -94,7 +96,7 @@ def test_a_stranger_runs_nothing_in_a_launch_and_it_keeps_serving(tmp_path: Path
         while len(said) < 2 and (line := launch.stdout.readline()):
             said[line.split()[0]] = line.split()[1:]
         assert len(said) == 2, launch.communicate(timeout=60)[1][-3000:]
-        pids = [int(p) for p in said["pids"]]
+        pids[:] = [int(p) for p in said["pids"]]
         assert (tmp_path / "dispatchcore").is_dir() and not list((tmp_path / "dispatchcore").iterdir())
         sockets = {pid: listening(pid) for pid in pids}
         exposed = {pid: [s for s in found if not is_loopback(s[0])] for pid, found in sockets.items()}
@@ -113,8 +115,11 @@ def test_a_stranger_runs_nothing_in_a_launch_and_it_keeps_serving(tmp_path: Path
         out, err = launch.communicate(timeout=120)
     finally:
         if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)  # the agent and the processes it started
-            launch.communicate()
+            os.killpg(launch.pid, signal.SIGKILL)  # the agent (its processes may have sessions of their own)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            launch.communicate(timeout=30)
     assert launch.returncode == 0, err[-3000:]
     assert "served" in out
     assert not marker.exists(), "a process of the launch ran a pickle a stranger pushed onto the store"
