@@ -33,7 +33,7 @@ from dispatchcore import (
     driver_traffic,
     register,
 )
-from dispatchcore.executor import Call, RowAccess, RowRequest
+from dispatchcore.executor import Call, Instructions, Operation, RowAccess, RowRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -279,7 +279,8 @@ def test_a_busy_producer_serves_driver_reads_and_frees() -> None:
 
         def still_held() -> bool:
             probe = RowRequest(executor.row_address(1), 1, held.key, (), slice(0, 0))
-            read = Call("probe", (1,), [(RowAccess((probe,)),)], [{}], 30.0, beside=True)  # the core's beside read
+            rows = Instructions(operation=Operation.ROWS)  # the core's beside read, as its ledger sends it
+            read = Call("probe", (1,), [(RowAccess((probe,)),)], [{}], 30.0, instructions=rows, beside=True)
             handle = executor.submit(read)
             try:
                 handle.result(30.0)

@@ -4,12 +4,14 @@ Each agent stands for a node: groups span both, ``ranks=[...]`` places a
 group on chosen processes, results equal ``--backend local``, and killing
 the second node's processes ends the driver non-zero, naming the lost rank.
 The driver's own agent does not stop the driver when the other node's ranks
-die, so it is the executor's liveness check that catches it.
+die, so it is the executor's liveness check that catches it.  Both nodes get
+one ``DISPATCHCORE_SECRET``, as a multi-node launch needs.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -73,6 +75,7 @@ def agents(script: Path, mode: str, cwd: Path) -> tuple[subprocess.Popen[str], s
     """Node 0 (runs the driver as world rank 0) and node 1, two processes each."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_", "GROUP_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    env["DISPATCHCORE_SECRET"] = secrets.token_hex(32)  # a multi-node launch's shared lane secret, on every node
     port = free_port(LOOPBACK)
     launched = []
     for node in (0, 1):

@@ -2,12 +2,13 @@
 
 A bridge is a two-rank group (gloo for CPU tensors, NCCL for CUDA ones)
 between one source process and one destination process, on a
-``PrefixStore`` of the source's world store unique to the pair and to each
-process's incarnation (its bridge id), one direction only.  The source's
-``publish`` keeps a bucket's pieces and returns a :class:`Token`; a
-destination's ``receive`` asks the source's bridge thread (which serves
-beside any call) for them and posts its receives straight into their
-places, returning at once; the core's ``apply`` step waits.  A source that
+``PrefixStore`` of the source's world store (where the pair meets) unique to
+the pair and to each process's incarnation (its bridge id), one direction
+only.  The source's ``publish`` keeps a bucket's pieces and returns a
+:class:`Token`; a destination's ``receive`` asks the source's bridge thread
+(which serves beside any call) for them, in a message on the driver's links
+(``_post``), and posts its receives straight into their places, returning at
+once; the core's ``apply`` step waits.  A source that
 dies tears the bridge (the receive raises ``TensorSourceLost``); one that
 never answers is bounded by the destination group's ``death_timeout``.
 """
@@ -15,6 +16,7 @@ never answers is bounded by the destination group's ``death_timeout``.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import uuid
 import weakref
@@ -27,10 +29,11 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError
-from dispatchcore.executor import LOOPBACK, TensorSourceLost
+from dispatchcore.executor import TensorSourceLost
 from dispatchcore.wire import numpy_tensor
 
-from ._protocol import FOREVER_S, encode, home_of, pop
+from ._post import Address, Post
+from ._protocol import home_of
 from ._transport import SendReaper, pair_group, peer_error
 
 #: Keys of every bridge live under this prefix of the raw store.
@@ -46,21 +49,24 @@ class Token:
 
     host: str
     port: int
+    #: The source process, as the driver's links address it.
+    at: Address
     source: str
     key: int
     #: Per piece: its bytes and whether it is a CUDA tensor.
     pieces: tuple[tuple[int, bool], ...]
 
 
-def _serve_key(bridge_id: str) -> str:
-    return f"{_ROOT}/serve/{bridge_id}"
-
-
 class Bridge:
     """One process's side of every bridge: the pieces it published, its pair groups, its serving thread."""
 
-    def __init__(self, store: dist.Store) -> None:
+    def __init__(self, store: dist.Store, post: Post, *, loopback: bool) -> None:
+        """``loopback``: its pair groups listen on loopback only (a world on one machine)."""
         self.host, self.port = home_of(store)
+        self._post = post
+        self._loopback = loopback
+        self._requests: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        post.on("send", lambda sender, message: self._requests.put(message))
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
@@ -87,17 +93,12 @@ class Bridge:
                     target=self._serve, args=(timeout,), name="dispatchcore-bridge", daemon=True
                 )
                 self._thread.start()
-        return Token(self.host, self.port, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat))
+        return Token(
+            self.host, self.port, self._post.address, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat)
+        )
 
     def _serve(self, timeout: float) -> None:
-        store = self._connect(self.host, self.port, FOREVER_S, fresh=True)
-        while True:
-            try:
-                message = pop(store, _serve_key(self.id))
-            except Exception:  # noqa: BLE001 - the store went away: the world is over
-                return
-            if message[0] == "quit":
-                return
+        while (message := self._requests.get())[0] != "quit":
             _, reader, key, first = message
             try:
                 self._send(reader, key, first, timeout)
@@ -137,8 +138,7 @@ class Bridge:
             first = self._next_tag
             self._next_tag = (first + len(token.pieces)) % _TAG_SPACE
         try:
-            store = self._connect(token.host, token.port, timeout)
-            store.queue_push(_serve_key(token.source), encode(("send", self.id, token.key, first)))
+            self._post.send(token.at, ("send", self.id, token.key, first))
             device = torch.device("cuda", torch.cuda.current_device()) if any(c for _, c in token.pieces) else None
             out, works = [], []
             for i, ((nbytes, cuda), target) in enumerate(zip(token.pieces, into, strict=True)):
@@ -181,14 +181,14 @@ class Bridge:
         return self._reaper
 
     # -- groups and stores ----------------------------------------------------------------
-    def _connect(self, host: str, port: int, timeout: float, fresh: bool = False) -> dist.Store:
-        """A client connection to the store at ``host:port`` (one per address, or a fresh one to block on)."""
+    def _connect(self, host: str, port: int, timeout: float) -> dist.Store:
+        """A client connection to the store at ``host:port`` where pairs meet (one per address)."""
         with self._lock:
-            store = None if fresh else self._stores.get((host, port))
+            store = self._stores.get((host, port))
             if store is None:
-                store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
-                if not fresh:
-                    self._stores[(host, port)] = store
+                store = self._stores[(host, port)] = dist.TCPStore(
+                    host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False
+                )
             return store
 
     def _group(self, host: str, port: int, sender: str, reader: str, rank: int, cuda: bool, timeout: float) -> Any:
@@ -200,7 +200,7 @@ class Bridge:
             return group
         kind = "nccl" if cuda else "gloo"
         store = dist.PrefixStore(f"{_ROOT}/pair/{sender}/{reader}/{kind}/", self._connect(host, port, timeout))
-        group = pair_group(store, rank, cuda, timeout, loopback=host == LOOPBACK)
+        group = pair_group(store, rank, cuda, timeout, loopback=self._loopback)
         with self._lock:
             return self._groups.setdefault(name, group)
 
@@ -212,10 +212,7 @@ class Bridge:
             self._closed = True
             thread, self._held = self._thread, {}
         if thread is not None:
-            try:
-                self._connect(self.host, self.port, 5.0).queue_push(_serve_key(self.id), encode(("quit",)))
-            except Exception:  # noqa: BLE001, S110 - the store is gone: so is the thread's pop
-                pass
+            self._requests.put(("quit",))
             thread.join(1.0)
         if self._reaper is not None:
             self._reaper.drain(5.0)

@@ -2,10 +2,11 @@
 
 A consuming rank cannot use its own world's transport to reach another
 world, but it reaches that world's store (a driver-hosted ``TCPStore`` on
-loopback): the rows move over a two-rank gloo (NCCL for CUDA) group on a
-``PrefixStore`` of it, unique to the pair, as weights do (``_bridge``).
-Requests and answers are the in-world fetch's messages (``_protocol``), so
-one loop and one watcher (``_row_plane``) serve both.  A pair's bridge is
+loopback): the rows move over a two-rank gloo (NCCL for CUDA) group that
+meets on a ``PrefixStore`` of it, unique to the pair, as weights do
+(``_bridge``).  Requests and reply headers are the in-world fetch's
+messages on the driver's links (``_post``), so one loop (``_row_plane``)
+serves both.  A pair's bridge is
 named by the producer's data rank, the consumer process's bridge id (fresh
 per process) and a generation the consumer bumps when a transfer on it
 failed, so a replaced rank or a broken bridge never meets an old one's keys.
@@ -23,18 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dispatchcore.executor import LOOPBACK, RowRequest, take_kept_rows
+from dispatchcore.executor import LOOPBACK, take_kept_rows
 
-from ._protocol import FOREVER_S, encode, home_of, rows_key
+from ._hub import running
+from ._post import Address, Post
+from ._protocol import home_of
 from ._transport import RowTagCounter, SendReaper, pair_group, post_recvs, post_sends
 from ._wire import Header, pack
 
 #: Bridges are never given less than this bound (a busy machine must not look like a dead producer).
 BRIDGE_FLOOR_S = 3.0
-
-#: Identities of the self-started worlds running in this (driver) process; see :func:`world_started`.
-_live_worlds: set[str] = set()
-_live_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -51,30 +50,11 @@ class WorldStore:
         return cls(*home_of(store), prefix)
 
 
-def world_started(identity: str) -> None:
-    """A self-started world now runs in this process: other groups may fetch its rows over bridges."""
-    with _live_lock:
-        _live_worlds.add(identity)
-
-
-def world_stopped(identity: str) -> None:
-    """That world is shut down: its store is gone, so its rows can only be reported through the driver."""
-    with _live_lock:
-        _live_worlds.discard(identity)
-
-
 def reachable(address: Any) -> bool:
     """Whether ``address`` (a torchrun row address) is a running self-started world's, on this machine."""
     if not (isinstance(address, tuple) and len(address) == 3 and isinstance(address[2], WorldStore)):
         return False
-    with _live_lock:
-        live = address[0] in _live_worlds
-    return live and address[2].host == LOOPBACK
-
-
-def bridge_reply_key(consumer: str) -> str:
-    """Answers to the row requests of the process whose bridge id is ``consumer``, in the producing world."""
-    return f"rowsbridge/{consumer}"
+    return running(address[0]) and address[2].host == LOOPBACK
 
 
 def _pair_prefix(producer: int, consumer: str, generation: int, cuda: bool) -> str:
@@ -96,24 +76,23 @@ class RowBridges:
         self._serving: dict[tuple[str, int, bool], Any] = {}
 
     # -- producing side -------------------------------------------------------------
-    def answer(self, store: dist.Store, message: tuple[Any, ...]) -> None:
-        """Serve one ``("bridge", consumer, generation, fetch_id, requests, timeout)`` request."""
-        _, consumer, generation, fetch_id, requests, timeout = message
-        reply = bridge_reply_key(consumer)
+    def answer(self, post: Post, store: dist.Store, consumer: Address, message: tuple[Any, ...]) -> None:
+        """Serve one ``("fetch", fetch_id, requests, (bridge id, generation, timeout))`` from another world."""
+        _, fetch_id, requests, (bridge, generation, timeout) = message
         try:
             packed = pack([take_kept_rows(request) for request in requests])
         except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
-            store.queue_push(reply, encode(("failed", fetch_id, self.rank, f"{type(exc).__name__}: {exc}")))
+            post.send(consumer, ("failed", fetch_id, f"{type(exc).__name__}: {exc}"))
             return
         first = self.tags.take(packed.header.tags)
-        store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first, generation)))
+        post.send(consumer, ("rows", fetch_id, packed.header, first, generation))
         try:
-            groups = functools.partial(self._serving_group, store, (consumer, generation), timeout=float(timeout))
+            groups = functools.partial(self._serving_group, store, (bridge, generation), timeout=float(timeout))
             works = post_sends(packed, 1, first, self.tags, groups)
         except Exception:  # noqa: BLE001 - the consumer is gone (its own group reports that)
             with self._lock:
                 for cuda in (False, True):
-                    self._serving.pop((consumer, generation, cuda), None)
+                    self._serving.pop((bridge, generation, cuda), None)
             return
         with self._lock:
             if self._reaper is None:
@@ -144,35 +123,20 @@ class RowBridges:
 
 
 class BridgeLane:
-    """A consumer process's way to one other world's rows (see module doc): requests, replies, bridges."""
+    """A consumer process's bridges to one other world's rows (see module doc)."""
 
     def __init__(self, bridges: RowBridges, world: WorldStore, death_timeout: float) -> None:
         self._bridges = bridges
         self._world = world
         self._timeout = max(float(death_timeout), BRIDGE_FLOOR_S)
-        self.key = bridge_reply_key(bridges.id)
-        #: Requests go on one connection; blocking pops, the watcher and each bridge get their own.
-        self.store = self.connect()
-        self.replies = self.connect(forever=True)
         #: Per producing process: the generation of its bridge to this process, and the bridges built.
         self._generation: dict[int, int] = {}
         self._groups: dict[tuple[int, int, bool], Any] = {}
 
-    def connect(self, forever: bool = False) -> dist.Store:
-        """A fresh connection to the producing world's store, under its prefix (``forever``: to block on)."""
-        world = self._world
-        client = dist.TCPStore(
-            world.host, world.port, None, False, timedelta(seconds=self._timeout), wait_for_workers=False
-        )
-        if forever:
-            client.set_timeout(timedelta(seconds=FOREVER_S))  # pops wait for a message, never for a timeout
-        return dist.PrefixStore(world.prefix, client)
-
-    def request(self, d: int, fetch_id: int, requests: list[RowRequest], death_timeout: float) -> None:
-        generation = self._generation.setdefault(d, 0)
+    def ask(self, d: int, death_timeout: float) -> tuple[str, int, float]:
+        """What a request to producer ``d`` carries: this process's bridge id, the pair's generation, the bound."""
         bound = self._timeout = max(float(death_timeout), BRIDGE_FLOOR_S)  # bridges built next get it too
-        message = ("bridge", self._bridges.id, generation, fetch_id, requests, bound)
-        self.store.queue_push(rows_key(d), encode(message))
+        return self._bridges.id, self._generation.setdefault(d, 0), bound
 
     def post_recv(
         self, d: int, header: Header, first: int, generation: int
@@ -184,8 +148,13 @@ class BridgeLane:
         name = (d, generation, cuda)
         group = self._groups.get(name)
         if group is None:
-            prefixed = dist.PrefixStore(_pair_prefix(d, self._bridges.id, generation, cuda), self.connect())
-            group = self._groups[name] = pair_group(prefixed, 1, cuda, self._timeout, self._world.host == LOOPBACK)
+            world = self._world
+            client = dist.TCPStore(
+                world.host, world.port, None, False, timedelta(seconds=self._timeout), wait_for_workers=False
+            )
+            home = dist.PrefixStore(world.prefix, client)
+            prefixed = dist.PrefixStore(_pair_prefix(d, self._bridges.id, generation, cuda), home)
+            group = self._groups[name] = pair_group(prefixed, 1, cuda, self._timeout, world.host == LOOPBACK)
         return group
 
     def failed(self, d: int) -> None:
@@ -197,4 +166,3 @@ class BridgeLane:
 
     def close(self) -> None:
         self._groups.clear()
-        self.store = self.replies = None  # type: ignore[assignment]  # their connections go with them

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
+from dispatchcore.executor import LOOPBACK, address_toward
+
 #: Set by torchrun's elastic agent in every process it starts.
 TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
 #: What a plain ``init_process_group()`` reads: made to describe a group's rank while it is served (``present_group``).
@@ -42,6 +44,20 @@ def under_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 def torchrun_world_size() -> int | None:
     """``WORLD_SIZE`` of the torchrun launch, or ``None`` outside torchrun."""
     return int(launch_var("WORLD_SIZE")) if under_torchrun() else None
+
+
+def spans_nodes() -> bool:
+    """Whether the launch may have processes on other hosts (``LOCAL_WORLD_SIZE`` short of ``WORLD_SIZE``, or nodes)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return local is None or local != launch_var("WORLD_SIZE") or os.environ.get("GROUP_WORLD_SIZE", "1") != "1"
+
+
+def listen_host() -> str:
+    """Where the library's own listeners bind under the launcher: loopback on one node, else toward the store.
+
+    Ranks on other nodes must reach the driver's lane door, meetings and gloo pairs; on one node nothing else should.
+    """
+    return address_toward(*store_address()) if spans_nodes() else LOOPBACK
 
 
 def store_address() -> tuple[str, int]:

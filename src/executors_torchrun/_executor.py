@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerDiedError, WorkerError
+from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerError
 from dispatchcore.executor import (
     LOOPBACK,
     Call,
@@ -24,33 +24,18 @@ from dispatchcore.executor import (
     LaneAddress,
     LaneCallHandle,
     LaneExecutor,
-    RemoteFailure,
     check_options,
     free_port,
     rank_environment,
 )
 
 from . import _env, _grow
-from ._bridge_rows import WorldStore, reachable, world_started, world_stopped
-from ._protocol import StoreDirectory, lane_key
-from ._row_plane import RowPlane
+from ._bridge_rows import WorldStore, reachable
 from ._worlds import LaunchWorld, Meeting, SpawnedWorld, World, launch_world
 
 #: The tensor address of every torchrun group: a source's store is reachable from every destination's process.
 BRIDGE_ADDRESS = ("torchrun", "bridge")
 _DEFAULTS: dict[str, Any] = {"ranks": None, "start_timeout": 120.0, "transport_timeout": 1800.0, "spare_ranks": 0}
-
-
-class _Handle(LaneCallHandle):
-    """A call that, while it waits, watches every rank of its group: one fetching rows waits on another's process."""
-
-    def __init__(self, executor: TorchrunExecutor, call: Call) -> None:
-        super().__init__(executor.lane, call)
-        self._executor = executor
-
-    def check_alive(self, waiting: list[int]) -> None:
-        super().check_alive(waiting)
-        self._executor.watch_ranks()
 
 
 class TorchrunExecutor(LaneExecutor):
@@ -125,8 +110,6 @@ class TorchrunExecutor(LaneExecutor):
         except BaseException:
             self.shutdown()
             raise
-        if isinstance(self._world, SpawnedWorld):
-            world_started(self._world.identity)
 
     # -- the backend's part of the lane -------------------------------------------------
     def open_ranks(self, ranks: Sequence[int], timeout: float) -> None:
@@ -144,10 +127,10 @@ class TorchrunExecutor(LaneExecutor):
             raise
 
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
-        """Publish the lane in the world's store and tell each rank's process to join (worker 0: a thread here)."""
+        """Tell each rank's process to join, with the lane's address, on its link (worker 0: a thread here)."""
         world = self._world
         assert world is not None  # noqa: S101 - made before any rank is opened
-        StoreDirectory(world.store, lane_key(self._gid)).publish(address)
+        world.hub.watch(self._gid, self._silent)
         for g in ranks:
             d = self._data_ranks[g]
             if self._meeting is not None:
@@ -156,13 +139,13 @@ class TorchrunExecutor(LaneExecutor):
                 _env.present_group(self._envs.pop(g))  # here, before the serving thread starts
                 self._local = threading.Thread(
                     target=world.services.serve_group,
-                    args=(self._gid, g, self.spec.death_timeout),
+                    args=(self._gid, g, self.spec.death_timeout, address.encode()),
                     name=f"dispatchcore-{self.spec.name}-rank{g}",
                     daemon=True,
                 )
                 self._local.start()
             else:
-                world.join(d, self._gid, g, self._envs.pop(g, None), self.spec.death_timeout)
+                world.join(d, (self._gid, g, self._envs.pop(g, None), self.spec.death_timeout, address.encode()))
 
     def rank_dead(self, rank: int) -> str | None:
         """A self-started rank's process exit (under the launcher its agent owns the processes: no signal)."""
@@ -170,15 +153,15 @@ class TorchrunExecutor(LaneExecutor):
         return world.exit_reason(self._data_ranks[rank]) if isinstance(world, SpawnedWorld) else None
 
     def rank_gone(self, rank: int, reason: str) -> None:
-        """Mark the rank's process dead in the store, where fetches of its rows look (``_row_plane``)."""
+        """Tell the world's hub: fetches waiting on the rank's process are answered at once (``_hub``)."""
         if self._world is not None and not self.closed:
             self._world.mark_dead(self._data_ranks[rank], reason)
 
-    def watch_ranks(self) -> None:
-        """Ping every rank of the group when due (a silent one found gone is marked dead: ``rank_gone``)."""
-        if not self.closed:
-            for g in range(self.spec.world_size):
-                self.lane.silent(g, self.spec.death_timeout)
+    def _silent(self, d: int) -> str | None:
+        """Why process ``d``'s rank here is gone, by the lane's rule (the hub asks while a fetch waits on it)."""
+        if self.closed or d not in self._data_ranks:
+            return None
+        return self.lane.silent(self._data_ranks.index(d), self.spec.death_timeout)
 
     def _first_dead(self) -> tuple[int, str] | None:
         """A rank of this group the lane knows is gone (world rank, why); only reads: runs in a signal handler."""
@@ -191,8 +174,9 @@ class TorchrunExecutor(LaneExecutor):
     def stop_ranks(self) -> None:
         """A self-started world stops with its group; the launch's processes go on serving other groups."""
         world = self._world
+        if world is not None:
+            world.hub.unwatch(self._gid)
         if isinstance(world, SpawnedWorld):
-            world_stopped(world.identity)  # its rows can no longer be fetched over bridges
             world.stop(wait=0.5 if self._stuck else 10.0)
         elif isinstance(world, LaunchWorld):
             world.dead_ranks.pop(self._gid, None)
@@ -209,44 +193,10 @@ class TorchrunExecutor(LaneExecutor):
 
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> LaneCallHandle:
-        if self.closed:
-            raise DispatchError("this torchrun group is shut down")
-        if call.beside:  # the core's row reads (and the frees they carry): beside any running call, never behind it
-            return self._read_rows(call)
-        handle = self.lane.submit(call, _Handle(self, call))
+        """A call (the core's row reads too: on the lane's beside thread), kept to see whether it is still running."""
+        handle = super().submit(call)
         self._calls.add(handle)
         return handle
-
-    def _read_rows(self, call: Call) -> LaneCallHandle:
-        """A driver visit to kept rows (a ``RowAccess``: frees, then reads), by this process's row plane."""
-        assert self._world is not None  # noqa: S101 - calls come after the start
-        handle = _Handle(self, call)
-        self._calls.add(handle)
-        rank, access, rows = call.ranks[0], call.args[0][0], self._world.row_plane()
-        if access.free:
-            self._free_rows(rows, rank, list(access.free))
-
-        def fetch() -> None:
-            try:
-                parts = rows.fetch(list(access.requests), death_timeout=self.spec.death_timeout)
-            except WorkerDiedError as exc:
-                handle.rank_died(0, exc.detail)
-            except BaseException as exc:  # noqa: BLE001 - reported to the reading caller
-                handle.deliver(0, False, RemoteFailure.capture(rank, call.method, exc))
-            else:
-                handle.deliver(0, True, parts)
-
-        threading.Thread(target=fetch, name=f"dispatchcore-{self.spec.name}-read-rows", daemon=True).start()
-        return handle
-
-    def _free_rows(self, rows: RowPlane, g: int, keys: list[str]) -> None:
-        """Drop ``keys`` in rank ``g``'s process (rows kept in this process are freed by the core here)."""
-        d = self._data_ranks[g]
-        if d != 0 and self.lane.silent(g, self.spec.death_timeout) is None:
-            try:
-                rows.free(d, keys)
-            except Exception:  # noqa: BLE001, S110 - the store is gone: so are the rows
-                pass
 
     # -- replacing dead ranks -------------------------------------------------------
     def replace_ranks(self, ranks: Sequence[int]) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Growing and shrinking a torchrun group: new ranks join through the lane; removed ones leave with it.
 
 A self-started world hands the new ranks to its spare processes first
-(``spare_ranks=k``), then to processes it starts now: every live process,
-the driver's too, joins the row transport's next generation at the new
-size (``SpawnedWorld.add_processes``).  Under the launcher its agent owns
+(``spare_ranks=k``), then to processes it starts now: every live process
+joins the row transport's next generation at the new size
+(``SpawnedWorld.add_processes``).  Under the launcher its agent owns
 every process: a group grows only onto the launch's idle ranks (hosting no
 group), and a removed rank's process goes on serving the others.
 """

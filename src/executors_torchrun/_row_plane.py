@@ -1,124 +1,111 @@
 """Lazy results' rows, moved process to process, never through the driver (docs/lazy-results.md).
 
-Every process of a world that hosts workers (the driver too, for its column
-reads) runs one :class:`RowPlane`: a data thread answers the requests on its
-``rows/<data rank>`` queue with :func:`~dispatchcore.executor.take_kept_rows`
-(posting the rows' tensors before the reply that names their tags), beside
-any call, so a busy process still serves its rows; :meth:`RowPlane.fetch`
-asks every producer first, then receives the answers as they come, one
-fetch at a time per process.  Another world's rows come the same way through
-a ``BridgeLane`` (``_bridge_rows``).  While a fetch waits, a watcher reads the
-producers' ``dead/<rank>`` marks (set by the driver when a group's lane
-finds a process gone) and the world's ``stopping`` mark: either ends the wait.
+Every process of a world that hosts workers (the driver too, under the
+launcher) runs one :class:`RowPlane`; the driver's own reads and frees are
+the core's beside calls on the lane.  Requests and reply headers are small
+messages on the processes' links to the driver (``_post``, relayed by
+``_hub``); the rows' bytes go rank to rank over gloo into buffers made for
+them (raw tensor bytes).  A data thread answers requests with
+:func:`~dispatchcore.executor.take_kept_rows` (posting the rows' tensors
+before the reply that names their tags), beside any call, so a busy process
+still serves its rows; :meth:`RowPlane.fetch` asks every producer first,
+then receives the answers as they come, one fetch at a time per process.
+Another world's rows come the same way over bridges (``_bridge_rows``).  A
+producer that is gone is answered for by the driver (``dead``), a world
+that stops likewise (``stopped``): no store is watched.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import (
-    RowRequest,
-    WorkerHost,
-    free_kept_rows,
-    liveness_poll,
-    take_kept_rows,
-)
+from dispatchcore.executor import RowRequest, WorkerHost, take_kept_rows
 
-from ._bridge_rows import BridgeLane, RowBridges, WorldStore
+from ._bridge_rows import BridgeLane, RowBridges
 from ._env import set_local_device
-from ._protocol import STOPPING_KEY, dead_key, encode, home_of, pop, rows_key, rows_reply_key, transport_key
+from ._post import Address, Post
+from ._protocol import transport_key
 from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
 from ._wire import Header, pack, unpack
+
+#: Kinds the data thread serves in order, and the answers a fetch waits for.
+_SERVED = ("fetch", "transport")
+_ANSWERS = ("rows", "failed", "dead", "stopped")
 
 
 class RowPlane:
     """One process's row traffic: the data thread serving its kept rows, and its fetches."""
 
-    def __init__(self, store: dist.Store, transport: Transport) -> None:
+    def __init__(self, post: Post, store: dist.Store, transport: Transport) -> None:
+        self._post = post
+        #: The world's store: rendezvous of the bridges to other worlds, and the transport's join flags.
         self._store = store
         self._transport = transport
         self.rank = transport.rank
+        self.world = post.address[0]
         self._tags = RowTagCounter()
         self._reaper = SendReaper(f"dispatchcore-row-reaper{self.rank}")
         self._fetch_lock = threading.Lock()
         self._fetch_ids = itertools.count()
-        #: ``(host, port)`` of this world's store: a row address naming another is another world's.
-        self._home = home_of(store)
-        #: Per world fetched from (``None``: this one): its lane and the watcher of its producers.
-        self._lanes: dict[WorldStore | None, tuple[Any, _Watch]] = {}
+        self._replies: dict[int, queue.SimpleQueue[tuple[Address, tuple[Any, ...]]]] = {}
+        self._home = _HomeLane(self)
+        #: Per other world fetched from: its bridges.
+        self._lanes: dict[str, BridgeLane] = {}
         self._bridges: RowBridges | None = None
         self._bridges_lock = threading.Lock()
+        self._work: queue.SimpleQueue[tuple[Address, tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._closed = False
+        for kind in _SERVED:
+            post.on(kind, lambda sender, message: self._work.put((sender, message)))
+        for kind in _ANSWERS:
+            post.on(kind, self._answered)
         self._thread = threading.Thread(target=self._serve, name=f"dispatchcore-rows{self.rank}", daemon=True)
         self._thread.start()
 
     # -- serving ------------------------------------------------------------------------
     def _serve(self) -> None:
         set_local_device()  # CUDA rows are sent from this thread
-        try:
-            store = self._store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
-        except Exception:  # noqa: BLE001 - the store is gone: nothing to serve
-            return
-        key = rows_key(self.rank)
-        while True:
+        while (item := self._work.get()) is not None:
+            sender, message = item
             try:
-                message = pop(store, key)
-            except Exception:  # noqa: BLE001 - the store went away: the world is over
-                return
-            if message[0] == "quit":
-                return
-            if message[0] == "bridge":  # a consumer in another world (``_bridge_rows``)
-                try:
-                    self.row_bridges().answer(store, message)
-                except Exception:  # noqa: BLE001, S110 - the requester (or the store) is gone
-                    pass
-                continue
-            if message[0] == "free":
-                free_kept_rows(message[1])
-                continue
-            if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
-                self._rebuild(store, *message[1:])
-                continue
-            _, requester, fetch_id, requests = message
-            try:
-                self._answer(store, requester, fetch_id, requests)
-            except Exception:  # noqa: BLE001, S112 - the requester (or the store) is gone
+                if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
+                    self._rebuild(*message[1:])
+                elif message[3] is not None:  # a consumer in another world (``_bridge_rows``)
+                    self.row_bridges().answer(self._post, self._store, sender, message)
+                else:
+                    self._answer(sender, message[1], message[2])
+            except Exception:  # noqa: BLE001, S112 - the requester (or the world) is gone
                 continue
 
-    def _rebuild(self, store: dist.Store, generation: int, members: list[int]) -> None:
-        """Join the row transport's next generation, then say so (the driver waits for every member)."""
+    def _rebuild(self, generation: int, members: list[int]) -> None:
+        """Join the row transport's next generation, then say so (a plain flag: the driver waits for every member)."""
         try:
             self._transport.rebuild(generation, members)
         except Exception as exc:  # noqa: BLE001 - the driver reports it, naming this process
-            store.set(transport_key(generation, self.rank), f"{type(exc).__name__}: {exc}".encode())  # type: ignore[arg-type]
+            self._store.set(transport_key(generation, self.rank), f"{type(exc).__name__}: {exc}".encode())  # type: ignore[arg-type]
         else:
-            store.set(transport_key(generation, self.rank), b"")  # type: ignore[arg-type]
+            self._store.set(transport_key(generation, self.rank), b"")  # type: ignore[arg-type]
 
-    def _answer(self, store: dist.Store, requester: int, fetch_id: int, requests: list[RowRequest]) -> None:
+    def _answer(self, requester: Address, fetch_id: int, requests: list[RowRequest]) -> None:
         """Post the requested rows to ``requester``, then tell it their header and tags."""
-        reply = rows_reply_key(requester)
         try:
             packed = pack([take_kept_rows(request) for request in requests])
             first = self._tags.take(packed.header.tags)
-            generation, peer, groups = self._transport.link(self.rank, requester)
+            generation, peer, groups = self._transport.link(self.rank, requester[1])
             works = post_sends(packed, peer, first, self._tags, groups)
         except Exception as exc:  # noqa: BLE001 - e.g. the rows were freed: the consumer raises it
-            store.queue_push(reply, encode(("failed", fetch_id, self.rank, f"{type(exc).__name__}: {exc}")))
+            self._post.send(requester, ("failed", fetch_id, f"{type(exc).__name__}: {exc}"))
             return
         self._reaper.add(works, packed)
-        store.queue_push(reply, encode(("rows", fetch_id, self.rank, packed.header, first, generation)))
-
-    def free(self, process: int, keys: Sequence[str]) -> None:
-        """Have process ``process``'s data thread drop ``keys`` now, even while it is busy in a call."""
-        self._store.queue_push(rows_key(process), encode(("free", list(keys))))
+        self._post.send(requester, ("rows", fetch_id, packed.header, first, generation))
 
     # -- fetching -----------------------------------------------------------------------
     def equip(self, host: WorkerHost, death_timeout: float) -> None:
@@ -129,13 +116,13 @@ class RowPlane:
     def fetch(self, requests: Sequence[RowRequest], death_timeout: float) -> list[DataProto]:
         """``WorkerHost.fetch_rows``: each request's rows, from the processes keeping them (other worlds' over bridges).
 
-        ``death_timeout`` (the consuming group's) bounds the wait on a silent producer.
+        ``death_timeout`` (the consuming group's) bounds the bridges to a silent producer.
         """
         out: list[DataProto | None] = [None] * len(requests)
-        plan: dict[WorldStore | None, dict[int, list[int]]] = {}
+        plan: dict[str, dict[int, list[int]]] = {}
         for i, request in enumerate(requests):
-            world, d = self._world_of(request.address), int(request.address[1])
-            if world is None and d == self.rank:  # kept here after all (or freed: this raises saying so)
+            world, d = str(request.address[0]), int(request.address[1])
+            if world == self.world and d == self.rank:  # kept here after all (or freed: this raises saying so)
                 out[i] = take_kept_rows(request)
             else:
                 plan.setdefault(world, {}).setdefault(d, []).append(i)
@@ -150,67 +137,33 @@ class RowPlane:
                             out[i] = part
         return [part for part in out if part is not None]
 
-    def _world_of(self, address: Any) -> WorldStore | None:
-        """The other world an address names, or ``None`` for this process's own world."""
-        world = address[2] if len(address) > 2 else None
-        if world is None or (world.host, world.port) == self._home:
-            return None
-        return world  # type: ignore[no-any-return]
-
     def _fetch_from(
-        self, world: WorldStore | None, requests: Sequence[RowRequest], by_process: dict[int, list[int]], bound: float
+        self, world: str, requests: Sequence[RowRequest], by_process: dict[int, list[int]], bound: float
     ) -> dict[int, list[DataProto]]:
         """One world's share of a fetch: a request to each producing process first, then every answer."""
         producers = {d: requests[index[0]].rank for d, index in by_process.items()}  # group ranks, for errors
-        lane, watch = self._lane(world, producers, bound)
+        lane = self._lane(world, requests[next(iter(by_process.values()))[0]].address, bound)
         fetch_id = next(self._fetch_ids)
+        replies = self._replies[fetch_id] = queue.SimpleQueue()
         try:
             for d, index in by_process.items():
-                lane.request(d, fetch_id, [requests[i] for i in index], bound)
-        except Exception as exc:  # noqa: BLE001 - the producing world's store is gone
-            self._drop_lane(world)
-            raise _unreachable(producers, exc) from exc
-        watched = watch.begin(fetch_id, producers, bound)
-        try:
-            return self._receive(lane, watched)
+                ask = ("fetch", fetch_id, [requests[i] for i in index], lane.ask(d, bound))
+                try:
+                    self._post.send((world, d), ask)
+                except OSError as exc:  # the link to the driver is gone: so is this world
+                    raise DispatchError(f"lost the link to the driver while fetching rows ({exc})") from exc
+            return self._receive(lane, replies, producers)
         finally:
-            watch.end()
+            del self._replies[fetch_id]
 
-    def _lane(self, world: WorldStore | None, producers: dict[int, int], bound: float) -> tuple[Any, _Watch]:
-        """The way to ``world``'s rows (made on first use) and the watcher of its producers."""
-        entry = self._lanes.get(world)
-        if entry is None:
-            lane: _HomeLane | BridgeLane
-            try:
-                if world is None:
-                    lane = _HomeLane(self)
-                    watch = _Watch(self._store.clone(), lane.key)  # type: ignore[attr-defined]
-                else:
-                    self._prune()
-                    lane = BridgeLane(self.row_bridges(), world, bound)
-                    watch = _Watch(lane.connect(), lane.key, home=self._store.clone())  # type: ignore[attr-defined]
-            except Exception as exc:  # noqa: BLE001 - the store (this world's, or the producers') is gone
-                raise _unreachable(producers, exc) from exc
-            entry = self._lanes[world] = (lane, watch)
-        return entry
-
-    def _prune(self) -> None:
-        """Drop the lanes to other worlds that have stopped (their connections and watchers go with them)."""
-        for world, (lane, _) in list(self._lanes.items()):
-            if world is None:
-                continue
-            try:
-                gone = lane.store.check([STOPPING_KEY])
-            except Exception:  # noqa: BLE001 - its store is gone
-                gone = True
-            if gone:
-                self._drop_lane(world)
-
-    def _drop_lane(self, world: WorldStore | None) -> None:
-        entry = self._lanes.pop(world, None)
-        if entry is not None:
-            entry[1].close()
-            entry[0].close()
+    def _lane(self, world: str, address: Any, bound: float) -> Any:
+        """The way to ``world``'s rows: this world's transport, or bridges to another (made on first use)."""
+        if world == self.world:
+            return self._home
+        lane = self._lanes.get(world)
+        if lane is None:
+            lane = self._lanes[world] = BridgeLane(self.row_bridges(), address[2], bound)
+        return lane
 
     def row_bridges(self) -> RowBridges:
         """This process's bridges to other worlds (serving and fetching), made on first use."""
@@ -219,37 +172,26 @@ class RowPlane:
                 self._bridges = RowBridges(self.rank)
             return self._bridges
 
-    def _receive(self, lane: Any, watched: _Watched) -> dict[int, list[DataProto]]:
+    def _answered(self, sender: Address, message: tuple[Any, ...]) -> None:
+        """A reply for fetch ``message[1]`` (on the link's reader thread); an abandoned fetch's rows are drained."""
+        replies = self._replies.get(message[1])
+        if replies is not None:
+            replies.put((sender, message))
+        elif message[0] == "rows":
+            lane = self._home if sender[0] == self.world else self._lanes.get(sender[0])
+            if lane is not None:
+                threading.Thread(target=_drain, args=(lane, sender[1], *message[2:]), daemon=True).start()
+
+    def _receive(
+        self, lane: Any, replies: queue.SimpleQueue[tuple[Address, tuple[Any, ...]]], producers: dict[int, int]
+    ) -> dict[int, list[DataProto]]:
         """Post the receives of each producer's rows as its answer comes; then wait for all of them."""
         posted: dict[int, tuple[Header, list[Any], list[Any], list[Any]]] = {}
-        error: BaseException | None = None
-        while watched.pending() and error is None:
-            try:
-                message = pop(lane.replies, lane.key)
-            except Exception as exc:  # noqa: BLE001 - the store is gone: the world is over
-                error = DispatchError(f"lost the store connection while fetching rows ({exc})")
-                break
-            kind, fetch_id = message[0], message[1]
-            if fetch_id != watched.fetch_id:  # left over from a fetch that ended early
-                if kind == "rows":
-                    _drain(lane, *message[2:])
-                continue
-            if kind == "rows":
-                d, header, first, *extra = message[2:]
-                try:
-                    posted[d] = (header, *lane.post_recv(d, header, first, *extra))
-                except Exception as exc:  # noqa: BLE001 - a torn connection (or a bridge never built)
-                    lane.failed(d)
-                    error = _died(watched.producers[d], exc)
-                watched.answered(d)
-            elif kind == "failed":
-                _, _, d, text = message
-                error = DispatchError(f"rank {watched.producers[d]} could not send the rows it keeps: {text}")
-            elif kind == "dead":
-                _, _, d, detail = message
-                error = WorkerDiedError(watched.producers[d], f"{detail} (seen while fetching the rows it keeps)")
-            elif kind == "stopped":
-                error = DispatchError("the driver stopped the torchrun world while rows were being fetched")
+        waiting, error = set(producers), None
+        while waiting and error is None:
+            (world, d), message = replies.get()
+            waiting.discard(d)
+            error = self._reply_error(lane, world, d, message, producers, posted)
         answers: dict[int, list[DataProto]] = {}
         for d, (header, buffers, device, works) in posted.items():  # always waited: they hold buffers
             try:
@@ -258,40 +200,63 @@ class RowPlane:
                 answers[d] = unpack(header, buffers, device)
             except Exception as exc:  # noqa: BLE001 - a torn connection: the producer died mid-transfer
                 lane.failed(d)
-                error = error or _died(watched.producers[d], exc)
+                error = error or _died(producers[d], exc)
         if error is not None:
             raise error
         return answers
 
+    def _reply_error(
+        self, lane: Any, world: str, d: int, message: tuple[Any, ...], producers: dict[int, int], posted: dict[int, Any]
+    ) -> BaseException | None:
+        """Act on one reply: post the receives of its rows, or the error it brings."""
+        kind = message[0]
+        if kind == "rows":
+            header, first, generation = message[2:]
+            try:
+                posted[d] = (header, *lane.post_recv(d, header, first, generation))
+            except Exception as exc:  # noqa: BLE001 - a torn connection (or a bridge never built)
+                lane.failed(d)
+                return _died(producers[d], exc)
+            return None
+        if kind == "failed":
+            return DispatchError(f"rank {producers[d]} could not send the rows it keeps: {message[2]}")
+        if kind == "dead":
+            return WorkerDiedError(producers[d], f"{message[2]} (seen while fetching the rows it keeps)")
+        if world != self.world:
+            lane = self._lanes.pop(world, None)
+            if lane is not None:
+                lane.close()
+        return DispatchError("the driver stopped the torchrun world while rows were being fetched")
+
     # -- stopping -----------------------------------------------------------------------
     def close(self, timeout: float = 1.0) -> None:
-        """End the data thread and the watcher; wait up to ``timeout`` s for rows being sent."""
+        """End the data thread and every waiting fetch; wait up to ``timeout`` s for rows being sent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._store.queue_push(rows_key(self.rank), encode(("quit",)))
-        except Exception:  # noqa: BLE001, S110 - the store is gone: so is the data thread's pop
-            pass
+        self._work.put(None)
+        for fetch_id, replies in list(self._replies.items()):
+            replies.put(((self.world, -1), ("stopped", fetch_id)))
         self._thread.join(timeout)
-        for world in list(self._lanes):
-            self._drop_lane(world)  # their store connections go with them
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
         self._reaper.drain(timeout)
         self._reaper.close()
         if self._bridges is not None:
             self._bridges.close(timeout)
+        self._store = None  # type: ignore[assignment]  # its connection goes now, even while the plane is referenced
 
 
 class _HomeLane:
-    """This world's rows: a request on each producer's queue, answers on this process's, the world's transport."""
+    """This world's rows: the world's transport carries them."""
 
     def __init__(self, plane: RowPlane) -> None:
         self._plane = plane
-        self.key = rows_reply_key(plane.rank)
-        self.replies = plane._store.clone()  # type: ignore[attr-defined]  # the connection fetches wait on
 
-    def request(self, d: int, fetch_id: int, requests: list[RowRequest], death_timeout: float) -> None:
-        self._plane._store.queue_push(rows_key(d), encode(("fetch", self._plane.rank, fetch_id, requests)))
+    def ask(self, d: int, bound: float) -> None:
+        """What a request to ``d`` adds (nothing: the transport is already shared)."""
+        return None
 
     def post_recv(self, d: int, header: Header, first: int, generation: int) -> tuple[list[Any], list[Any], list[Any]]:
         plane = self._plane
@@ -299,10 +264,10 @@ class _HomeLane:
         return post_recvs(header, peer, first, plane._tags, groups)
 
     def failed(self, d: int) -> None:
-        """Nothing to drop: the world's transport is shared, and a dead process is marked by the driver."""
+        """Nothing to drop: the world's transport is shared, and a dead process is known to the driver."""
 
     def close(self) -> None:
-        self.replies = None
+        """Nothing to let go of."""
 
 
 def _drain(lane: Any, d: int, header: Header, first: int, *extra: Any) -> None:
@@ -314,103 +279,5 @@ def _drain(lane: Any, d: int, header: Header, first: int, *extra: Any) -> None:
         lane.failed(d)
 
 
-def _unreachable(producers: dict[int, int], exc: BaseException) -> DispatchError:
-    ranks = sorted(producers.values())
-    return DispatchError(f"cannot reach the torchrun world keeping the rows of rank(s) {ranks} (shut down?): {exc}")
-
-
 def _died(rank: int, exc: BaseException) -> WorkerDiedError:
     return WorkerDiedError(rank, f"its process is gone (rows lost mid-transfer: {peer_error(exc)})")
-
-
-@dataclass
-class _Watched:
-    """The fetch in flight: which producers (data rank -> group rank) it still waits for."""
-
-    fetch_id: int
-    producers: dict[int, int]
-    death_timeout: float
-    waiting: set[int] = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def pending(self) -> bool:
-        with self.lock:
-            return bool(self.waiting)
-
-    def answered(self, d: int) -> None:
-        with self.lock:
-            self.waiting.discard(d)
-
-    def awaited(self) -> list[int]:
-        with self.lock:
-            return sorted(self.waiting)
-
-
-class _Watch:
-    """The watcher thread of one process: ends a fetch's wait when a producer it awaits is gone."""
-
-    def __init__(self, store: dist.Store, reply_key: str, home: dist.Store | None = None) -> None:
-        """``store``: the producers' world's; ``home``: this process's own, when that is another world."""
-        self._store = store
-        self._home = home
-        self._reply_key = reply_key
-        self._cond = threading.Condition()
-        self._current: _Watched | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="dispatchcore-row-watch", daemon=True)
-        self._thread.start()
-
-    def begin(self, fetch_id: int, producers: dict[int, int], death_timeout: float) -> _Watched:
-        watched = _Watched(fetch_id, dict(producers), death_timeout, set(producers))
-        with self._cond:
-            self._current = watched
-            self._cond.notify_all()
-        return watched
-
-    def end(self) -> None:
-        with self._cond:
-            self._current = None
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(1.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._current is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                watched = self._current
-                assert watched is not None  # noqa: S101 - the loop above
-            verdict = self._check(watched)
-            if verdict is not None:
-                with self._cond:
-                    if self._current is watched:  # still waiting: wake it
-                        self._current = None
-                        try:
-                            self._store.queue_push(self._reply_key, encode(verdict))
-                        except Exception:  # noqa: BLE001, S110 - the store is gone: the fetch sees that itself
-                            pass
-                continue
-            with self._cond:
-                if self._current is watched and not self._closed:
-                    self._cond.wait(liveness_poll(watched.death_timeout))
-
-    def _check(self, watched: _Watched) -> tuple[Any, ...] | None:
-        """The message that ends ``watched``'s wait, or ``None`` while every awaited producer lives."""
-        store = self._store
-        try:
-            if store.check([STOPPING_KEY]) or (self._home is not None and self._home.check([STOPPING_KEY])):
-                return ("stopped", watched.fetch_id)
-            for d in watched.awaited():
-                if store.check([dead_key(d)]):
-                    detail = bytes(store.get(dead_key(d))).decode(errors="replace")
-                    return ("dead", watched.fetch_id, d, detail)
-        except Exception:  # noqa: BLE001, S110 - the store is gone: the fetch's own wait on it fails too
-            pass
-        return None

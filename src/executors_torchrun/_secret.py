@@ -1,110 +1,133 @@
-"""The lane secret every process of one torchrun launch shares, found where another user cannot read it.
+"""The lane secret every process of one torchrun launch shares (docs/security.md, "torchrun").
 
-torchrun's agent starts every process, so no process can hand the others a
-secret on a pipe.  In order: the variable ``DISPATCHCORE_SECRET`` (hex, at
-least 16 bytes; the user sets it for every node of a multi-node launch, and
-it is required there), else, on one node, a file of 32 random bytes that
-only this uid can read, in a directory only this uid can enter, named for
-this launch (run id, the elastic agent's pid, restart count).  The first
-process to look creates it; the driver removes it at exit.
+The launcher's agent starts the processes, so no driver can hand them a
+secret on a pipe: each finds the same one.  ``DISPATCHCORE_SECRET`` (hex, set
+by the user on every node) wins, and is required when the launch spans
+several nodes.  On one node the first process to look creates a 0600 file in
+a 0700 directory of this user's (``$XDG_RUNTIME_DIR/dispatchcore`` or
+``~/.cache/dispatchcore``), named for the launch (its run id, the agent's pid
+and the restart), and the others read it; the driver removes it once every
+process is up.  Anything else is refused with the fix named.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
+import hashlib
 import os
 import secrets
 import stat
-import tempfile
-import time
 from pathlib import Path
 
 from dispatchcore import DispatchRuntimeError
 
-from . import _env
+from ._env import spans_nodes
 
+#: The variable a multi-node launch's secret comes from (hex, the same on every node).
 SECRET_ENV = "DISPATCHCORE_SECRET"
-_FIX = (
-    f"set {SECRET_ENV} to the same random hex string on every node before torchrun, e.g. "
-    f'`export {SECRET_ENV}=$(python -c "import secrets; print(secrets.token_hex(32))")`'
-)
+_MAKE = "export DISPATCHCORE_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
 
 
-def launch_secret(timeout: float = 60.0) -> bytes:
-    """This launch's secret (see the module docstring); raises with the fix when none can be had."""
+def launch_secret() -> bytes:
+    """This launch's shared secret (module doc); raises naming the fix when none can be had."""
     text = os.environ.get(SECRET_ENV)
-    if text:
-        try:
-            secret = bytes.fromhex(text.strip())
-        except ValueError:
-            raise DispatchRuntimeError(f"{SECRET_ENV} is not a hex string; {_FIX}") from None
-        if len(secret) < 16:
-            raise DispatchRuntimeError(f"{SECRET_ENV} holds {len(secret)} bytes, fewer than 16; {_FIX}")
-        return secret
-    local, world = _env.launch_var("LOCAL_WORLD_SIZE", ""), _env.launch_var("WORLD_SIZE")
-    if local and int(local) != int(world):
+    if text is not None:
+        return _from_hex(text)
+    if spans_nodes():
         raise DispatchRuntimeError(
-            f"this torchrun launch spans several nodes ({local} of {world} processes here) and "
-            f"{SECRET_ENV} is not set, so its processes share no secret to prove they are one job; {_FIX}"
+            f"this torchrun launch spans several nodes, so its processes need a shared lane secret: set "
+            f"{SECRET_ENV} to the same random hex string on every node before torchrun ({_MAKE})"
         )
-    return _shared_file(timeout)
-
-
-def secret_path() -> Path:
-    """The file that holds this launch's secret on this node (in a directory only this uid may enter)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    folder = Path(base) / f"dispatchcore-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    _check_private(folder, is_dir=True)
-    name = f"{_env.run_id()}.{os.getppid()}".replace(os.sep, "_")
-    return folder / f"launch-{name}.secret"
-
-
-def remove_secret_file() -> None:
-    """Remove this launch's secret file (the driver, at exit); nothing when the secret came from the variable."""
-    if not os.environ.get(SECRET_ENV):
-        with contextlib.suppress(OSError, DispatchRuntimeError):
-            secret_path().unlink()
-
-
-def _shared_file(timeout: float) -> bytes:
-    path = secret_path()
-    fresh = path.with_name(f"{path.name}.{os.getpid()}.new")
-    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    directory = _directory()
+    fd = _open_directory(directory)
     try:
-        os.write(fd, secrets.token_bytes(32))
+        return _read_or_create(fd, directory)
     finally:
         os.close(fd)
-    try:
-        os.link(fresh, path)  # the first process's bytes win; the others read them
-    except FileExistsError:
-        pass
-    finally:
-        fresh.unlink()
-    deadline = time.monotonic() + timeout
-    while True:
-        _check_private(path, is_dir=False)
-        data = path.read_bytes()
-        if len(data) == 32:
-            return data
-        if time.monotonic() > deadline:
-            raise DispatchRuntimeError(f"the launch's secret file {path} holds {len(data)} bytes, not 32; {_FIX}")
-        time.sleep(0.05)
 
 
-def _check_private(path: Path, *, is_dir: bool) -> None:
-    """Refuse a path another user owns or can read (a stranger may have made it first)."""
+def forget_launch_secret() -> None:
+    """Remove this launch's secret file (the driver, once every process has read it); no-op without one."""
+    if os.environ.get(SECRET_ENV) is not None or spans_nodes():
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(_directory() / _file_name())
+
+
+def _from_hex(text: str) -> bytes:
     try:
-        info = os.lstat(path)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise DispatchRuntimeError(f"the launch's secret {path} vanished; {_FIX}") from exc
-        raise
-    kind_ok = stat.S_ISDIR(info.st_mode) if is_dir else stat.S_ISREG(info.st_mode)
-    if not kind_ok or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        secret = bytes.fromhex(text.strip())
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
         raise DispatchRuntimeError(
-            f"{path} is not private to this user (owner uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}): "
-            f"another user may read or have planted it; remove it, or {_FIX}"
+            f"{SECRET_ENV} must be a random hex string of at least 32 digits (16 bytes), the same on every node; "
+            f"make one with: {_MAKE}"
         )
+    return secret
+
+
+def _directory() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and os.path.isabs(runtime) and os.path.isdir(runtime) else Path.home() / ".cache"
+    return base / "dispatchcore"
+
+
+def _file_name() -> str:
+    """Unique to this launch on this machine: the run id, the agent's pid (every local rank's parent), the restart."""
+    launch = "\0".join(
+        (
+            os.environ.get("TORCHELASTIC_RUN_ID", "none"),
+            str(os.getppid()),
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        )
+    )
+    return f"launch-{hashlib.sha256(launch.encode()).hexdigest()[:32]}.secret"
+
+
+def _open_directory(directory: Path) -> int:
+    """The secrets directory, made 0700 if missing, refused unless it is this user's and closed to others."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise DispatchRuntimeError(
+            f"cannot open {directory} for this launch's lane secret ({exc}); {_or_env()}"
+        ) from exc
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        os.close(fd)
+        raise DispatchRuntimeError(
+            f"{directory} holds this launch's lane secret but is owned by uid {info.st_uid} with mode "
+            f"{stat.S_IMODE(info.st_mode):o} (it must be yours, uid {os.getuid()}, and mode 700): "
+            f"`chmod 700 {directory}`, or {_or_env()}"
+        )
+    return fd
+
+
+def _read_or_create(directory_fd: int, directory: Path) -> bytes:
+    """Create the file atomically (a temporary file linked into place), or read the one another process made."""
+    name = _file_name()
+    temporary = f".{name}.{secrets.token_hex(8)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=directory_fd)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        with contextlib.suppress(FileExistsError):  # another local rank was first: read its secret
+            os.link(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd, follow_symlinks=False)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory_fd)
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=directory_fd)
+    with os.fdopen(fd) as held:
+        info = os.fstat(held.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise DispatchRuntimeError(
+                f"{directory / name} is not a file only you can read (uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):o}): remove it, or {_or_env()}"
+            )
+        return _from_hex(held.read())
+
+
+def _or_env() -> str:
+    return f"set {SECRET_ENV} for the launch ({_MAKE})"

@@ -3,16 +3,17 @@
 The driver hosts a ``TCPStore`` on loopback and starts one fresh interpreter
 per rank (never ``fork``: pytest, Ray and torch hold threads), with
 torchrun-style variables in its own environment and the driver's
-``sys.path``; a child exits when the pipe from the driver closes, however
-the driver dies.
+``sys.path``.  The driver's lane secret reaches a child on its stdin pipe
+(never its environment, arguments or the store), and a child exits when
+that pipe closes, however the driver dies (``_child``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from dispatchcore.executor import (
 from ._protocol import READY_KEY
 
 BOOT_ENV = "DISPATCHCORE_TORCHRUN_BOOT"
-_CHILD_CODE = "from executors_torchrun._spawn import child_main; child_main()"
+_CHILD_CODE = "from executors_torchrun._child import main; main()"
 
 
 def start_store(host: str = LOOPBACK) -> dist.TCPStore:
@@ -116,12 +117,7 @@ class OutputRelay:
 
 
 def spawn_ranks(
-    world_size: int,
-    store_port: int,
-    prefix: str,
-    transport_timeout: float,
-    spares: int = 0,
-    relay: OutputRelay | None = None,
+    world_size: int, boot: Boot, spares: int = 0, relay: OutputRelay | None = None
 ) -> dict[int, subprocess.Popen[bytes]]:
     """Start ``world_size`` ranks plus ``spares``; the child of group rank ``g`` is data rank ``g + 1``.
 
@@ -129,7 +125,7 @@ def spawn_ranks(
     driver sends them with the rank they take over (its ``join`` message).
     """
     master_port = free_port(LOOPBACK)
-    members = list(range(world_size + spares + 1))
+    members = list(range(1, world_size + spares + 1))  # the driver moves no rows: not a member
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for rank in range(world_size + spares):
         ranks = (
@@ -137,8 +133,7 @@ def spawn_ranks(
             if rank < world_size
             else {}
         )
-        boot = Boot(store_port, prefix, transport_timeout, members, 0, world_size)
-        processes[rank + 1] = spawn_process(rank + 1, boot, ranks, relay)
+        processes[rank + 1] = spawn_process(rank + 1, dataclasses.replace(boot, members=members), ranks, relay)
         if relay is not None and rank < world_size:
             relay.label(rank + 1, f"rank {rank}")
     return processes
@@ -146,10 +141,13 @@ def spawn_ranks(
 
 @dataclass(frozen=True)
 class Boot:
-    """What a self-started process needs to join its world: the store, and the row transport's generation."""
+    """What a self-started process needs to join its world: the store, the driver's hub, the transport's generation."""
 
     store_port: int
     prefix: str
+    #: The world's identity and where the driver's hub listens (``_hub``).
+    world: str
+    hub_port: int
     transport_timeout: float
     #: The data ranks of the generation it joins (``_transport``).
     members: list[int]
@@ -168,6 +166,8 @@ def spawn_process(
         "host": LOOPBACK,
         "port": boot.store_port,
         "prefix": boot.prefix,
+        "world": boot.world,
+        "hub": boot.hub_port,
         "data_rank": data_rank,
         "members": boot.members,
         "generation": boot.generation,
@@ -186,14 +186,14 @@ def spawn_process(
         stderr=pipe,
         close_fds=True,
     )
-    assert proc.stdin is not None
-    try:  # the lane secret travels on the child's own pipe: never argv, the environment or a store
-        proc.stdin.write(lane_secret().hex().encode() + b"\n")
-        proc.stdin.flush()
-    except OSError:  # the child died at once: the caller sees its exit code
-        pass
     if relay is not None:
         relay.attach(data_rank, proc)
+    assert proc.stdin is not None  # noqa: S101 - a pipe, asked for above
+    try:
+        proc.stdin.write(lane_secret().hex().encode() + b"\n")
+        proc.stdin.flush()
+    except OSError:  # it died at once: the start reports its exit
+        pass
     return proc
 
 
@@ -233,29 +233,23 @@ def reap(processes: dict[int, subprocess.Popen[bytes]], wait: float) -> None:
             pass
 
 
-def _watch_driver() -> None:
-    """Exit when the pipe from the driver closes (the driver stopped us or died)."""
-    try:
-        sys.stdin.buffer.read()
-    finally:
-        os._exit(0)
-
-
-def child_main() -> None:
-    """Entry point of a self-started rank."""
-    boot = json.loads(os.environ.pop(BOOT_ENV))
-    # A terminal's Ctrl-C reaches this process too (same process group): it is the driver's to
-    # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
-    secret = bytes.fromhex(sys.stdin.buffer.readline().decode().strip() or "00")  # the first line: the lane secret
-    threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
-    from ._protocol import FOREVER_S
-    from ._rank_process import serve_and_exit
-
+def child_main(secret: bytes) -> None:
+    """A self-started rank, once ``_child`` watches the driver: join the world, serve with the driver's ``secret``."""
     use_lane_secret(secret)
+    boot = json.loads(os.environ.pop(BOOT_ENV))
+    sys.path[:] = list(dict.fromkeys([*boot["path"], *sys.path]))
+    from ._protocol import FOREVER_S
+    from ._rank_process import Home, serve_and_exit
 
     client = dist.TCPStore(boot["host"], boot["port"], None, False, timedelta(seconds=FOREVER_S))
     store = dist.PrefixStore(boot["prefix"], client)
     timeout = timedelta(seconds=boot["timeout"])
-    serve_and_exit(store, boot["data_rank"], boot["members"], timeout, launched=False, generation=boot["generation"])
+    serve_and_exit(
+        store,
+        Home(boot["world"], boot["data_rank"], (LOOPBACK, boot["hub"])),
+        boot["members"],
+        timeout,
+        launched=False,
+        loopback=True,
+        generation=boot["generation"],
+    )

@@ -181,7 +181,8 @@ class Transport:
         self.rank = rank
         self._store = store
         self._timeout = timeout
-        self._loopback = loopback
+        #: Whether its gloo groups (and the process's bridges) listen on loopback only.
+        self.loopback = loopback
         self._generations: dict[int, tuple[dict[int, int], Any]] = {}
         self._cond = threading.Condition()
         self.generation = -1
@@ -199,7 +200,7 @@ class Transport:
         """Join generation ``generation``'s gloo group over ``members`` (every one of them joins it at once)."""
         ranks = {d: i for i, d in enumerate(members)}
         store = dist.PrefixStore(f"gloo/{generation}/", self._store)
-        gloo = _gloo_group(store, ranks[self.rank], len(members), self._timeout, self._loopback)
+        gloo = _gloo_group(store, ranks[self.rank], len(members), self._timeout, self.loopback)
         with self._cond:
             self._generations[generation] = (ranks, gloo)
             self.generation = max(self.generation, generation)

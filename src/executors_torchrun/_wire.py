@@ -1,9 +1,9 @@
-"""Lazy rows on the wire: a small pickle stream in the store message, tensor bytes point to point.
+"""Lazy rows on the wire: a small pickle stream in the reply header, tensor bytes point to point.
 
-A value is pickled once (:func:`dispatchcore.wire.dumps`, protocol 5); its
+A value is pickled once (:func:`dispatchcore.wire.dumps_portable`, protocol 5); its
 CPU tensors become out-of-band buffers that are views of the caller's
 memory.  Payloads up to :data:`dispatchcore.wire.INLINE_LIMIT` ride inside
-the reply message, larger ones go over gloo into fresh receive buffers.  In
+the reply header, larger ones go over gloo into fresh receive buffers.  In
 a process where CUDA is initialised, :class:`_DevicePickler` sets CUDA
 tensors aside for NCCL (``wire.dumps`` would move them through host memory)
 and the receiver hands them back as the stream's persistent objects.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ import cloudpickle
 import torch
 
 from dispatchcore import DataProto
-from dispatchcore.wire import INLINE_LIMIT, PROTOCOL, Serialized, dumps, loads, receive_buffer, reduce_tensor
+from dispatchcore.wire import INLINE_LIMIT, PROTOCOL, Serialized, dumps_portable, loads, receive_buffer, reduce_tensor
 from dispatchcore.wire import refresh_by_value as _refresh_by_value
 
 
@@ -91,28 +90,6 @@ def _as_bytes_tensor(buf: pickle.PickleBuffer) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8)
 
 
-def _by_value_modules() -> tuple[bytes, ...]:
-    """Modules whose code cloudpickle ships by value (read on every pack: the set can grow)."""
-    registered = getattr(sys.modules.get("cloudpickle.cloudpickle"), "_PICKLE_BY_VALUE_MODULES", ())
-    return (b"__main__", *(name.encode() for name in registered))
-
-
-def _portable(value: Any) -> Serialized:
-    """``value`` pickled for another process: by the C pickler when that is safe, else by cloudpickle.
-
-    The C pickler saves cloudpickle's ~20-50 us per DataProto chunk; its
-    stream is kept only when it shared nothing and names no module whose
-    code must travel by value (``__main__``, modules registered with cloudpickle).
-    """
-    try:
-        serialized = dumps(value, share_callables=True)
-        if not serialized.shared and not any(name in serialized.data for name in _by_value_modules()):
-            return serialized
-    except Exception:  # noqa: BLE001, S110 - e.g. a tensor the fast path cannot reduce: the portable path decides
-        pass
-    return dumps(value)
-
-
 def pack(value: Any) -> Packed:
     """Pickle ``value`` once; tensors stay views of the caller's memory (or ride inline when small)."""
     device: list[torch.Tensor] = []
@@ -123,7 +100,7 @@ def pack(value: Any) -> Packed:
         _DevicePickler(file, raw, device).dump(value)
         serialized = Serialized(file.getvalue(), raw)
     else:
-        serialized = _portable(value)
+        serialized = dumps_portable(value)
     specs = [(tuple(t.shape), t.dtype) for t in device]
     if sum(b.raw().nbytes for b in serialized.buffers) <= INLINE_LIMIT:
         # bytearray: unpickled from the message it is already private, writable memory (no copy on receipt)

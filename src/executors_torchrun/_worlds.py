@@ -4,9 +4,11 @@ Under torchrun the world is the launch, shared by every group of the
 driver and stopped at exit; ranks other than 0 never return from their
 first ``WorkerGroup(...)``: they serve every group placed on them
 (``_rank_process``), then exit 0.  Outside torchrun each group starts its
-own world and stops it at ``shutdown()``.  A world is a store, a gloo
-transport for rows (the driver is data rank 0) and :meth:`World.join`;
-calls never touch it (each group has its own lane).
+own world and stops it at ``shutdown()``.  A world is a store (torch's
+rendezvous and plain flags only), the driver's hub (``_hub``: each
+process's authenticated link) and :meth:`World.join`; its processes move
+rows over a gloo transport of their own (under the launcher the driver is
+data rank 0 of it).  Calls never touch it (each group has its own lane).
 
 A plain ``torch.distributed.init_process_group()`` in a worker under the
 launcher meets just its group's ranks: while a process builds a group's
@@ -41,14 +43,15 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
-from dispatchcore.executor import address_toward, use_lane_secret
+from dispatchcore.executor import LOOPBACK, use_lane_secret
 
 from . import _env
 from ._bridge import Bridge
-from ._protocol import FOREVER_S, STOPPING_KEY, dead_key, encode, join_key, rows_key, stopped_key, transport_key
-from ._rank_process import Services, serve_and_exit
+from ._hub import Hub
+from ._protocol import FOREVER_S, HUB_KEY, stopped_key, transport_key
+from ._rank_process import Home, Services, serve_and_exit
 from ._row_plane import RowPlane
-from ._secret import launch_secret, remove_secret_file
+from ._secret import forget_launch_secret, launch_secret
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
 from ._transport import Transport
 
@@ -63,56 +66,35 @@ DeadRank = Callable[[], tuple[int, str] | None]
 
 
 class World:
-    """A store, a transport and processes that join groups: what the executor needs of either kind."""
+    """A store, the driver's hub and processes that join groups: what the executor needs of either kind."""
 
-    def __init__(self, store: dist.Store, transport: Transport, identity: str) -> None:
+    def __init__(self, store: dist.Store, hub: Hub) -> None:
         self.store = store
-        self.transport = transport
-        #: Names this world in row addresses: only its own processes can move rows to one another.
-        self.identity = identity
-        self._rows: RowPlane | None = None
+        #: The driver's end of the processes' links (``_hub``); names this world in row addresses.
+        self.hub = hub
+        self.identity = hub.identity
         self._lock = threading.Lock()
         self._marked: set[int] = set()
-        #: A connection of its own: marks are set from the lane's reader thread.
-        self._marks = store.clone()  # type: ignore[attr-defined]  # Store.clone is missing from torch's stubs
         self.stopped = False
 
-    def join(self, data_rank: int, gid: str, group_rank: int, env: dict[str, str] | None, death_timeout: float) -> None:
-        """Tell process ``data_rank`` to serve rank ``group_rank`` of group ``gid`` (its lane is published)."""
-        message = ("join", gid, group_rank, env, death_timeout)
-        self.store.queue_push(join_key(data_rank), encode(message))
+    def join(self, data_rank: int, order: tuple[str, int, dict[str, str] | None, float, str]) -> None:
+        """Tell process ``data_rank`` to serve a group's rank: ``(gid, group rank, env, death_timeout, lane)``.
 
-    def row_plane(self) -> RowPlane:
-        """The driver's row plane (its reads of kept rows), started on first use."""
-        with self._lock:
-            if self._rows is None:
-                self._rows = RowPlane(self.store, self.transport)
-            return self._rows
+        It travels on the process's authenticated link, the lane's address too: no store says where to connect.
+        """
+        self.hub.local.send((self.identity, data_rank), ("join", *order))
 
     def mark_dead(self, data_rank: int, detail: str) -> None:
-        """Say in the store that ``data_rank``'s process is gone (ranks fetching its rows look there)."""
+        """``data_rank``'s process is gone: fetches of its rows are answered so at once (``Hub.gone``)."""
         with self._lock:
-            if data_rank in self._marked or self._marks is None:
-                return
             self._marked.add(data_rank)
-            with contextlib.suppress(Exception):  # the store is gone: so is every wait on it
-                self._marks.set(dead_key(data_rank), detail.encode())
+        self.hub.gone(data_rank, detail)
 
     def _announce_stop(self, ranks: list[int]) -> None:
-        """Mark the world stopping (row fetches end) and tell each process of ``ranks`` to leave."""
+        """Tell each process of ``ranks`` to leave."""
         self.stopped = True
-        with contextlib.suppress(Exception):  # the store is gone; the processes leave with it
-            self.store.set(STOPPING_KEY, b"1")  # type: ignore[arg-type]  # the binding takes bytes
-            for d in ranks:
-                self.store.queue_push(join_key(d), encode(("stop",)))
-
-    def _close_rows(self) -> None:
-        """Stop the driver's row plane and let go of the store connections it and the marks hold."""
-        with self._lock:
-            rows, self._rows = self._rows, None
-            self._marks = None
-        if rows is not None:
-            rows.close()
+        for d in ranks:
+            self.hub.local.send((self.identity, d), ("stop",))
 
 
 class SpawnedWorld(World):
@@ -127,21 +109,23 @@ class SpawnedWorld(World):
         #: Prefixes every key of this world in its store (another world's ranks fetch rows under it too).
         self.prefix = f"dispatchcore/{uuid.uuid4().hex}/"
         store = dist.PrefixStore(self.prefix, master)
-        self.processes = spawn_ranks(world_size, master.port, self.prefix, transport_timeout, spares, self.output)
-        self._boot = Boot(master.port, self.prefix, transport_timeout, [], 0, world_size)
+        hub = Hub(f"spawned:{self.prefix}", LOOPBACK)
+        self._boot = Boot(master.port, self.prefix, hub.identity, hub.address[1], transport_timeout, [], 0, world_size)
+        self.processes = spawn_ranks(world_size, self._boot, spares, self.output)
         #: Data ranks of started processes that host no rank yet (see ``take_spare``).
         self.spares = list(range(world_size + 1, world_size + spares + 1))
         try:
             n = len(self.processes)
             late = f"{n} self-started ranks were not all up after {start_timeout:g} s; "
             wait_ready(store, n, start_timeout, late + "raise WorkerGroup(..., start_timeout=...)", self.processes)
-            timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-            transport = Transport(store, 0, range(world_size + spares + 1), timeout, loopback=True)
         except BaseException:
+            hub.close()
             reap(self.processes, 0.0)
             self.output.join(1.0)
             raise
-        super().__init__(store, transport, f"spawned:{self.prefix}")
+        super().__init__(store, hub)
+        #: The newest generation of the processes' row transport (the driver moves no rows: not a member).
+        self.generation = 0
 
     def exit_reason(self, data_rank: int) -> str | None:
         """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""
@@ -161,45 +145,29 @@ class SpawnedWorld(World):
         """Start ``count`` more spares, and rebuild the row transport over every live process and them.
 
         Each live process joins the transport's next generation on its data thread (``_row_plane``), the new
-        ones as they start, the driver here; the old generations stay for rows already on their way.
+        ones as they start; the old generations stay for rows already on their way.
         """
         with self._lock:
             live = [d for d, proc in sorted(self.processes.items()) if proc.poll() is None and d not in self._marked]
         first = max(self.processes) + 1
         added = list(range(first, first + count))
-        generation = self.transport.generation + 1
-        members = [0, *live, *added]
+        generation = self.generation = self.generation + 1
+        members = [*live, *added]
         for d in live:
-            self.store.queue_push(rows_key(d), encode(("transport", generation, members)))
+            self.hub.local.send((self.identity, d), ("transport", generation, members))
         boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
         for d in added:
             self.processes[d] = spawn_process(d, boot, {}, self.output)
-        failure: list[BaseException] = []
-
-        def join() -> None:
-            try:
-                self.transport.rebuild(generation, members)
-            except BaseException as exc:  # noqa: BLE001 - raised below, on the driver's thread
-                failure.append(exc)
-
-        joining = threading.Thread(target=join, name="dispatchcore-transport", daemon=True)
-        joining.start()
-        self._await_members(generation, members[1:], joining, failure, timeout)
+        self._await_members(generation, members, timeout)
         self.spares.extend(added)
 
-    def _await_members(
-        self,
-        generation: int,
-        members: list[int],
-        joining: threading.Thread,
-        failure: list[BaseException],
-        timeout: float,
-    ) -> None:
-        """Wait until every member and the driver are in ``generation``; fail fast on an exit or an error."""
+    def _await_members(self, generation: int, members: list[int], timeout: float) -> None:
+        """Wait until every member is in ``generation``; fail fast on an exit or an error."""
         deadline = time.monotonic() + timeout
         waiting = list(members)
-        store = self.store.clone()  # type: ignore[attr-defined]  # the driver's own join may block the world's
-        while waiting or joining.is_alive():
+        store = self.store
+        # A flag a stranger could set makes the grow go on without that process: its next call fails, no more.
+        while waiting:
             for d in list(waiting):
                 if store.check([transport_key(generation, d)]):
                     error = bytes(store.get(transport_key(generation, d))).decode()
@@ -208,16 +176,12 @@ class SpawnedWorld(World):
                     waiting.remove(d)
                 elif self.processes[d].poll() is not None:
                     raise DispatchRuntimeError(f"process {d} exited with code {self.processes[d].poll()} while joining")
-            if failure:
-                raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
             if time.monotonic() > deadline:
                 raise DispatchTimeoutError(
-                    f"processes {waiting or [0]} had not joined the grown row transport after {timeout:g} s; "
+                    f"processes {waiting} had not joined the grown row transport after {timeout:g} s; "
                     "raise WorkerGroup(..., start_timeout=...)"
                 )
             time.sleep(0.02)
-        if failure:
-            raise DispatchRuntimeError(f"the driver could not join the grown row transport: {failure[0]}")
 
     def kill(self, data_rank: int) -> None:
         """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
@@ -237,9 +201,8 @@ class SpawnedWorld(World):
         for proc in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.0, deadline - time.monotonic()))
-        self._close_rows()
+        self.hub.close()
         reap(self.processes, 0.5)
-        self.transport.close()
         self.store = None  # type: ignore[assignment]  # let go of the store, so its port closes now
         self.output.join(1.0)  # the children are gone: their last lines are out
 
@@ -247,13 +210,15 @@ class SpawnedWorld(World):
 class LaunchWorld(World):
     """The torchrun launch seen from its driver (rank 0), which hosts worker 0 of every group."""
 
-    def __init__(self, store: dist.Store, transport: Transport) -> None:
-        super().__init__(store, transport, f"torchrun:{_env.run_id()}")
+    def __init__(self, store: dist.Store, transport: Transport, hub: Hub) -> None:
+        super().__init__(store, hub)
+        self.transport = transport
         self.size = transport.size
-        #: Where each group's lane listens: an address of this host the other ranks reach.
-        self.lane_host = address_toward(*_env.store_address())
+        #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
+        self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        self.services = Services(store, self.row_plane(), Bridge(store))
+        bridge = Bridge(store, hub.local, loopback=transport.loopback)
+        self.services = Services(store, RowPlane(hub.local, store, transport), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
 
@@ -272,7 +237,8 @@ class LaunchWorld(World):
                 continue
             if host == socket.gethostname():
                 _wait_process_ended(int(pid), min(deadline, time.monotonic() + KILL_WAIT_S))
-        self._close_rows()
+        self.hub.close()
+        self.services.rows.close()
         self.services.bridge.close()
         self.transport.close()
 
@@ -332,20 +298,28 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
     global _launch
     rank, size = int(_env.launch_var("RANK")), int(_env.launch_var("WORLD_SIZE"))
     timeout = timedelta(seconds=max(start_timeout, transport_timeout))
-    use_lane_secret(launch_secret(start_timeout))  # every lane link of the launch proves it
+    loopback = not _env.spans_nodes()
+    identity = f"torchrun:{_env.run_id()}"
     if rank != 0:
-        serve_and_exit(_torchrun_store(start_timeout), rank, range(size), timeout, launched=True)
+        use_lane_secret(launch_secret())  # read before this process says it is up (the driver then removes it)
+        home = Home(identity, rank, None)  # the hub's address: in the store once the driver opens it
+        serve_and_exit(_torchrun_store(start_timeout), home, range(size), timeout, launched=True, loopback=loopback)
     with _launch_lock:
         if _launch is None:
+            use_lane_secret(launch_secret())  # before this process's first door opens
             store = _torchrun_store(start_timeout)
             late = (
                 f"not every torchrun rank reached its first WorkerGroup(...) within {start_timeout:g} s; every "
                 "rank must run the driver script up to it (raise start_timeout if start-up is slow)"
             )
-            wait_ready(store, size - 1, start_timeout, late, {})
-            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout))
+            try:
+                wait_ready(store, size - 1, start_timeout, late, {})
+            finally:
+                forget_launch_secret()  # every process has read it (or the launch failed)
+            hub = Hub(identity, _env.listen_host())
+            store.set(HUB_KEY, f"{hub.address[0]} {hub.address[1]}".encode())  # type: ignore[arg-type]  # an address
+            _launch = LaunchWorld(store, Transport(store, 0, range(size), timeout, loopback=loopback), hub)
             atexit.register(_launch.stop)
-            atexit.register(remove_secret_file)
             _install_sigterm_report()
         return _launch
 

@@ -1,0 +1,37 @@
+"""A self-started rank's first moments, before anything heavy is imported.
+
+The driver writes its lane secret (one hex line) on the child's stdin and
+keeps the pipe open; the child exits when the pipe closes, however the
+driver ends.  The watch starts here, ahead of ``import torch.distributed``
+(seconds on a busy machine), so a child outlives a killed driver by a moment.
+Only the standard library is imported by this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+def main() -> None:
+    """Entry point of a self-started rank process (``_spawn.spawn_process``)."""
+    # A terminal's Ctrl-C reaches this process too (same process group): it is the driver's to
+    # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.buffer.readline()
+    if not line.endswith(b"\n"):  # the driver ended before handing the secret over
+        os._exit(0)
+    threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
+    from ._spawn import child_main
+
+    child_main(bytes.fromhex(line.decode()))
+
+
+def _watch_driver() -> None:
+    """Exit when the pipe from the driver closes (the driver stopped us or died)."""
+    try:
+        sys.stdin.buffer.read()
+    finally:
+        os._exit(0)
