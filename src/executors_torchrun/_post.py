@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ Handler = Callable[[Address, tuple[Any, ...]], None]
 _log = logging.getLogger(__name__)
 
 
-class Post:
+class Post(ABC):
     """One process's handlers per message kind; :meth:`send` reaches any process of the driver's worlds."""
 
     def __init__(self, address: Address) -> None:
@@ -49,9 +50,9 @@ class Post:
         except Exception:  # a handler's failure must not end the link that every message rides
             _log.exception("dispatchcore: handling a %r message failed", message[0])
 
+    @abstractmethod
     def send(self, to: Address, message: tuple[Any, ...]) -> None:
         """Deliver ``message`` to the process at ``to`` (the driver relays; raises ``OSError`` once it is gone)."""
-        raise NotImplementedError
 
 
 class LinkPost(Post):
