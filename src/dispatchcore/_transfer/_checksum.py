@@ -50,7 +50,7 @@ def digest(tensor: torch.Tensor) -> str:
         t = t.contiguous()
     flat = t.reshape(-1).view(torch.uint8)  # a few calls only: small regions are many
     if flat.numel() < SMALL:
-        return f"c{zlib.crc32(flat.numpy()):08x}.{flat.numel()}"
+        return f"c{zlib.crc32(flat.numpy().data):08x}.{flat.numel()}"
     words = flat.numel() // 8
     head = flat[: words * 8]
     if head.data_ptr() % 8:  # a view at an odd offset: words need aligned memory
@@ -60,7 +60,7 @@ def digest(tensor: torch.Tensor) -> str:
     # numpy, not torch: one thread, the GIL let go, where torch's threads fight the rank's own (2-3x slower here)
     sums = grid.sum(axis=1)  # wraps modulo 2**64, as wanted
     weighted = int(sums @ numpy.arange(1, blocks + 1, dtype=numpy.int64))
-    rest = zlib.crc32(flat[blocks * _BLOCK * 8 :].numpy())
+    rest = zlib.crc32(flat[blocks * _BLOCK * 8 :].numpy().data)
     return f"s{int(sums.sum()) & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}{rest:08x}.{flat.numel()}"
 
 
