@@ -60,11 +60,11 @@ class LaneDoor:
         self._proved: queue.Queue[tuple[int, socket.socket]] = queue.Queue()
         self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._closed = False
+        self._server.settimeout(0.25)  # a thread blocked in accept() would keep a closed listener open
         threading.Thread(target=self._take, name="dispatchcore-lane-door", daemon=True).start()
 
     def _take(self) -> None:
         """Take every connection while the door is open; each proves itself on a thread of its own."""
-        self._server.settimeout(0.25)  # a thread blocked in accept() would keep a closed listener open
         while not self._closed:
             try:
                 sock, _ = self._server.accept()

@@ -23,6 +23,7 @@ link (``docs/process-groups.md``).
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -175,9 +176,7 @@ class StoreCollective(CollectiveLink):
         is its own, never the ``MASTER_PORT`` the user's ``init_process_group``
         will take.
         """
-        import torch.distributed as dist
-
-        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        store = listening_store(host)
         return store, f"{host}:{store.port}"
 
     @classmethod
@@ -386,3 +385,29 @@ def reduce_in_order(values: Sequence[Any], op: str) -> Any:
 def pickled(value: Any) -> bytes:
     """An object as bytes for a broadcast between processes."""
     return pickle.dumps(value, protocol=5)
+
+
+def listening_store(host: str, timeout_s: float = 60.0) -> Any:
+    """A master ``TCPStore`` listening on ``host`` only, on a free port.
+
+    ``TCPStore(host, 0, is_master=True)`` listens on every interface whatever ``host`` says, and a store
+    has no authentication: the socket is bound to ``host`` first and handed over (the store owns it then).
+    """
+    import socket
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(socket.SOMAXCONN)
+        port = int(sock.getsockname()[1])
+        store = dist.TCPStore(
+            host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False, master_listen_fd=sock.fileno()
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):  # a store that failed may have closed it already
+            sock.close()
+        raise
+    sock.detach()
+    return store
