@@ -9,12 +9,12 @@ outlives the actors it served: a rank whose store vanished under it prints torch
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
+
+from dispatchcore.executor import StoreCollective
 
 from ._runtime import in_session
 
@@ -26,22 +26,7 @@ _PROBE_S = 0.5
 
 def serve_store(host: str) -> tuple[Any, str]:
     """A store listening on ``host`` only: ``(store, "host:port")`` (the value of ``COLLECTIVE_STORE_ENV``)."""
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-        sock.listen(socket.SOMAXCONN)
-        port = int(sock.getsockname()[1])
-        store = dist.TCPStore(
-            host, port, None, True, timedelta(seconds=60), wait_for_workers=False, master_listen_fd=sock.fileno()
-        )
-    except BaseException:
-        with contextlib.suppress(OSError):  # a store that failed may have closed it already
-            sock.close()
-        raise
-    sock.detach()  # the store owns it now
-    return store, f"{host}:{port}"
+    return StoreCollective.serve(host)
 
 
 def outlive(ray: Any, session: str, actors: Sequence[Any], store: Any) -> None:

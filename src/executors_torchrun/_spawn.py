@@ -10,11 +10,9 @@ that pipe closes, however the driver dies (``_child``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +30,7 @@ from dispatchcore.executor import (
     cpu_thread_environment,
     free_port,
     lane_secret,
+    listening_store,
     rank_environment,
     use_lane_secret,
 )
@@ -43,30 +42,8 @@ _CHILD_CODE = "from executors_torchrun._child import main; main()"
 
 
 def start_store(host: str = LOOPBACK) -> dist.TCPStore:
-    """A store hosted by the driver on a free port of ``host`` (a self-started world's: loopback).
-
-    ``TCPStore(host, 0, is_master=True)`` listens on every interface, and the store carries pickles: its
-    socket is bound to ``host`` here and handed over (the store then owns and closes it).
-    """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-        sock.listen(socket.SOMAXCONN)
-        port = int(sock.getsockname()[1])
-        store = dist.TCPStore(
-            host,
-            port,
-            None,
-            True,
-            timedelta(seconds=300),
-            wait_for_workers=False,
-            master_listen_fd=sock.fileno(),
-        )
-    except BaseException:
-        with contextlib.suppress(OSError):  # a store that failed may have closed it already
-            sock.close()
-        raise
-    sock.detach()
+    """A store hosted by the driver on a free port of ``host`` only (a self-started world's: loopback)."""
+    store: dist.TCPStore = listening_store(host, 300.0)
     return store
 
 

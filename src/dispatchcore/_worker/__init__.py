@@ -4,7 +4,7 @@ The face re-exports the worker module's names, which were
 ``dispatchcore._worker``'s before the core became packages.
 """
 
-from ._collective import STORE_ENV, CollectiveLink, StoreCollective, ThreadCollective
+from ._collective import STORE_ENV, CollectiveLink, StoreCollective, ThreadCollective, listening_store
 from ._collective_ops import RankInfo, all_reduce, barrier, broadcast, broadcast_object, rank_info
 from ._colocate import ClassWithInitArgs, colocate, create_colocated_worker_cls
 from ._fused import create_colocated_worker_raw_cls
@@ -61,6 +61,7 @@ __all__ = [
     "holds_sharded_group",
     "init_process_group",
     "leave_method",
+    "listening_store",
     "load_replica",
     "mesh_info",
     "method_names",

@@ -87,7 +87,7 @@ from .._trace import TimedResult
 from .._transfer import TensorLink, TensorSourceLost, TensorSpec, TransferPlan, plan_transfer, run_step
 from .._wire import keep_freed_memory
 from .._worker import STORE_ENV as COLLECTIVE_STORE_ENV
-from .._worker import CollectiveLink, StoreCollective, ThreadCollective, method_names
+from .._worker import CollectiveLink, StoreCollective, ThreadCollective, listening_store, method_names
 
 __all__ = [
     "ATOMS",
@@ -153,6 +153,7 @@ __all__ = [
     "keep_freed_memory",
     "kept_results",
     "lane_secret",
+    "listening_store",
     "liveness_poll",
     "local_ranks",
     "method_names",
