@@ -142,3 +142,26 @@ def test_a_view_refused_after_a_shrink_does_not_stop_a_later_grow(fragile) -> No
     with pytest.raises(DispatchError, match="which shrink removed"):
         stale.where()
     assert fragile.where() == [(0, 3, 5), (1, 3, 5), (2, 3, 5)]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_an_old_process_dying_while_grow_starts_processes_is_a_death(tmp_path: Path) -> None:
+    """Self-started torchrun: old rank 1 killed while grow(2) waits for its new process; the spare replaces it."""
+    with WorkerGroup(Victim, 2, backend="torchrun", init_args=(str(tmp_path / "victim"),), spare_ranks=1) as wg:
+        pids = wg.pid()
+        killer = threading.Timer(0.3, os.kill, (pids[1], signal.SIGKILL))
+        killer.start()  # a new process takes seconds to import torch: the grow is still waiting for it
+        try:
+            with pytest.raises(WorkerDiedError) as info:
+                wg.grow(2)
+        finally:
+            killer.join()
+        assert info.value.rank == 1 and "while grow(2) started the new ranks" in str(info.value)
+        assert wg.world_size == 2
+        wg.replace_rank(1)  # from the spare: the group was never marked broken
+        after = wg.pid()
+        assert after[0] == pids[0] and after[1] != pids[1]
+        (tmp_path / "victim").write_text(str(after[1]))
+        with pytest.raises(WorkerDiedError) as info:  # a new rank's __init__ kills rank 1 this time
+            wg.grow(1)
+        assert info.value.rank == 1 and wg.world_size == 2

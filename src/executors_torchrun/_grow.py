@@ -57,11 +57,8 @@ def add_ranks(executor: Any, count: int) -> dict[str, str]:
     assert isinstance(world, SpawnedWorld)  # noqa: S101 - the two kinds of world
     spares = [d for d in world.spares if world.processes[d].poll() is None]
     if len(spares) < count:
-        try:
-            world.add_processes(count - len(spares), executor.spec.world_size + count, executor._start_timeout)
-        except BaseException:
-            executor.mark_broken(f"{count - len(spares)} new process(es) did not join while the group grew")
-            raise
+        # On failure it ends what it started; the group keeps its ranks (the core reports a dead old one).
+        world.add_processes(count - len(spares), executor.spec.world_size + count, executor._start_timeout)
     taken = []
     for _ in range(count):
         d = world.take_spare()
@@ -87,10 +84,23 @@ def _open(
     try:
         executor.open_ranks(added, executor._start_timeout)
     except BaseException:
-        executor.mark_broken(f"ranks {list(added)} did not start while the group grew")
+        _forget(executor, n, data_ranks, envs)
         raise
     # Under the launcher a process serves several groups: its environment is left alone.
     return {} if rendezvous is None else {**rendezvous, "WORLD_SIZE": str(executor.spec.world_size)}
+
+
+def _forget(executor: Any, n: int, data_ranks: list[int], envs: dict[int, dict[str, str]]) -> None:
+    """Undo a failed ``_open``: the group is back at its ``n`` ranks; self-started processes it took are ended."""
+    executor.lane.renumber(range(n), "the grow that added its rank failed")
+    del executor._data_ranks[n:]
+    for g in envs:
+        executor._envs.pop(g, None)
+    executor.resize_spec(n)
+    world = executor._world
+    if isinstance(world, SpawnedWorld):  # a launch's process goes on serving its other groups
+        for d in data_ranks:
+            world.kill(d, "the grow that took it failed")
 
 
 def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:

@@ -77,7 +77,11 @@ class RowPlane:
             sender, message = item
             try:
                 if message[0] == "transport":  # the world added processes (``SpawnedWorld.add_processes``)
-                    self._rebuild(*message[1:])
+                    # On a thread of its own: a member that died mid-grow leaves it waiting (until the
+                    # transport's timeout), and rows keep being served on the earlier generations meanwhile.
+                    threading.Thread(
+                        target=self._rebuild, args=message[1:], name=f"dispatchcore-rebuild{self.rank}", daemon=True
+                    ).start()
                 elif message[3] is not None:  # a consumer in another world (``_bridge_rows``)
                     self.row_bridges().answer(self._post, self._store, sender, message)
                 else:

@@ -199,7 +199,10 @@ class Transport:
     def rebuild(self, generation: int, members: Sequence[int]) -> None:
         """Join generation ``generation``'s gloo group over ``members`` (every one of them joins it at once)."""
         ranks = {d: i for i, d in enumerate(members)}
-        store = dist.PrefixStore(f"gloo/{generation}/", self._store)
+        # A connection of its own: a client runs one request at a time, and a rebuild that waits for a member
+        # which died mid-grow must not hold up the next one (or anything else on the store).
+        base = self._store.clone() if isinstance(self._store, (dist.TCPStore, dist.PrefixStore)) else self._store
+        store = dist.PrefixStore(f"gloo/{generation}/", base)
         gloo = _gloo_group(store, ranks[self.rank], len(members), self._timeout, self.loopback)
         with self._cond:
             self._generations[generation] = (ranks, gloo)

@@ -156,9 +156,15 @@ class SpawnedWorld(World):
         for d in live:
             self.hub.local.send((self.identity, d), ("transport", generation, members))
         boot = dataclasses.replace(self._boot, members=members, generation=generation, world_size=world_size)
-        for d in added:
-            self.processes[d] = spawn_process(d, boot, {}, self.output)
-        self._await_members(generation, members, timeout)
+        try:
+            for d in added:
+                self.processes[d] = spawn_process(d, boot, {}, self.output)
+            self._await_members(generation, members, timeout)
+        except BaseException:  # the grow failed: what it started goes; the live processes keep their generations
+            for d in added:
+                if d in self.processes:
+                    self.kill(d, "the grow that started it failed")
+            raise
         self.spares.extend(added)
 
     def _await_members(self, generation: int, members: list[int], timeout: float) -> None:
@@ -183,14 +189,14 @@ class SpawnedWorld(World):
                 )
             time.sleep(0.02)
 
-    def kill(self, data_rank: int) -> None:
-        """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail."""
+    def kill(self, data_rank: int, why: str = "it was replaced: the driver ended its process") -> None:
+        """End a rank's process (a hung one being replaced), reaped at once; rows fetched from it fail (``why``)."""
         proc = self.processes.get(data_rank)
         if proc is not None and proc.poll() is None:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(KILL_WAIT_S)
-        self.mark_dead(data_rank, "it was replaced: the driver ended its process")
+        self.mark_dead(data_rank, why)
 
     def stop(self, wait: float = STOP_WAIT_S) -> None:
         """Tell every process to leave, give them ``wait`` seconds, then end what is left."""
