@@ -90,6 +90,7 @@ class TorchrunExecutor(LaneExecutor):
         super().__init__(spec)  # refuses a worker class that cannot be pickled, before any process starts
         #: Where this world's store is, for consumers in other self-started worlds (``None`` under the launcher).
         self._world_store: WorldStore | None = None
+        self._start_failed = False
         try:
             if _env.under_torchrun():
                 self._world = launch
@@ -108,6 +109,7 @@ class TorchrunExecutor(LaneExecutor):
                 self._world_store = WorldStore.of(self._world.store, self._world.prefix)
             self.open_ranks(range(spec.world_size), start_timeout)
         except BaseException:
+            self._start_failed = True  # a rank may be stuck in __init__: its process is not waited for long
             self.shutdown()
             raise
 
@@ -188,7 +190,9 @@ class TorchrunExecutor(LaneExecutor):
     def shutdown(self) -> None:
         # Seen before the lane closes (which ends every waiting call): a call abandoned by Ctrl-C
         # keeps its ranks busy, so stopping them will not wait.
-        self._stuck = self.broken is not None or any(not call.settled() for call in list(self._calls))
+        self._stuck = (
+            self._start_failed or self.broken is not None or any(not call.settled() for call in list(self._calls))
+        )
         super().shutdown()
 
     # -- calls ------------------------------------------------------------------------

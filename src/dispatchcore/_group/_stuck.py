@@ -5,12 +5,11 @@ See ``docs/calls-that-cannot-hang.md``.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Protocol
 
 from .._base import CallCancelledError, DispatchError, DispatchTimeoutError, WorkerDiedError, WorkerError
-from .._runtime import stacks_note, timeout_error
+from .._runtime import note_stacks_soon, timeout_error
 from .._spi import Call, CallHandle, Executor
 from ._stragglers import unfinished_ranks
 
@@ -25,46 +24,11 @@ class CallSite(Protocol):
     def executor(self) -> Executor: ...
 
 
-#: How long an error waits for its ranks' stacks before it is raised: a timeout fires within its bound plus this.
-STACKS_WAIT_S = 0.3
-#: How long the stacks that had not come by then are waited for, in the background (then added as a note).
-STACKS_TIMEOUT_S = 2.0
-
-
 def note_stacks(site: CallSite, error: BaseException, ranks: list[int] | None = None) -> None:
-    """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note.
-
-    Those that answer within :data:`STACKS_WAIT_S` are noted before it is raised; a rank that answers
-    later (a frozen or busy process) has its stack added to the same error's notes when it comes, so
-    the error is never held back by the ranks it describes.
-    """
+    """Add the stacks of ``ranks`` (default: the ranks ``error`` names) to it, as a note (``note_stacks_soon``)."""
     ranks = list(getattr(error, "ranks", ()) or ()) if ranks is None else ranks
-    if not ranks:
-        return
-    try:
-        stacks = site.executor.rank_stacks(ranks, False, STACKS_WAIT_S)
-    except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
-        return
-    if stacks:
-        error.add_note(stacks_note(stacks))
-    late = [rank for rank in ranks if rank not in stacks]
-    if late:
-        error.add_note(
-            f"the stacks of rank(s) {late} had not come {STACKS_WAIT_S:g} s after the call ended; they are added "
-            f"to this error's notes (exc.__notes__) if they come within {STACKS_TIMEOUT_S:g} s"
-        )
-        threading.Thread(
-            target=_note_late_stacks, args=(site.executor, error, late), name="dispatchcore-stacks", daemon=True
-        ).start()
-
-
-def _note_late_stacks(executor: Executor, error: BaseException, ranks: list[int]) -> None:
-    try:
-        stacks = executor.rank_stacks(ranks, False, STACKS_TIMEOUT_S)
-    except Exception:  # noqa: BLE001 - nobody waits on this thread: a failed ask leaves the error as it was
-        return
-    if stacks:
-        error.add_note("(came after the error was raised) " + stacks_note(stacks))
+    if ranks:
+        note_stacks_soon(lambda asked, within: site.executor.rank_stacks(asked, False, within), error, ranks)
 
 
 def clear_stragglers(group: Any, site: CallSite, ranks: tuple[int, ...] | None = None) -> None:

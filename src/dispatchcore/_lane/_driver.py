@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._base import DispatchTimeoutError, WorkerDiedError
-from .._runtime import RankCallHandle, RemoteFailure, stacks_note
+from .._runtime import RankCallHandle, RemoteFailure, note_stacks_soon
 from .._spi import Call
 from .._wire import RowBuffers, Serialized
 from ._address import LaneAddress
@@ -29,8 +29,6 @@ from ._rows import RowPlan
 GONE_GRACE_S = 0.3
 #: How long a link's end waits for the process-death signal to name the cause.
 REASON_WAIT_S = 1.0
-#: How long a start-up past its bound waits for the unfinished ranks' stacks before raising without them.
-START_STACKS_WAIT_S = 2.0
 #: Says why rank ``rank``'s process is certainly gone, or ``None`` (the executor's death signal).
 RankDead = Callable[[int], str | None]
 #: Hears that rank ``rank`` was found gone, and why.
@@ -147,9 +145,7 @@ class LaneDriver:
         try:
             handle.result(timeout)
         except DispatchTimeoutError as exc:  # slow or deadlocked: where each unfinished rank is says which
-            stacks = self.stacks(exc.ranks, False, START_STACKS_WAIT_S)
-            if stacks:
-                exc.add_note(stacks_note(stacks))
+            note_stacks_soon(lambda asked, within: self.stacks(asked, False, within), exc, exc.ranks)
             raise
 
     def submit(self, call: Call, handle: LaneCallHandle | None = None) -> LaneCallHandle:

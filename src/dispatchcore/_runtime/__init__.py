@@ -5,7 +5,7 @@ from ._call_handle import RankCallHandle, liveness_poll
 from ._cancel import INTERRUPT_SIGNAL, cancel_in_process, install_cancel_signal
 from ._isolation import ATOMS, check_copyable, isolated_copy
 from ._rank_thread import RankThread, run_isolated
-from ._stacks import stacks_note, thread_stacks
+from ._stacks import note_stacks_soon, stacks_note, thread_stacks
 from ._timeout_wording import timeout_error
 from ._unpicklable import check_spec_picklable, unpicklable_call_error, unpicklable_error, unpicklable_spec_error
 from ._worker_host import RemoteFailure, WorkerHost, first_failure
@@ -24,6 +24,7 @@ __all__ = [
     "install_cancel_signal",
     "isolated_copy",
     "liveness_poll",
+    "note_stacks_soon",
     "run_isolated",
     "stacks_note",
     "thread_stacks",

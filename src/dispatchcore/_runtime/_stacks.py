@@ -9,6 +9,7 @@ import itertools
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 #: Top-level modules that only run the method thread, never the user's code (plus the standard library):
@@ -72,3 +73,41 @@ def stacks_note(stacks: dict[int, str]) -> str:
         body = "\n".join("    " + line for line in stacks[rank].splitlines())
         lines.append(f"  rank {rank}:\n{body}")
     return "\n".join(lines)
+
+
+#: How long an error waits for its ranks' stacks before it is raised: it fires within its bound plus this.
+STACKS_WAIT_S = 0.3
+#: How long the stacks that had not come by then are waited for, in the background (then added as a note).
+STACKS_TIMEOUT_S = 2.0
+#: Asks ranks for their method threads' stacks within a number of seconds: ``{rank: stack}`` of those answering.
+AskStacks = Callable[[Sequence[int], float], dict[int, str]]
+
+
+def note_stacks_soon(ask: AskStacks, error: BaseException, ranks: Sequence[int]) -> None:
+    """Add ``ranks``' stacks to ``error`` as a note, holding it back :data:`STACKS_WAIT_S` at most.
+
+    A rank that answers later (a frozen or busy process) has its stack added to the same error's notes when it
+    comes, within :data:`STACKS_TIMEOUT_S`: the error is never held back by the ranks it describes.
+    """
+    try:
+        stacks = ask(ranks, STACKS_WAIT_S)
+    except Exception:  # noqa: BLE001 - the error being raised matters more than its decoration
+        return
+    if stacks:
+        error.add_note(stacks_note(stacks))
+    late = [rank for rank in ranks if rank not in stacks]
+    if late:
+        error.add_note(
+            f"the stacks of rank(s) {late} had not come {STACKS_WAIT_S:g} s after the error; they are added "
+            f"to its notes (exc.__notes__) if they come within {STACKS_TIMEOUT_S:g} s"
+        )
+        threading.Thread(target=_note_late, args=(ask, error, late), name="dispatchcore-stacks", daemon=True).start()
+
+
+def _note_late(ask: AskStacks, error: BaseException, ranks: list[int]) -> None:
+    try:
+        stacks = ask(ranks, STACKS_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - nobody waits on this thread: a failed ask leaves the error as it was
+        return
+    if stacks:
+        error.add_note("(came after the error was raised) " + stacks_note(stacks))
