@@ -24,15 +24,23 @@ actor rebuilds model, ``fully_shard`` and optimizer and restores the copy it
 kept at the start of the step; the reference rebuilds itself. The driver
 then retries the step. ``--fault-step N`` plants a raise inside backward on
 trainer rank 1 at step N, once.
+
+``--async-staleness K`` trains asynchronously (``docs/async-rl.md``): a
+``RolloutStream`` keeps the rollout generating while the trainer trains,
+each batch stamped with the weight version it was made with, and
+``MaxStaleness(K)`` keeps every trained-on batch at most K versions behind
+the trainer. Each rollout rank takes the actor's new weights between its
+generate calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +50,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dispatchcore import (
     DataProto,
     Dispatch,
+    MaxStaleness,
+    RolloutStream,
     WeightSync,
     Worker,
     WorkerError,
@@ -52,6 +62,7 @@ from dispatchcore import (
     reduce_metrics_mode,
     register,
     trace,
+    versioned,
 )
 
 VOCAB = 17  # odd, so FSDP2 splits the embedding's rows 9 + 8 over 2 ranks (uneven shards)
@@ -75,6 +86,7 @@ class GRPOConfig:
     seed: int = 0
     check_weights: bool = False  # after every sync, compare the rollout's bytes with the gathered full parameters
     fault_step: int | None = None  # trainer rank 1 raises inside backward at this step, once; the step is retried
+    async_staleness: int | None = None  # train asynchronously, batches at most this many versions old (None: sync)
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ class StepResult:
     rows: int  # the real rows the trainer's ranks trained on, summed (padding left out)
     weights_exact: bool | None  # None unless `check_weights`
     retried: bool = False  # the update failed once (a planted fault) and ran again after recovery
+    staleness: int = 0  # trainer version - the version the batch was generated with (async: up to K)
 
 
 def build_model(seed: int) -> LlamaForCausalLM:
@@ -267,6 +280,7 @@ class Rollout(Worker):
         return {name: p.detach().clone() for name, p in self.model.named_parameters()}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @versioned  # the rows carry the weight version they were made with (read by RolloutStream)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         cfg = self.config
         ids = prompts.batch["prompts"]
@@ -306,7 +320,6 @@ def train(
     config: GRPOConfig, on_step: Callable[[StepResult], None] | None = None, trace_path: str | None = None
 ) -> list[StepResult]:
     """Run ``config.steps`` GRPO steps: sync, generate, reward, reference, advantages, update."""
-    prompts_rng = torch.Generator().manual_seed(config.seed)
     history: list[StepResult] = []
     trainer_options, rollout_options = _placement(config)
     with trace(trace_path), contextlib.ExitStack() as groups:
@@ -319,31 +332,78 @@ def train(
         ref.init_model(config)
         rollout.init_model(config)
         sync = WeightSync(actor, rollout, verify=True)
-        for step in range(1, config.steps + 1):
-            sync(version=step)
-            exact = None
-            if config.check_weights:
-                full = actor.full_weights()[0]
-                exact = all(weights_equal(full, held) for held in rollout.held_weights())
-            prompts = torch.randint(1, VOCAB, (config.prompts, config.prompt_len), generator=prompts_rng)
-            batch = DataProto.from_dict(
-                {"prompts": prompts.repeat_interleave(config.samples, dim=0)},
-                meta_info={"seed": config.seed * 10_000 + step},
-                auto_padding=True,
-            )
-            batch = batch.union(rollout.generate_sequences(batch))
-            rewards = (batch.batch["responses"] == TARGET).float().mean(dim=-1)
-            batch.batch["advantages"] = group_advantages(rewards, config.samples)
-            batch = batch.union(ref.compute_ref_log_prob(batch))
-            batch.meta_info.update(total_rows=len(batch), step=step)
-            metrics, retried = _update(actor, batch)
-            result = StepResult(
-                step, float(rewards.mean()), metrics["loss"], metrics["kl"], metrics["rows"], exact, retried
-            )
+        run = _train_sync if config.async_staleness is None else _train_async
+        for result in run(config, actor, ref, rollout, sync):
             history.append(result)
             if on_step is not None:
                 on_step(result)
     return history
+
+
+def _prompts(config: GRPOConfig, step: int, rng: torch.Generator) -> DataProto:
+    """One step's prompts, each repeated ``samples`` times, padded for the trainer's ranks."""
+    prompts = torch.randint(1, VOCAB, (config.prompts, config.prompt_len), generator=rng)
+    return DataProto.from_dict(
+        {"prompts": prompts.repeat_interleave(config.samples, dim=0)},
+        meta_info={"seed": config.seed * 10_000 + step},
+        auto_padding=True,
+    )
+
+
+def _train_on(
+    config: GRPOConfig, actor: Any, ref: Any, step: int, generated: DataProto
+) -> tuple[float, dict[str, Any], bool]:
+    """Reward, advantages, the reference's log-probs and the update on one step's generated rows."""
+    batch = DataProto.from_dict(
+        {"sequences": generated.batch["sequences"], "responses": generated.batch["responses"]}, auto_padding=True
+    )
+    rewards = (batch.batch["responses"] == TARGET).float().mean(dim=-1)
+    batch.batch["advantages"] = group_advantages(rewards, config.samples)
+    batch = batch.union(ref.compute_ref_log_prob(batch))
+    batch.meta_info.update(total_rows=len(batch), step=step)
+    metrics, retried = _update(actor, batch)
+    return float(rewards.mean()), metrics, retried
+
+
+def _train_sync(config: GRPOConfig, actor: Any, ref: Any, rollout: Any, sync: WeightSync) -> Iterator[StepResult]:
+    """The synchronous loop: every step syncs, then generates with the weights it trains."""
+    prompts_rng = torch.Generator().manual_seed(config.seed)
+    for step in range(1, config.steps + 1):
+        sync(version=step)
+        exact = None
+        if config.check_weights:
+            full = actor.full_weights()[0]
+            exact = all(weights_equal(full, held) for held in rollout.held_weights())
+        generated = rollout.generate_sequences(_prompts(config, step, prompts_rng))
+        reward, metrics, retried = _train_on(config, actor, ref, step, generated)
+        yield StepResult(step, reward, metrics["loss"], metrics["kl"], metrics["rows"], exact, retried)
+
+
+def _train_async(config: GRPOConfig, actor: Any, ref: Any, rollout: Any, sync: WeightSync) -> Iterator[StepResult]:
+    """The asynchronous loop: the rollout generates ahead; each step trains on a batch at most K versions old.
+
+    Step ``s`` trains the weights of version ``s - 1`` (version 0: the initial actor, synced first); after it
+    the trainer publishes version ``s``, and each rollout rank takes it between two generate calls.
+    """
+    prompts_rng = torch.Generator().manual_seed(config.seed)
+    numbers = itertools.count(1)
+    sync(version=0)
+    stream = RolloutStream(
+        rollout.generate_sequences,
+        lambda: _prompts(config, next(numbers), prompts_rng),
+        policy=MaxStaleness(config.async_staleness or 0),
+        weights_from=actor,
+        sync_options={"verify": True},
+    )
+    with stream:
+        for step in range(1, config.steps + 1):
+            taken = stream.take(timeout=300)
+            generated = taken.data.materialize()  # the driver computes the rewards: the rows come to it
+            reward, metrics, retried = _train_on(config, actor, ref, step, generated)
+            stream.publish(step)
+            yield StepResult(
+                step, reward, metrics["loss"], metrics["kl"], metrics["rows"], None, retried, max(taken.staleness)
+            )
 
 
 def _update(actor: Any, batch: DataProto) -> tuple[dict[str, Any], bool]:
@@ -363,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the run")
     parser.add_argument("--check-weights", action="store_true", help="compare rollout and trainer bytes every step")
     parser.add_argument("--fault-step", type=int, help="trainer rank 1 raises inside backward at this step, once")
+    parser.add_argument(
+        "--async-staleness", type=int, metavar="K", help="train asynchronously on batches at most K versions old"
+    )
     args = parser.parse_args(argv)
     if args.backend == "local":
         parser.error(
@@ -377,11 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         check_weights=args.check_weights,
         fault_step=args.fault_step,
+        async_staleness=args.async_staleness,
     )
 
     def report(r: StepResult) -> None:
         exact = "" if r.weights_exact is None else f"  rollout weights exact: {r.weights_exact}"
-        print(f"step {r.step:3d}  reward {r.reward:.3f}  loss {r.loss:+.4f}  kl {r.kl:.4f}{exact}", flush=True)
+        stale = "" if config.async_staleness is None else f"  staleness {r.staleness}"
+        print(f"step {r.step:3d}  reward {r.reward:.3f}  loss {r.loss:+.4f}  kl {r.kl:.4f}{exact}{stale}", flush=True)
 
     history = train(config, on_step=report if driver else None, trace_path=args.trace if driver else None)
     if driver and history:

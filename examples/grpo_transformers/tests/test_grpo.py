@@ -46,6 +46,20 @@ def test_grpo_learns_on_torchrun_with_exact_weights_after_every_sync(tmp_path: P
     assert [r.step for r in history if r.retried] == [3]
 
 
+def test_grpo_learns_asynchronously_on_torchrun_with_staleness_at_most_one(tmp_path: Path) -> None:
+    """``--async-staleness 1``: the rollout generates while the trainer trains; no batch is over 1 version old."""
+    config = GRPOConfig(backend="torchrun", async_staleness=1)
+    history = train(config, trace_path=str(tmp_path / "trace.json"))
+    assert [r.step for r in history] == list(range(1, config.steps + 1))
+    assert {r.rows for r in history} == {config.prompts * config.samples}
+    assert {r.staleness for r in history} <= {0, 1}
+    start = sum(r.reward for r in history[:3]) / 3
+    end = sum(r.reward for r in history[-3:]) / 3
+    assert start < 0.2 < 0.7 < end, [round(r.reward, 3) for r in history]
+    names = [event.get("name", "") for event in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
+    assert sum(name.startswith("batch ") for name in names) >= config.steps  # each batch's version on its track
+
+
 @pytest.mark.slow
 def test_a_step_recovered_after_a_raise_inside_backward_ends_as_a_clean_run() -> None:
     clean = train(GRPOConfig(backend="torchrun", steps=5))
