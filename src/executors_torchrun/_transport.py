@@ -201,7 +201,8 @@ class Transport:
         ranks = {d: i for i, d in enumerate(members)}
         # A connection of its own: a client runs one request at a time, and a rebuild that waits for a member
         # which died mid-grow must not hold up the next one (or anything else on the store).
-        base = self._store.clone() if isinstance(self._store, (dist.TCPStore, dist.PrefixStore)) else self._store
+        clone = getattr(self._store, "clone", None)  # TCPStore and PrefixStore have it (not in torch's stubs)
+        base = clone() if isinstance(self._store, (dist.TCPStore, dist.PrefixStore)) and clone else self._store
         store = dist.PrefixStore(f"gloo/{generation}/", base)
         gloo = _gloo_group(store, ranks[self.rank], len(members), self._timeout, self.loopback)
         with self._cond:
