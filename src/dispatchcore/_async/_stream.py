@@ -28,6 +28,7 @@ from .._base import (
     DispatchTypeError,
     DispatchValueError,
     WorkerDiedError,
+    WorkerError,
 )
 from .._data import DataProto
 from .._sync import WeightSync
@@ -35,9 +36,12 @@ from .._trace import active_tracer, now_us
 from ._batch import Evicted, LostBatch, RolloutBatch, TakenStep
 from ._policy import StalenessPolicy, StreamState
 from ._prompts import prompt_batches
+from ._resize import grow_stream, shrink_stream
 from ._version import NEWEST_KEY, VERSION_KEY
 
 _POLL = 0.005
+#: Errors of the call itself (a raise, a death, a cancel); any other while the group cannot take calls is a refusal.
+_OWN_ERRORS = (WorkerError, WorkerDiedError, CallCancelledError)
 
 
 class StreamEnded(DispatchRuntimeError):
@@ -57,6 +61,8 @@ class _Slot:
     sync_version: int | None = None
     retired: BaseException | None = None
     last_stamp: int | None = None
+    #: A rank new to the stream (grown, or replaced after a death): synced from ``weights_from`` before it generates.
+    fresh: bool = False
 
 
 class RolloutStream:
@@ -121,13 +127,27 @@ class RolloutStream:
         self._cond = threading.Condition()
         self._closing = self._closed = False
         self._drop = False
+        #: Held by a resize (``_resize``): the pump starts nothing until it is over.
+        self._held = False
         context = contextvars.copy_context()  # a trace block open here records the stream's calls too
         self._pump = threading.Thread(target=context.run, args=(self._run,), name="dispatchcore-rollout", daemon=True)
         self._pump.start()
 
-    def _slot(self, rank: int) -> _Slot:
+    def _slot(self, rank: int, version: int | None = None) -> _Slot:
         proxy = getattr(self.group.ranks([rank]), self.method).options(lazy=True, blocking=False)
-        return _Slot(rank, proxy, self.initial_version)
+        return _Slot(rank, proxy, self.initial_version if version is None else version)
+
+    # -- the rollout group changing size while the stream runs (``_resize``) ----------
+    def grow(self, count: int, **options: Any) -> Any:
+        """``rollout.grow(count, **options)`` while the stream runs; the new ranks generate once they hold the
+        trainer's version (synced from ``weights_from``; without it, give ``grow`` the weights: ``sync=``,
+        ``version=``).  Returns the group's ``GroupResized``."""
+        return grow_stream(self, count, options)
+
+    def shrink(self, *ranks: int) -> Any:
+        """``rollout.shrink(*ranks)`` while the stream runs: the batches waiting on ranks that go or are
+        renumbered are regenerated elsewhere (in ``stream.lost``, regenerated).  Returns ``GroupResized``."""
+        return shrink_stream(self, ranks)
 
     # -- the trainer's side --------------------------------------------------------
     def take(self, n: int | None = None, *, timeout: float | None = None) -> TakenStep:
@@ -181,6 +201,7 @@ class RolloutStream:
             return
         working = [s for s in self._slots if s.retired is None]
         if not working:
+            self.group.ensure_usable()  # a broken group's own error says why and what to do
             raise DispatchRuntimeError(f"every rollout rank of {self.method!r} is out: {self.describe()}")
         if any(s.busy for s in working) or self._admissible():
             return
@@ -330,7 +351,9 @@ class RolloutStream:
                 stopping = self._closing or self._fatal is not None  # a failed stream starts nothing more
                 if stopping and not any(s.busy for s in self._slots):
                     return
-                starts = [] if stopping else self._plan_starts()
+                if not stopping:
+                    self._revive()
+                starts = [] if stopping or self._held else self._plan_starts()
             for slot, kind in starts:
                 self._start(slot, kind)
             finished = [s for s in self._slots if s.busy and s.future is not None and s.future.done()]
@@ -346,8 +369,11 @@ class RolloutStream:
         for slot in self._slots:
             if slot.busy or slot.retired is not None:
                 continue
-            if self._target is not None and slot.version < self._target:
-                slot.busy, slot.sync_version = "sync", self._target
+            if slot.fresh and self.weights_from is None:  # the caller gave it its weights (grow's sync=)
+                slot.fresh = False
+            target = self.trainer_version if self._target is None else self._target
+            if (slot.fresh or self._target is not None) and (slot.fresh or slot.version < target):
+                slot.busy, slot.sync_version = "sync", target
                 starts.append((slot, "sync"))
                 continue
             if not self.policy.admit(self._state(self.trainer_version, slot.version)):
@@ -395,7 +421,9 @@ class RolloutStream:
         except BaseException as exc:  # noqa: BLE001 - sorted below: a lost batch or a failed sync
             value, error = None, exc
         with self._cond:
-            if slot.busy == "sync":
+            if error is not None and not isinstance(error, _OWN_ERRORS) and not self._usable():
+                self._wait_out(slot, error)
+            elif slot.busy == "sync":
                 self._synced(slot, error)
             else:
                 self._generated(slot, value, error)
@@ -404,11 +432,37 @@ class RolloutStream:
 
     def _synced(self, slot: _Slot, error: BaseException | None) -> None:
         if error is None:
-            slot.version = max(slot.version, int(slot.sync_version or 0))
+            slot.version = int(slot.sync_version or 0) if slot.fresh else max(slot.version, int(slot.sync_version or 0))
+            slot.fresh = False
         elif isinstance(error, WorkerDiedError):
             self._retire(slot, error)
         else:
             self._fatal = error
+
+    def _usable(self) -> bool:
+        try:
+            self.group.ensure_usable()
+        except Exception:  # noqa: BLE001 - broken for now (a death being handled) or for good
+            return False
+        return True
+
+    def _wait_out(self, slot: _Slot, error: BaseException | None) -> None:
+        """A call refused because the group cannot take calls now (another rank's death is being handled):
+        its batch goes back to the front, no attempt counted; the rank waits out until the group serves again."""
+        if slot.busy == "generate" and slot.batch is not None:
+            self._requeued.appendleft((slot.batch.prompts, slot.batch.attempt))
+        slot.retired = error
+
+    def _revive(self) -> None:
+        """Under the lock: a retired rank of a group that takes calls again (replaced) generates again, fresh."""
+        if not any(slot.retired is not None for slot in self._slots) or not self._usable():
+            return  # none out, or the group still broken (no replacement yet): the ranks stay out
+        for slot in self._slots:
+            if slot.retired is not None and not slot.busy:
+                revived = self._slot(slot.rank, self.trainer_version)
+                slot.proxy, slot.version, slot.last_stamp = revived.proxy, revived.version, None
+                slot.retired, slot.fresh = None, True
+                self._syncs.pop(slot.rank, None)  # a new process: its transfers are planned again
 
     def _retire(self, slot: _Slot, error: BaseException) -> None:
         """A dead rank: generate nothing more there; its finished, untaken batches died with it, so regenerate them."""
