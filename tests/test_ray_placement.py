@@ -154,8 +154,8 @@ def test_on_the_lane_results_kept_in_the_object_store_are_forwarded_and_small_on
     monkeypatch,
 ):
     """Results up to ``lane_inline_bytes`` come by the lane (the driver has them); larger ones stay in the store."""
-    kept = WorkerGroup(EchoWorker, 3, backend="ray", lane_inline_bytes=0)  # every result kept: as past 8 MiB
-    inline = WorkerGroup(EchoWorker, 3, backend="ray")
+    kept = WorkerGroup(EchoWorker, 2, backend="ray", lane_inline_bytes=0)  # every result kept: as past 8 MiB
+    inline = WorkerGroup(EchoWorker, 2, backend="ray")
     consumer = WorkerGroup(EchoWorker, 2, backend="ray")
     try:
         forwarded = []
