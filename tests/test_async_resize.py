@@ -84,3 +84,26 @@ def test_torchrun_a_replaced_rollout_rank_generates_again(tmp_path: Path) -> Non
         dead = {lost.rank for lost in deaths}
         first_death = min(lost.seq for lost in deaths)
         assert any(b.rank in dead and b.seq > first_death for b in stream.consumed)  # the replaced rank served again
+
+
+@pytest.mark.parametrize("backend", ["local", "torchrun"])
+def test_interrupt_cancels_a_batch_that_could_no_longer_be_taken(backend: str) -> None:
+    """``interrupt=True``: at ``publish`` a running batch that the policy would evict is cancelled and requeued
+    (no attempt counted) instead of finishing and being thrown away; the ranks keep no rows of it."""
+    sleeps = [0.0, 3.0, 0.0, 0.0, 0.0, 0.0]  # batch 1 is slow: ready-first taking overtakes it
+    with WorkerGroup(Trainer, 1, backend=backend) as trainer, WorkerGroup(Rollout, 2, backend=backend) as rollout:
+        before = rollout.kept()
+        policy = MaxStaleness(1, order="ready")
+        stream = RolloutStream(
+            rollout.generate, _prompts(sleeps), policy=policy, weights_from=trainer, interrupt=True
+        )  # fmt: skip
+        outs: list[DataProto] = []
+        with stream:
+            _steps(trainer, stream, None, outs)
+        rows = _check_rows(outs, stream, 1, len(sleeps))
+        assert 1 in stream.interrupted and stream.evicted == []  # cut at publish, not evicted at take time
+        cut = [lost for lost in stream.lost if lost.seq in stream.interrupted]
+        assert cut and all(lost.regenerated for lost in cut)
+        assert int(rows.batch["staleness"].max()) <= 1
+        rollout.reset()  # the frees ride the group's next call
+        assert rollout.kept() == before

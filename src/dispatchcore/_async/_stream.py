@@ -91,6 +91,7 @@ class RolloutStream:
         snapshot: WeightSync | None = None,
         sync_options: dict[str, Any] | None = None,
         max_attempts: int = 3,
+        interrupt: bool = False,
     ) -> None:
         group, name = _method_of(generate)
         if isinstance(batches_per_step, bool) or not isinstance(batches_per_step, int) or batches_per_step < 1:
@@ -108,6 +109,10 @@ class RolloutStream:
         self.weights_from, self.snapshot = weights_from, snapshot
         self._sync_options = dict(sync_options or {})
         self.max_attempts = int(max_attempts)
+        #: Cancel, at ``publish``, running generate calls whose batch the policy would evict at the new version.
+        self.interrupt = bool(interrupt)
+        #: Batches cancelled by ``interrupt`` (their prompts regenerated, no attempt counted), by ``seq``.
+        self.interrupted: list[int] = []
         self._prompts = prompt_batches(prompts, batch_size)
         self._requeued: collections.deque[tuple[Any, int]] = collections.deque()
         self._exhausted = False
@@ -238,7 +243,26 @@ class RolloutStream:
                 for slot in self._slots:
                     slot.version = max(slot.version, version)
                 self._target = None
+            doomed = self._doomed() if self.interrupt else []
             self._cond.notify_all()
+        for future in doomed:  # outside the lock: the pump collects each as a cancelled batch, requeued
+            future.cancel()
+
+    def _doomed(self) -> list[Any]:
+        """Under the lock: running generate calls whose batch could no longer be taken (the policy evicts it)."""
+        state = self._state(self.trainer_version)
+        doomed = []
+        for slot in self._slots:
+            batch = slot.batch
+            if (
+                slot.busy == "generate"
+                and batch is not None
+                and slot.future is not None
+                and self.policy.evict(batch, state)
+            ):
+                self.interrupted.append(batch.seq)
+                doomed.append(slot.future)
+        return doomed
 
     def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until every working rank holds the last published version (raises ``DispatchTimeoutError``)."""
