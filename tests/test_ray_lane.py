@@ -76,7 +76,7 @@ class Threads(Worker):
 
 def test_calls_on_the_lane_run_on_the_thread_init_ran_on() -> None:
     with WorkerGroup(Threads, 2, backend="ray") as group:
-        assert group.executor._lane is not None  # noqa: SLF001 - the calls below come by the lane
+        assert group.executor.lane is not None  # the calls below come by the lane
         for init_thread, call_thread in group.threads():
             assert call_thread == init_thread  # CUDA's current device is per thread
         x = DataProto.from_dict({"x": torch.arange(12).reshape(6, 2)})
@@ -107,7 +107,7 @@ def test_the_removed_call_paths_options_say_so_and_start_nothing(option: dict[st
 
 def test_the_removed_options_at_their_old_defaults_change_nothing() -> None:
     with WorkerGroup(Threads, 2, backend="ray", lane=True, compiled=False) as group:
-        assert group.executor._lane is not None  # noqa: SLF001
+        assert group.executor.lane is not None
         assert len(group.threads()) == 2
 
 

@@ -26,7 +26,6 @@ from dispatchcore.executor import (
     GroupSpec,
     LaneAddress,
     LaneCallHandle,
-    LaneDriver,
     LaneExecutor,
     ResultShape,
     check_options,
@@ -118,6 +117,7 @@ class RayExecutor(LaneExecutor):
         self._launch_env: list[dict[str, str]] | None = None
         #: Where the lane listens, once the actors' nodes are known (``_use_lane``).
         self._lane_host: str | None = None
+        self.lane_reason_wait = spec.death_timeout  # a lost node is known only after Ray's health checks
         self._ray_key = ""
         try:
             self.ray = self._rank_actors.ray = ensure_ray(opts)
@@ -132,11 +132,6 @@ class RayExecutor(LaneExecutor):
         except BaseException:
             self.shutdown()
             raise
-
-    @property
-    def _lane(self) -> LaneDriver:
-        """The core's lane (``LaneExecutor.lane``), by the name ``_grow`` and older tests use."""
-        return self.lane
 
     # -- start-up ----------------------------------------------------------------
     def _launch(self) -> None:
@@ -155,25 +150,14 @@ class RayExecutor(LaneExecutor):
         self._bulk.bundle = all(info["node_id"] == here for info in self._rank_actors.infos)
         self._launch_env = env
         self._join_lane(ranks)
-        self.lane.start(tuple(ranks), self._boot, self.spec.world_size, self._start_timeout)
+        self.lane.start(tuple(ranks), self.boot, self.spec.world_size, self._start_timeout)
 
     # -- the lane ------------------------------------------------------------------
     def _use_lane(self) -> None:
         """The core's lane, listening where every actor reaches it (made once their nodes are known)."""
         if self._lane_host is not None:
             return
-        self._lane_host = lane_host(self.ray, self._rank_actors.infos)
-        self.lane.close()  # the base's, made before the actors' nodes were known
-        self.lane = LaneDriver(
-            self._lane_host,
-            death_timeout=self.spec.death_timeout,
-            on_broken=self.mark_broken,
-            rank_dead=self.rank_dead,
-            bulk=self._bulk,
-            isolate=self.spec.isolate,
-            name=self.spec.name,
-            reason_wait=self.spec.death_timeout,  # a lost node is known only after Ray's health checks
-        )
+        self.lane_host = self._lane_host = lane_host(self.ray, self._rank_actors.infos)  # before the lane is made
 
     def _join_lane(self, ranks: Sequence[int]) -> None:
         """Have ``ranks``' actors serve the lane, within ``start_timeout``; the group cannot start without it."""

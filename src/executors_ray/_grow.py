@@ -66,8 +66,7 @@ def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:
     _check(executor, "shrink")
     group, gone = executor._rank_actors, set(ranks)
     keep = [r for r in range(executor.spec.world_size) if r not in gone]
-    assert executor._lane is not None  # noqa: S101 - joined at start
-    executor._lane.renumber(keep, "its rank was removed from the group (shrink)")
+    executor.lane.renumber(keep, "its rank was removed from the group (shrink)")
     leaving = [group.names[r] for r in sorted(gone)]
     executor._kill(group.actors[r] for r in sorted(gone))
     _unreserve(executor, set(leaving))

@@ -12,17 +12,20 @@ from collections.abc import Sequence
 from .._base import DispatchError
 from .._runtime import unpicklable_spec_error
 from .._spi import LOOPBACK, Call, Executor, GroupSpec
-from .._wire import dumps
+from .._wire import Serialized, dumps
 from ._address import LaneAddress
-from ._driver import LaneCallHandle, LaneDriver
+from ._driver import REASON_WAIT_S, LaneCallHandle, LaneDriver
 from ._envelope import BulkPath
 
 
 class LaneExecutor(Executor):
     """``submit``, ``cancel_call``, ``rank_stacks``, ``shutdown`` on the core's lane (docs/executor-contract.md)."""
 
-    #: Where the lane listens: an address every rank reaches (loopback when all share this machine).
+    #: Where the lane listens: an address every rank reaches (loopback when all share this machine); a backend that
+    #: learns it only once its ranks are placed sets it before the first :meth:`open_ranks`.
     lane_host: str = LOOPBACK
+    #: How long a closed link waits for :meth:`rank_dead` to say why (longer where the death signal comes late).
+    lane_reason_wait: float = REASON_WAIT_S
 
     def __init__(self, spec: GroupSpec, *, bulk: BulkPath | None = None) -> None:
         super().__init__(spec)
@@ -31,17 +34,31 @@ class LaneExecutor(Executor):
             self._boot = dumps((spec.worker_cls, tuple(spec.init_args), dict(spec.init_kwargs)))
         except Exception as exc:
             raise unpicklable_spec_error(spec, exc) from exc
-        self.lane = LaneDriver(
-            self.lane_host,
-            death_timeout=spec.death_timeout,
-            on_broken=self.mark_broken,
-            rank_dead=self.rank_dead,
-            on_gone=self.rank_gone,
-            bulk=bulk,
-            isolate=spec.isolate,
-            name=spec.name,
-        )
+        self._bulk_path = bulk
+        self._lane: LaneDriver | None = None
         atexit.register(self.shutdown)  # before multiprocessing's own exit hook joins the ranks
+
+    @property
+    def lane(self) -> LaneDriver:
+        """The core's lane to this group's ranks, made on first use on ``lane_host``."""
+        if self._lane is None:
+            self._lane = LaneDriver(
+                self.lane_host,
+                death_timeout=self.spec.death_timeout,
+                on_broken=self.mark_broken,
+                rank_dead=self.rank_dead,
+                on_gone=self.rank_gone,
+                bulk=self._bulk_path,
+                isolate=self.spec.isolate,
+                name=self.spec.name,
+                reason_wait=self.lane_reason_wait,
+            )
+        return self._lane
+
+    @property
+    def boot(self) -> Serialized:
+        """The worker class and init arguments as every rank gets them, pickled once (``LaneDriver.start`` takes it)."""
+        return self._boot
 
     @abstractmethod
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
@@ -88,5 +105,6 @@ class LaneExecutor(Executor):
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        self.lane.close()
+        if self._lane is not None:
+            self._lane.close()
         self.stop_ranks()
