@@ -117,6 +117,7 @@ def _route_after_fail_fast(wg: WorkerGroup[CollectiveWorker], route: str) -> str
         return f"no: the next call refused after {seconds:.2f} s naming rank 0 (stuck); local threads cannot restart"
     assert "wg.replace_rank(0)" in str(refused)
     replaced, change = timed(lambda: wg.replace_rank(*refused.ranks))  # type: ignore[attr-defined]
+    assert not isinstance(change, BaseException), repr(change)
     assert change.replaced == (0,), change
     assert wg.total() == TOTAL  # the rebuilt gloo world all-reduces again
     return (
