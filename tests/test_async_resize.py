@@ -9,13 +9,24 @@ is consumed twice or lost, and no row is more than ``k`` versions old.
 from __future__ import annotations
 
 import collections
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from dispatchcore import DataProto, MaxStaleness, RolloutStream, WorkerDiedError, WorkerGroup
+from dispatchcore import (
+    DataProto,
+    Dispatch,
+    MaxStaleness,
+    RolloutStream,
+    WorkerDiedError,
+    WorkerGroup,
+    register,
+    versioned,
+    weights_version_of,
+)
 from test_async_stream import Rollout, Trainer, _prompts
 
 pytestmark = pytest.mark.timeout(180)
@@ -86,12 +97,37 @@ def test_torchrun_a_replaced_rollout_rank_generates_again(tmp_path: Path) -> Non
         assert any(b.rank in dead and b.seq > first_death for b in stream.consumed)  # the replaced rank served again
 
 
+class SlowOnce(Rollout):
+    """Prompt batch 1's first try would run a minute, in short naps (a cancel lands between two); retries are quick."""
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    @versioned
+    def generate(self, prompts: DataProto) -> DataProto:
+        pid = int(prompts.batch["pid"][0])
+        marker = Path(str(self.fail_dir)) / f"slow-{pid}"
+        if pid == 1 and not marker.exists():
+            marker.touch()
+            end = time.monotonic() + 60.0
+            while time.monotonic() < end:
+                time.sleep(0.01)
+        n, version = len(prompts), weights_version_of(self) or 0
+        return DataProto.from_dict(
+            {
+                "pid": prompts.batch["pid"].clone(),
+                "version": torch.full((n,), version),
+                "wv": torch.full((n,), float(self.w[0])),
+                "rank": torch.full((n,), self.rank),
+            }
+        )
+
+
 @pytest.mark.parametrize("backend", ["local", "torchrun"])
-def test_interrupt_cancels_a_batch_that_could_no_longer_be_taken(backend: str) -> None:
+def test_interrupt_cancels_a_batch_that_could_no_longer_be_taken(backend: str, tmp_path: Path) -> None:
     """``interrupt=True``: at ``publish`` a running batch that the policy would evict is cancelled and requeued
     (no attempt counted) instead of finishing and being thrown away; the ranks keep no rows of it."""
-    sleeps = [0.0, 3.0, 0.0, 0.0, 0.0, 0.0]  # batch 1 is slow: ready-first taking overtakes it
-    with WorkerGroup(Trainer, 1, backend=backend) as trainer, WorkerGroup(Rollout, 2, backend=backend) as rollout:
+    sleeps = [0.0] * 6  # batch 1's first try would run a minute (SlowOnce): ready-first taking overtakes it
+    with WorkerGroup(Trainer, 1, backend=backend) as trainer, WorkerGroup(SlowOnce, 2, backend=backend) as rollout:
+        rollout.reset(str(tmp_path))
         before = rollout.kept()
         policy = MaxStaleness(1, order="ready")
         stream = RolloutStream(

@@ -98,7 +98,9 @@ class Rollout(Worker):
                 if self.die:
                     os._exit(3)
                 raise RuntimeError(f"generation of prompt batch {pid} broke")
-        time.sleep(float(prompts.batch["sleep"][0]))
+        end = time.monotonic() + float(prompts.batch["sleep"][0])
+        while time.monotonic() < end:  # in short naps: a cancel lands between two (a local rank is a thread)
+            time.sleep(min(0.01, max(0.0, end - time.monotonic())))
         n = len(prompts)
         version = weights_version_of(self) or 0
         return DataProto.from_dict(
