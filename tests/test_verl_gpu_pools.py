@@ -1,14 +1,21 @@
 """verl's GPU-asking defaults on a machine without GPUs (issue 23): Ray's GPUs are logical.
 
 This module runs on its own local Ray started with ``num_gpus=2`` (the CPU
-route for GPU-asking pools); the stand-in workers never touch CUDA.  The
-session's plain Ray, if one was running, is put back afterwards.
+route for GPU-asking pools); the stand-in workers never touch CUDA.  It runs
+in a pytest process of its own (``test_in_a_process_of_its_own``): shutting
+the session's Ray down and starting another in the test process once made
+Ray end that process on a loaded machine ("Failed to connect to GCS within
+60 seconds" from a session shut down a second after it started), taking the
+rest of the suite with it.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,16 +44,35 @@ def _init(num_gpus: int | None) -> None:
     )
 
 
+#: Set in the child pytest process that runs this module's tests on a Ray of its own.
+IN_CHILD = os.environ.get("DISPATCHCORE_GPU_POOLS_CHILD") == "1"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def logical_gpus() -> Iterator[None]:
-    had = ray.is_initialized()
-    if had:
-        ray.shutdown()
+    if not IN_CHILD:  # the test process's Ray is left alone
+        yield
+        return
     _init(2)
     yield
     ray.shutdown()
-    if had:
-        _init(None)
+
+
+@pytest.fixture(autouse=True)
+def only_in_the_child(request: pytest.FixtureRequest) -> None:
+    if not IN_CHILD and request.node.name != "test_in_a_process_of_its_own":
+        pytest.skip("runs in a pytest process of its own (test_in_a_process_of_its_own)")
+
+
+def test_in_a_process_of_its_own() -> None:
+    if IN_CHILD:
+        pytest.skip("the parent's test")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "DISPATCHCORE_GPU_POOLS_CHILD": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=170, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "3 passed" in result.stdout, result.stdout[-2000:]
 
 
 class GpuStandIn(Worker):
