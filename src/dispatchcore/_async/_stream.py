@@ -396,7 +396,7 @@ class RolloutStream:
             if slot.fresh and self.weights_from is None:  # the caller gave it its weights (grow's sync=)
                 slot.fresh = False
             target = self.trainer_version if self._target is None else self._target
-            if (slot.fresh or self._target is not None) and (slot.fresh or slot.version < target):
+            if slot.fresh or (self._target is not None and slot.version < target):
                 slot.busy, slot.sync_version = "sync", target
                 starts.append((slot, "sync"))
                 continue
