@@ -6,8 +6,10 @@ between one source process and one destination process, on a
 the pair and to each process's incarnation (its bridge id), one direction
 only.  The source's ``publish`` keeps a bucket's pieces and returns a
 :class:`Token`; a destination's ``receive`` asks the source's bridge thread
-(which serves beside any call) for them, in a message on the driver's links
-(``_post``), and posts its receives straight into their places, returning at
+(which serves beside any call) for them on a link of their own, straight to
+the source process (its request door: both ends prove the lane secret before a
+byte is unpickled, as every lane link does; the driver relays nothing), and
+posts its receives straight into their places, returning at
 once; the core's ``apply`` step waits.  A source that
 dies tears the bridge (the receive raises ``TensorSourceLost``); one that
 never answers is bounded by the destination group's ``death_timeout``.
@@ -15,8 +17,9 @@ never answers is bounded by the destination group's ``death_timeout``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import queue
+import socket
 import threading
 import uuid
 import weakref
@@ -29,10 +32,18 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError
-from dispatchcore.executor import TensorSourceLost
+from dispatchcore.executor import (
+    LaneAuthError,
+    LaneLink,
+    TensorSourceLost,
+    accept_link,
+    address_toward,
+    lane_secret,
+    offer_link,
+)
 from dispatchcore.wire import numpy_tensor
 
-from ._post import Address, Post
+from ._env import LOOPBACK
 from ._protocol import home_of
 from ._transport import SendReaper, pair_group, peer_error
 
@@ -49,8 +60,8 @@ class Token:
 
     host: str
     port: int
-    #: The source process, as the driver's links address it.
-    at: Address
+    #: The source process's request door (lane-authenticated).
+    door: tuple[str, int]
     source: str
     key: int
     #: Per piece: its bytes and whether it is a CUDA tensor.
@@ -58,15 +69,12 @@ class Token:
 
 
 class Bridge:
-    """One process's side of every bridge: the pieces it published, its pair groups, its serving thread."""
+    """One process's side of every bridge: the pieces it published, its pair groups, its request door."""
 
-    def __init__(self, store: dist.Store, post: Post, *, loopback: bool) -> None:
-        """``loopback``: its pair groups listen on loopback only (a world on one machine)."""
+    def __init__(self, store: dist.Store, *, loopback: bool) -> None:
+        """``loopback``: its pair groups and its door listen on loopback only (a world on one machine)."""
         self.host, self.port = home_of(store)
-        self._post = post
         self._loopback = loopback
-        self._requests: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        post.on("send", lambda sender, message: self._requests.put(message))
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
@@ -74,34 +82,65 @@ class Bridge:
         self._held: dict[int, list[Any]] = {}
         self._stores: dict[tuple[str, int], dist.Store] = {}
         self._groups: dict[tuple[str, str, bool], Any] = {}
+        self._links: dict[tuple[str, int], LaneLink] = {}
+        self._served: list[LaneLink] = []
         self._reaper: SendReaper | None = None
-        self._thread: threading.Thread | None = None
+        self._door: socket.socket | None = None
         self._closed = False
 
     # -- source side ----------------------------------------------------------------------
     def publish(self, tensors: list[torch.Tensor], readers: int, timeout: float) -> Token:
-        """Keep ``tensors`` for ``readers`` requests; start serving on first use."""
+        """Keep ``tensors`` for ``readers`` requests; open the request door on first use."""
         flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
         with self._lock:
             if self._closed:
                 raise DispatchRuntimeError("this process's weight-transfer bridge is closed")
             key = next(self._keys)
             self._held[key] = [flat, readers]
-            if self._thread is None:
-                self._reaper_locked()
-                self._thread = threading.Thread(
-                    target=self._serve, args=(timeout,), name="dispatchcore-bridge", daemon=True
-                )
-                self._thread.start()
-        return Token(
-            self.host, self.port, self._post.address, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat)
-        )
+            door = self._door_locked(timeout)
+        return Token(self.host, self.port, door, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat))
 
-    def _serve(self, timeout: float) -> None:
-        while (message := self._requests.get())[0] != "quit":
-            _, reader, key, first = message
+    def _door_locked(self, timeout: float) -> tuple[str, int]:
+        """Where destinations ask for pieces, listening from the first publish on (hold ``_lock``)."""
+        if self._door is None:
+            self._reaper_locked()
+            host = LOOPBACK if self._loopback else address_toward(self.host, self.port)
+            self._door = socket.create_server((host, 0), family=socket.getaddrinfo(host, 0)[0][0])
+            threading.Thread(
+                target=self._accept, args=(self._door, timeout), name="dispatchcore-bridge", daemon=True
+            ).start()
+        host, port = self._door.getsockname()[:2]
+        return str(host), int(port)
+
+    def _accept(self, door: socket.socket, timeout: float) -> None:
+        while True:
             try:
+                sock, _ = door.accept()
+            except OSError:  # closed with the bridge
+                return
+            threading.Thread(
+                target=self._serve, args=(sock, timeout), name="dispatchcore-bridge-link", daemon=True
+            ).start()
+
+    def _serve(self, sock: socket.socket, timeout: float) -> None:
+        """One destination process's requests, once it proved the lane secret (else closed at once)."""
+        try:
+            accept_link(sock, lane_secret())
+        except (LaneAuthError, OSError):
+            sock.close()
+            return
+        link = LaneLink(sock)
+        with self._lock:
+            if self._closed:
+                link.close()
+                return
+            self._served.append(link)
+        while True:
+            try:
+                _, reader, key, first = link.recv_object()
                 self._send(reader, key, first, timeout)
+            except (ConnectionError, OSError):
+                return
             except Exception:  # noqa: BLE001, S112 - the reader is gone; its own group reports that
                 continue
 
@@ -138,7 +177,7 @@ class Bridge:
             first = self._next_tag
             self._next_tag = (first + len(token.pieces)) % _TAG_SPACE
         try:
-            self._post.send(token.at, ("send", self.id, token.key, first))
+            self._link(token.door, timeout).send_object(("send", self.id, token.key, first))
             device = torch.device("cuda", torch.cuda.current_device()) if any(c for _, c in token.pieces) else None
             out, works = [], []
             for i, ((nbytes, cuda), target) in enumerate(zip(token.pieces, into, strict=True)):
@@ -165,6 +204,22 @@ class Bridge:
 
         weakref.finalize(arrival, self._abandoned, works, out, waited).atexit = False
         return arrival
+
+    def _link(self, door: tuple[str, int], timeout: float) -> LaneLink:
+        """This process's link to a source's request door (proved both ways), made on first use and kept."""
+        with self._lock:
+            link = self._links.get(door)
+        if link is not None:
+            return link
+        sock = socket.create_connection(door, timeout=timeout)
+        try:
+            offer_link(sock, lane_secret(), 0)
+        except BaseException:
+            sock.close()
+            raise
+        with self._lock:
+            link = self._links.setdefault(door, LaneLink(sock))
+        return link
 
     def _abandoned(self, works: list[Any], buffers: list[torch.Tensor], waited: list[bool]) -> None:
         """A dropped transfer's receives nobody waited on (gloo's complete only through ``wait()``): reaped."""
@@ -205,15 +260,20 @@ class Bridge:
             return self._groups.setdefault(name, group)
 
     def close(self) -> None:
-        """Stop serving, let queued sends finish briefly, drop every bridge (idempotent)."""
+        """Stop serving, let queued sends finish briefly, drop every bridge and link (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            thread, self._held = self._thread, {}
-        if thread is not None:
-            self._requests.put(("quit",))
-            thread.join(1.0)
+            door, self._door, self._held = self._door, None, {}
+            links = [*self._links.values(), *self._served]
+            self._links, self._served = {}, []
+        if door is not None:
+            with contextlib.suppress(OSError):
+                door.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (a close alone would not)
+            door.close()
+        for link in links:
+            link.close()
         if self._reaper is not None:
             self._reaper.drain(5.0)
             self._reaper.close()

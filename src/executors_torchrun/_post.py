@@ -1,8 +1,8 @@
 """The library's own messages between the processes of a driver's worlds, on authenticated links only.
 
-Joining a group, rows' requests and reply headers, frees, the row
-transport's next generation and the weight bridge's requests are small
-tuples.  Each world process holds one link to its driver, which proved the
+Joining a group, rows' requests and reply headers, frees and the row
+transport's next generation are small tuples (the weight bridge's requests
+go straight to the source process, on a link of their own: ``_bridge``).  Each world process holds one link to its driver, which proved the
 driver's lane secret both ways (``offer_link``/``accept_link``) before one
 byte was unpickled; it sends ``(to, message)`` and the driver relays
 (``_hub``).  A process is addressed ``(world identity, data rank)``; the

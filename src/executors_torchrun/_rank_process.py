@@ -136,7 +136,7 @@ def serve_process(store: dist.Store, home: Home, transport: Transport, *, thread
     driver = (home.world, 0)
     for kind in ("join", "stop"):
         post.on(kind, lambda sender, message: orders.put(message) if sender == driver else None)
-    services = Services(store, RowPlane(post, store, transport), Bridge(store, post, loopback=transport.loopback))
+    services = Services(store, RowPlane(post, store, transport), Bridge(store, loopback=transport.loopback))
     post.start()
     groups: list[threading.Thread] = []
     try:

@@ -223,7 +223,7 @@ class LaunchWorld(World):
         #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
         self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        bridge = Bridge(store, hub.local, loopback=transport.loopback)
+        bridge = Bridge(store, loopback=transport.loopback)
         self.services = Services(store, RowPlane(hub.local, store, transport), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}
