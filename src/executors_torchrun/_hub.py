@@ -166,6 +166,11 @@ class Hub:
         for consumer, fetch_id in waiting:
             route((self.identity, d), consumer, ("dead", fetch_id, reason))
 
+    def is_gone(self, d: int) -> bool:
+        """Whether process ``d`` is known gone (its link ended, or a lane found it dead)."""
+        with self._lock:
+            return d in self._gone
+
     # -- liveness -----------------------------------------------------------------------
     def watch(self, key: str, check: Check) -> None:
         """Ask ``check(d)`` after each process ``d`` a fetch waits on (a group's lane); ``key`` names it."""

@@ -2,9 +2,10 @@
 
 Joining a group, rows' requests and reply headers, frees and the row
 transport's next generation are small tuples (the weight bridge's requests
-go straight to the source process, on a link of their own: ``_bridge``).  Each world process holds one link to its driver, which proved the
-driver's lane secret both ways (``offer_link``/``accept_link``) before one
-byte was unpickled; it sends ``(to, message)`` and the driver relays
+go straight to the source process, on a link of their own: ``_bridge``).
+Each world process holds one link to its driver, which proved the driver's
+lane secret both ways (``offer_link``/``accept_link``) before one byte was
+unpickled; it sends ``(to, message)`` and the driver relays
 (``_hub``).  A process is addressed ``(world identity, data rank)``; the
 driver is data rank 0 of each of its worlds, and its posts are local.
 Stores carry none of it.

@@ -237,9 +237,10 @@ class LaunchWorld(World):
         deadline = time.monotonic() + wait
         for d in others:
             try:
-                self.store.wait([stopped_key(d)], timedelta(seconds=max(0.01, deadline - time.monotonic())))
+                if not self._said_stopped(d, deadline):
+                    continue  # dead before it could say (or silent past the bound): the agent has it
                 host, pid = bytes(self.store.get(stopped_key(d))).decode().split()
-            except Exception:  # noqa: BLE001, S112 - it did not say in time (or is gone): leave it to the agent
+            except Exception:  # noqa: BLE001, S112 - the store is gone: leave it to the agent
                 continue
             if host == socket.gethostname():
                 _wait_process_ended(int(pid), min(deadline, time.monotonic() + KILL_WAIT_S))
@@ -247,6 +248,19 @@ class LaunchWorld(World):
         self.services.rows.close()
         self.services.bridge.close()
         self.transport.close()
+
+    def _said_stopped(self, d: int, deadline: float) -> bool:
+        """Whether process ``d`` wrote its ``stopped`` key by ``deadline``; a process whose link ended without it
+        is dead (it writes the key before closing its link), so nobody waits the bound out for it.
+        """
+        key = stopped_key(d)
+        while not self.store.check([key]):
+            if self.hub.is_gone(d):
+                return self.store.check([key])
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def first_dead(self, wait: float) -> tuple[int, str] | None:
         """A rank some group's lane knows is gone, waiting up to ``wait`` seconds for one to."""
