@@ -79,10 +79,18 @@ def _shut(wg: WorkerGroup[Any]) -> float:
 
 # -- fail fast ---------------------------------------------------------------------------
 #: (backend, route): local groups end broken; the others come back by hand or by policy.
+#: CI runs each route on one process backend, and each of Ray and torchrun once (the multiprocess
+#: example plugin shares torchrun's lane code); the full fault run, every pair.
+CI_FAIL_FAST = {("ray", "policy"), ("torchrun", "replace_rank")}
 FAIL_FAST = [
     *[pytest.param(p.values[0], "broken", id="local", marks=p.marks) for p in backend_params(("local",))],
     *[
-        pytest.param(p.values[0], route, id=f"{p.values[0]}-{route}", marks=p.marks)
+        pytest.param(
+            p.values[0],
+            route,
+            id=f"{p.values[0]}-{route}",
+            marks=[*p.marks, *(() if (p.values[0], route) in CI_FAIL_FAST else (full_only,))],
+        )
         for p in backend_params(PROCESS_BACKENDS)
         for route in ("replace_rank", "policy")
     ],
@@ -164,12 +172,23 @@ WHERE: dict[str, tuple[Callable[[Any], Any], str, str, str]] = {
     "collective": (lambda wg: wg.total_after(1, 600.0), "total_after", "all_reduce", "a gloo all_reduce"),
 }
 
-#: CI covers each place and each route on every backend once; the full run, every pair.
+#: CI covers each place and each route once, on Ray and on torchrun; the full run, every backend and pair.
+CI_DEATHS = {("torchrun", "long call", "replace_rank"), ("ray", "collective", "policy")}
 DEATHS = [
-    pytest.param("long call", "replace_rank", id="long-call-replace_rank"),
-    pytest.param("collective", "policy", id="collective-policy"),
-    pytest.param("long call", "policy", id="long-call-policy", marks=full_only),
-    pytest.param("collective", "replace_rank", id="collective-replace_rank", marks=full_only),
+    pytest.param(
+        b.values[0],
+        where,
+        route,
+        id=f"{where.replace(' ', '-')}-{route}-{b.values[0]}",
+        marks=[*b.marks, *(() if (b.values[0], where, route) in CI_DEATHS else (full_only,))],
+    )
+    for where, route in [
+        ("long call", "replace_rank"),
+        ("collective", "policy"),
+        ("long call", "policy"),
+        ("collective", "replace_rank"),
+    ]
+    for b in backend_params(PROCESS_BACKENDS)
 ]
 
 
@@ -201,8 +220,7 @@ def _replace_after_death(wg: WorkerGroup[CollectiveWorker], error: Any, route: s
     return f"wg.replace_rank(1) ({seconds:.2f} s)"
 
 
-@pytest.mark.parametrize("backend", backend_params(PROCESS_BACKENDS), indirect=True)
-@pytest.mark.parametrize(("where", "route"), DEATHS)
+@pytest.mark.parametrize(("backend", "where", "route"), DEATHS, indirect=["backend"])
 def test_a_rank_killed_mid_call_is_replaced_and_the_group_answers(
     backend: str, where: str, route: str, record: Any
 ) -> None:

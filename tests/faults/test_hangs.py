@@ -28,7 +28,8 @@ from ._workers import RELEASE, FaultWorker
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(120),
-    pytest.mark.parametrize("backend", backend_params(), indirect=True),
+    # The multiprocess example plugin shares torchrun's lane code: the full fault run covers it here.
+    pytest.mark.parametrize("backend", backend_params(full=("multiprocess",)), indirect=True),
 ]
 
 HUNG = 1  # the rank that is slow, then hangs
