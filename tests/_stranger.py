@@ -15,6 +15,7 @@ on (a door opened by a grow), printing the same lines.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pickle
 import re
@@ -157,12 +158,12 @@ def main() -> None:
         print(*push_pickles(args[0], int(args[1]), args[2]), flush=True)
     elif command == "watch":
         watch(int(args[0]), float(args[1]))
-    else:
-        for port in map(int, args):
-            verdict, sock = knock(port)
-            print(port, verdict, flush=True)
-            if sock is not None:
-                sock.close()
+    else:  # every port at once: each silent one waits out its greeting, side by side
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(args))) as pool:
+            for port, (verdict, sock) in zip(args, pool.map(knock, map(int, args)), strict=True):
+                print(port, verdict, flush=True)
+                if sock is not None:
+                    sock.close()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ LAYERS = (
     "_worker",
     "_runtime",
     "_lane",  # its links import nothing; its driver and rank sides run calls through _runtime's WorkerHost
+    "_bridge",  # tensors rank to rank between processes: pair groups met on a store, requests on lane links
     "_group",
     "_sync",
     "_async",  # async RL: a rollout stream over groups and WeightSync

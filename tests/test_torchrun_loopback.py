@@ -25,9 +25,8 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import Dispatch, Worker, WorkerGroup, available_backends, register
-from dispatchcore.executor import LOOPBACK
+from dispatchcore.executor import LOOPBACK, gloo_group
 from executors_torchrun._spawn import start_store
-from executors_torchrun._transport import _gloo_group
 
 pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="needs Linux /proc"),
@@ -118,7 +117,7 @@ def interface(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _gloo_listeners(loopback: bool) -> list[tuple[str, int]]:
     before = set(listening(os.getpid()))
-    group = _gloo_group(dist.HashStore(), 0, 1, timedelta(seconds=10), loopback)
+    group = gloo_group(dist.HashStore(), 0, 1, timedelta(seconds=10), loopback)
     try:
         return sorted(set(listening(os.getpid())) - before)
     finally:

@@ -8,7 +8,11 @@ cases use the conformance workers; Ray uses the session's one Ray.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _stranger import listening
 from dispatchcore import (
     Dispatch,
     Shard,
@@ -244,11 +249,13 @@ def test_rename_cast_subset_and_future(groups: Any) -> None:
 @pytest.mark.parametrize("groups", ["ray"], indirect=True)
 def test_source_death_is_named_and_never_committed(groups: Any) -> None:
     _, dst = groups
-    with WorkerGroup(WeightTrainer, 2, backend="ray", death_timeout=10) as src:
+    # Buckets of 1.5 MiB go over the bridge, rank to rank: those after the kill find their source gone.
+    big = {**WEIGHT_SET, "big": ((2800, 1024), "float32")}  # 11 MiB: 8 buckets
+    with WorkerGroup(WeightTrainer, 2, backend="ray", death_timeout=10, init_args=(big,)) as src:
         pids = src.set_step(0)
         dst.configure(kill=(pids[1], 1))
         with pytest.raises(WorkerDiedError) as info:
-            WeightSync(src, dst, bucket_bytes=64)(version=9)
+            WeightSync(src, dst, bucket_bytes=3 << 19)(version=9)
         assert info.value.rank == 1 and "source group" in str(info.value)
     assert [state[1] for state in dst.state()] != [9, 9]  # never told version 9 is complete
     dst.configure()
@@ -392,22 +399,43 @@ def test_a_transfer_makes_four_calls_and_two_per_bucket() -> None:
     assert counts == [4, 4, 5]
 
 
-#: A tensor of 2.8 MiB: its bucket go by Ray's object store, not inline in the steps' messages.
+#: A tensor of 2.8 MiB: its buckets go rank to rank over the bridge, not inline in the steps' messages.
 _LARGE = {**WEIGHT_SET, "big": ((700, 1024), "float32")}
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_ray_buckets_over_a_mebibyte_go_by_the_store_and_arrive_exactly() -> None:
+def test_ray_buckets_over_a_mebibyte_go_rank_to_rank_and_arrive_exactly() -> None:
     with (
         WorkerGroup(WeightTrainer, 1, backend="ray", init_args=(_LARGE,)) as src,
         WorkerGroup(WeightRollout, 1, backend="ray") as dst,
     ):
+        before = driver_traffic()
         report = WeightSync(src, dst)(version=3)
         assert report.transport == "ray" and report.driver_bytes == 0
+        assert (driver_traffic() - before).total == 0  # no byte through the driver (inline buckets would be)
+        _a_stranger_is_refused_by(src.set_step(0)[0])
         for got, version, _ in dst.state():
             assert version == 3
             for name, full in make_weights(_LARGE).items():
                 assert got[name].dtype == full.dtype and torch.equal(got[name], full), name
+
+
+def _a_stranger_is_refused_by(pid: int) -> None:
+    """Another user knocks on every port the source actor's process listens on at loopback (its bridge door)."""
+    ports = [str(port) for host, port in listening(pid) if host.startswith("127.") or host.endswith(":127.0.0.1")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHCORE")}
+    stranger = Path(__file__).with_name("_stranger.py")
+    knocked = subprocess.run(
+        [sys.executable, str(stranger), "knock", *ports],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+    )
+    verdicts = dict(line.split() for line in knocked.stdout.splitlines())
+    assert "admitted" not in verdicts.values(), verdicts
+    assert "refused" in verdicts.values(), f"the source's bridge door should greet and refuse: {verdicts}"
 
 
 def test_a_plan_is_made_again_only_when_what_it_is_made_of_changes() -> None:

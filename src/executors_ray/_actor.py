@@ -15,6 +15,7 @@ from dispatchcore.executor import (
     LaneRank,
     ResultShape,
     StoreCollective,
+    TensorBridge,
     WorkerHost,
     free_port,
     keep_freed_memory,
@@ -35,7 +36,7 @@ from ._tags import (
     ROWS_THREADS,
     Raised,
 )
-from ._transfer import RayTensorLink
+from ._transfer import RayTensorLink, actor_bridge
 
 
 class RankActor:
@@ -50,6 +51,8 @@ class RankActor:
         #: The core's rank side (it holds the worker), made by the first driver's ``serve_lane``.
         self._lane: LaneRank | None = None
         self._bulk: RankBulk | None = None
+        #: This process's tensor bridge for the first driver (weight transfers rank to rank).
+        self._bridge: TensorBridge | None = None
         #: Stashed values and kept results of every lane this actor serves.
         self._shelf = Shelf()
 
@@ -88,6 +91,7 @@ class RankActor:
         if self._lane is None:
             os.environ.update(env or {})
             self._rank, self._group, self._death_timeout = rank, group, death_timeout
+            self._bridge = actor_bridge(secret, address)
             self._bulk = RankBulk(rank, inline_bytes, self._shelf)
             gone = self._bulk.driver_gone.set
             self._lane = LaneRank(rank, prepare=self._prepare, bulk=self._bulk, on_driver_gone=gone)
@@ -111,7 +115,8 @@ class RankActor:
         self._select_device()
         self._world_size, self._isolate = host.world_size, not host.share_kept_rows
         host.fetch_rows = RowFetcher(self._death_timeout)
-        host.tensor_link = RayTensorLink(self._death_timeout)  # weight transfers through the object store
+        assert self._bridge is not None  # noqa: S101 - made with the lane, before any worker
+        host.tensor_link = RayTensorLink(self._bridge, self._death_timeout)  # weight transfers rank to rank
         host.collective = StoreCollective.from_environment("ray", os.environ)  # the driver's store
 
     @staticmethod

@@ -1,56 +1,77 @@
-"""Weight transfers between Ray groups: one object per bucket, put by the source rank, or a small bucket inline.
+"""Weight transfers between Ray groups: rank to rank over the core's tensor bridge, or a small bucket inline.
 
-See docs/weight-sync.md.
+A bucket's tensors go from the source actor's process straight into the
+destination's places (gloo point to point for CPU tensors, NCCL for CUDA
+ones), never through the object store or the driver: the object store
+stays for other large values and users' refs.  See docs/weight-sync.md.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from dispatchcore.executor import TensorSourceLost
+from dispatchcore.executor import LOOPBACK, LaneAddress, TensorBridge, TensorBridgeLink
 
 #: Buckets up to this many bytes ride the control lane through the driver, in the steps' own messages: for
-#: them the object store's put, hand-over and read cost more than the bytes (measured: a 0.34 MB set 17 -> 8 ms).
+#: them a bridge's request and its posted operations cost more than the bytes (a 0.34 MB set).
 INLINE_BYTES = 1 << 20
+
+_bridges: dict[tuple[bytes, str], TensorBridge] = {}
+_bridges_lock = threading.Lock()
 
 
 class _Inline(list[Any]):
     """A bucket's arrays carried as the token itself."""
 
 
+def actor_bridge(secret: bytes, lane: str) -> TensorBridge:
+    """This actor process's bridge for the driver whose lane is at ``lane`` (made once per driver secret).
+
+    Its door and own store listen on loopback when the lane does (every actor on the driver's node), else on
+    the address Ray knows this node by.
+    """
+    host = LOOPBACK if LaneAddress.decode(lane).host == LOOPBACK else _node_address()
+    with _bridges_lock:
+        bridge = _bridges.get((secret, host))
+        if bridge is None:
+            bridge = _bridges[(secret, host)] = TensorBridge(secret, host=host)
+        return bridge
+
+
+@functools.cache
+def _node_address() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
 class RayTensorLink:
-    """The :class:`~dispatchcore.executor.TensorLink` of a Ray rank actor."""
+    """The :class:`~dispatchcore.executor.TensorLink` of a Ray actor: its process's bridge, small buckets inline."""
 
     same_process = False
 
-    def __init__(self, death_timeout: float) -> None:
-        #: The object is in the store before any destination asks: a read waits only on transport.
-        self._timeout = death_timeout
+    def __init__(self, bridge: TensorBridge, death_timeout: float) -> None:
+        self._bridged = TensorBridgeLink(bridge, death_timeout)
 
     def publish(self, tensors: list[torch.Tensor], readers: int) -> Any:
-        arrays = [t.reshape(-1).view(torch.uint8).numpy() for t in tensors]
-        if sum(a.nbytes for a in arrays) <= INLINE_BYTES:
-            return _Inline(arrays)
-        import ray
-
-        return ray.put(arrays)
+        if not any(t.is_cuda for t in tensors) and sum(t.nbytes for t in tensors) <= INLINE_BYTES:
+            return _Inline(t.reshape(-1).view(torch.uint8).numpy() for t in tensors)
+        return self._bridged.publish(tensors, readers)
 
     def receive(self, token: Any, into: list[torch.Tensor | None]) -> Callable[[], tuple[list[torch.Tensor], bool]]:
-        """``ray.get`` the bucket and copy each piece into its place in ``into`` (the rest: store memory)."""
-        import ray
-
-        try:
-            arrays = token if isinstance(token, _Inline) else ray.get(token, timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001 - owner died, object lost, or a read past the bound
-            raise TensorSourceLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        """An inline bucket copied into its places (the rest: the message's memory), else the bridge's receive."""
+        if not isinstance(token, _Inline):
+            return self._bridged.receive(token, into)
         got = []
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read-only store memory: only read here, or handed on as shared
-            for a, target in zip(arrays, into, strict=True):
+            warnings.simplefilter("ignore")  # the message's read-only memory: only read here, or handed on as shared
+            for a, target in zip(token, into, strict=True):
                 x = torch.from_numpy(a)
                 if target is not None:
                     target.reshape(-1).view(torch.uint8).copy_(x)

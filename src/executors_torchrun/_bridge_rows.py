@@ -24,12 +24,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dispatchcore.executor import LOOPBACK, take_kept_rows
+from dispatchcore.executor import LOOPBACK, SendReaper, pair_group, take_kept_rows
 
 from ._hub import running
 from ._post import Address, Post
 from ._protocol import home_of
-from ._transport import RowTagCounter, SendReaper, pair_group, post_recvs, post_sends
+from ._transport import RowTagCounter, post_recvs, post_sends
 from ._wire import Header, pack
 
 #: Bridges are never given less than this bound (a busy machine must not look like a dead producer).

@@ -7,7 +7,7 @@ keeps the freed memory, see ``keep_freed_memory``), and leaves as soon as
 that group's lane ends, even mid-call; a launch's process serves each group
 on a thread of its own.  On the main thread a cancel also interrupts a
 blocking system call (``install_cancel_signal``).  Beside them run the process's
-:class:`~._row_plane.RowPlane` (lazy rows) and :class:`~._bridge.Bridge`
+:class:`~._row_plane.RowPlane` (lazy rows) and :class:`~dispatchcore.executor.TensorBridge`
 (weights).
 """
 
@@ -27,18 +27,21 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from dispatchcore.executor import (
+    LOOPBACK,
     LaneRank,
     StoreCollective,
+    TensorBridge,
+    TensorBridgeLink,
     WorkerHost,
+    address_toward,
     install_cancel_signal,
     keep_freed_memory,
     lane_secret,
 )
 
-from ._bridge import Bridge, BridgeLink
 from ._env import present_group, set_local_device
 from ._post import connect_post
-from ._protocol import HUB_KEY, READY_KEY, stopped_key, transport_key
+from ._protocol import HUB_KEY, READY_KEY, home_of, stopped_key, transport_key
 from ._row_plane import RowPlane
 from ._transport import Transport
 
@@ -52,7 +55,7 @@ class Services:
 
     store: dist.Store
     rows: RowPlane
-    bridge: Bridge
+    bridge: TensorBridge
 
     def serve_group(
         self,
@@ -68,7 +71,7 @@ class Services:
 
         def prepare(host: WorkerHost) -> None:
             self.rows.equip(host, death_timeout)
-            host.tensor_link = BridgeLink(self.bridge, death_timeout)
+            host.tensor_link = TensorBridgeLink(self.bridge, death_timeout)
             # dispatchcore.collective: the world's store every process reaches, never the default group
             host.collective = StoreCollective("torchrun", store=dist.PrefixStore(f"collective/{gid}/", self.store))
 
@@ -136,7 +139,7 @@ def serve_process(store: dist.Store, home: Home, transport: Transport, *, thread
     driver = (home.world, 0)
     for kind in ("join", "stop"):
         post.on(kind, lambda sender, message: orders.put(message) if sender == driver else None)
-    services = Services(store, RowPlane(post, store, transport), Bridge(store, loopback=transport.loopback))
+    services = Services(store, RowPlane(post, store, transport), world_bridge(store, transport.loopback))
     post.start()
     groups: list[threading.Thread] = []
     try:
@@ -168,6 +171,12 @@ def serve_process(store: dist.Store, home: Home, transport: Transport, *, thread
             pass
         post.close()
     return not any(thread.is_alive() for thread in groups)
+
+
+def world_bridge(store: dist.Store, loopback: bool) -> TensorBridge:
+    """This process's weight bridge: pairs meet on the world's store; its door listens where the world's groups do."""
+    host, port = home_of(store)
+    return TensorBridge(lane_secret(), meet=(host, port), host=LOOPBACK if loopback else address_toward(host, port))
 
 
 def _leave() -> None:

@@ -27,13 +27,13 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DataProto, DispatchError, WorkerDiedError
-from dispatchcore.executor import RowRequest, WorkerHost, take_kept_rows
+from dispatchcore.executor import RowRequest, SendReaper, WorkerHost, peer_error, take_kept_rows
 
 from ._bridge_rows import BridgeLane, RowBridges
 from ._env import set_local_device
 from ._post import Address, Post
 from ._protocol import transport_key
-from ._transport import RowTagCounter, SendReaper, Transport, peer_error, post_recvs, post_sends
+from ._transport import RowTagCounter, Transport, post_recvs, post_sends
 from ._wire import Header, pack, unpack
 
 #: Kinds the data thread serves in order, and the answers a fetch waits for.

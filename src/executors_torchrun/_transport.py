@@ -8,7 +8,6 @@ op that waits past its timeout kills the group).
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dispatchcore import DispatchError
-from dispatchcore.executor import LOOPBACK
+from dispatchcore.executor import gloo_group, nccl_group
 
 from ._wire import Header, Packed, empty_buffers, empty_device_tensors
 
@@ -46,90 +45,6 @@ class RowTagCounter:
 
     def tag(self, number: int) -> int:
         return ROW_TAG_BASE + number % _ROW_TAG_SPACE
-
-
-#: Queued after the last send: the reaper thread exits when it reaches it.
-_STOP: Any = object()
-
-
-class SendReaper:
-    """Waits on posted sends in a daemon thread (a gloo send completes only through ``wait()``), then lets go."""
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._outstanding = 0
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def add(self, works: list[Any], keep: Any) -> None:
-        """Hold ``keep`` (the tensors being sent) until every work in ``works`` is done."""
-        if not works:
-            return
-        with self._cond:
-            self._outstanding += 1
-        self._queue.put((works, keep))
-
-    def drain(self, timeout: float) -> bool:
-        """Wait until every send so far has completed (or failed); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Stop the reaper thread once the sends queued so far are done (idempotent)."""
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            works, keep = item
-            for work in works:
-                try:
-                    work.wait()
-                except Exception:  # noqa: BLE001, S112 - the peer is gone; its death is reported elsewhere
-                    continue
-            del works, keep
-            with self._cond:
-                self._outstanding -= 1
-                self._cond.notify_all()
-
-
-def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, loopback: bool) -> dist.ProcessGroupGloo:
-    """The executor's gloo group; with ``loopback`` (a self-started world, one machine) it listens on 127.0.0.1 only.
-
-    Without a device gloo binds to the address the hostname resolves to (right under torchrun: several nodes).
-    """
-    if not loopback:
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
-    options._threads = 2  # what the timeout-only constructor uses for one device
-    return dist.ProcessGroupGloo(store, rank, size, options)
-
-
-def _nccl_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, size, options)
-
-
-def pair_group(store: dist.Store, rank: int, cuda: bool, timeout: float, loopback: bool) -> Any:
-    """One end of a two-rank bridge on ``store`` (rank 0 sends, rank 1 receives): NCCL for CUDA, else gloo."""
-    bound = timedelta(seconds=timeout)
-    if cuda:
-        return _nccl_group(store, rank, 2, bound)
-    return _gloo_group(store, rank, 2, bound, loopback=loopback)
-
-
-def peer_error(exc: BaseException) -> str:
-    """The last line of a failed transfer's error, without gloo's source location."""
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-    return text.split("] ", 1)[-1]
 
 
 def post_sends(packed: Packed, peer: int, first: int, tags: RowTagCounter, groups: Groups) -> list[Any]:
@@ -204,7 +119,7 @@ class Transport:
         clone = getattr(self._store, "clone", None)  # TCPStore and PrefixStore have it (not in torch's stubs)
         base = clone() if isinstance(self._store, (dist.TCPStore, dist.PrefixStore)) and clone else self._store
         store = dist.PrefixStore(f"gloo/{generation}/", base)
-        gloo = _gloo_group(store, ranks[self.rank], len(members), self._timeout, self.loopback)
+        gloo = gloo_group(store, ranks[self.rank], len(members), self._timeout, self.loopback)
         with self._cond:
             self._generations[generation] = (ranks, gloo)
             self.generation = max(self.generation, generation)
@@ -237,7 +152,7 @@ class Transport:
                 with self._cond:
                     ranks = self._generations[generation][0]
                 store = dist.PrefixStore(f"nccl-rows/{generation}/{lane}/", self._store)
-                group = _nccl_group(store, ranks[self.rank], len(ranks), self._timeout)
+                group = nccl_group(store, ranks[self.rank], len(ranks), self._timeout)
                 self._rows_nccl[(generation, lane)] = group
             return group
 

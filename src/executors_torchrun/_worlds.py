@@ -46,10 +46,9 @@ from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedE
 from dispatchcore.executor import LOOPBACK, use_lane_secret
 
 from . import _env
-from ._bridge import Bridge
 from ._hub import Hub
 from ._protocol import FOREVER_S, HUB_KEY, stopped_key, transport_key
-from ._rank_process import Home, Services, serve_and_exit
+from ._rank_process import Home, Services, serve_and_exit, world_bridge
 from ._row_plane import RowPlane
 from ._secret import forget_launch_secret, launch_secret
 from ._spawn import Boot, OutputRelay, reap, spawn_process, spawn_ranks, start_store, wait_ready
@@ -223,7 +222,7 @@ class LaunchWorld(World):
         #: Where each group's lane listens: loopback on one node, else this host's address toward the store.
         self.lane_host = hub.address[0]
         #: Worker 0 of every group is served in this process, with what a rank process has.
-        bridge = Bridge(store, loopback=transport.loopback)
+        bridge = world_bridge(store, transport.loopback)
         self.services = Services(store, RowPlane(hub.local, store, transport), bridge)
         #: Each live group's answer to "which rank is dead?" (the SIGTERM report).
         self.dead_ranks: dict[str, DeadRank] = {}

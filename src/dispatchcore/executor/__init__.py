@@ -7,6 +7,7 @@ Subclass :class:`Executor` (or :class:`LaneExecutor` for process ranks), check i
 from __future__ import annotations
 
 from .._base import check_options
+from .._bridge import SendReaper, TensorBridge, TensorBridgeLink, gloo_group, nccl_group, pair_group, peer_error
 from .._lane import (
     HANDSHAKE_TIMEOUT_S,
     BulkPath,
@@ -125,7 +126,10 @@ __all__ = [
     "RowAccess",
     "RowPiece",
     "RowRequest",
+    "SendReaper",
     "StoreCollective",
+    "TensorBridge",
+    "TensorBridgeLink",
     "TensorLink",
     "TensorSourceLost",
     "TensorSpec",
@@ -147,6 +151,7 @@ __all__ = [
     "frame_object",
     "free_kept_rows",
     "free_port",
+    "gloo_group",
     "holds_kept_rows",
     "install_cancel_signal",
     "isolated_copy",
@@ -157,8 +162,11 @@ __all__ = [
     "liveness_poll",
     "local_ranks",
     "method_names",
+    "nccl_group",
     "offer_link",
     "open_lane",
+    "pair_group",
+    "peer_error",
     "plan_forward",
     "plan_transfer",
     "rank_environment",

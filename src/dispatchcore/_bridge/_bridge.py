@@ -1,18 +1,20 @@
-"""Weight transfers between torchrun groups, rank to rank, over bridges built on demand (docs/weight-sync.md).
+"""Tensors between the processes of a driver's groups, rank to rank: the bridge every process backend shares.
 
 A bridge is a two-rank group (gloo for CPU tensors, NCCL for CUDA ones)
-between one source process and one destination process, on a
-``PrefixStore`` of the source's world store (where the pair meets) unique to
-the pair and to each process's incarnation (its bridge id), one direction
-only.  The source's ``publish`` keeps a bucket's pieces and returns a
-:class:`Token`; a destination's ``receive`` asks the source's bridge thread
-(which serves beside any call) for them on a link of their own, straight to
-the source process (its request door: both ends prove the lane secret before a
-byte is unpickled, as every lane link does; the driver relays nothing), and
-posts its receives straight into their places, returning at
-once; the core's ``apply`` step waits.  A source that
-dies tears the bridge (the receive raises ``TensorSourceLost``); one that
-never answers is bounded by the destination group's ``death_timeout``.
+between one source process and one destination process, one direction
+only, met on a store unique to the pair and to each process's incarnation
+(its bridge id).  Where the pair meets: the store of the source's world
+(torchrun), or one the source's bridge listens on itself (Ray): its address
+rides the token.  The source's ``publish`` keeps a bucket's pieces and
+returns a :class:`Token`; a destination's ``receive`` asks the source for
+them on a link of its own, straight to the source process (its request
+door: both ends prove the driver's lane secret before a byte is unpickled,
+as every lane link does; the driver relays nothing), and posts its receives
+straight into their places, returning at once; the core's ``apply`` step
+waits.  A source that dies tears the bridge (the receive raises
+``TensorSourceLost``); one that never answers is bounded by the destination
+group's ``death_timeout``.  Only the pairs' rendezvous is on a store
+(torch's, unauthenticated: docs/security.md); nothing on it is unpickled.
 """
 
 from __future__ import annotations
@@ -31,23 +33,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dispatchcore import DispatchRuntimeError
-from dispatchcore.executor import (
-    LaneAuthError,
-    LaneLink,
-    TensorSourceLost,
-    accept_link,
-    address_toward,
-    lane_secret,
-    offer_link,
-)
-from dispatchcore.wire import numpy_tensor
+from .._base import DispatchRuntimeError
+from .._lane import LaneAuthError, LaneLink, accept_link, offer_link
+from .._spi import LOOPBACK
+from .._transfer import TensorSourceLost
+from .._wire import numpy_tensor
+from .._worker import listening_store
+from ._pairs import SendReaper, pair_group, peer_error
 
-from ._env import LOOPBACK
-from ._protocol import home_of
-from ._transport import SendReaper, pair_group, peer_error
-
-#: Keys of every bridge live under this prefix of the raw store.
+#: Keys of every bridge live under this prefix of the store where pairs meet.
 _ROOT = "dispatchcore-bridge"
 _TAG_SPACE = 1 << 30
 #: What ``receive`` returns: wait for the bucket, get ``(tensors, shared)`` (``TensorLink``).
@@ -58,6 +52,7 @@ Arrival = Callable[[], tuple[list[torch.Tensor], bool]]
 class Token:
     """What the driver forwards from a source rank to its bucket's destinations (small, picklable)."""
 
+    #: Where the pair meets (a ``TCPStore``).
     host: str
     port: int
     #: The source process's request door (lane-authenticated).
@@ -68,13 +63,20 @@ class Token:
     pieces: tuple[tuple[int, bool], ...]
 
 
-class Bridge:
+class TensorBridge:
     """One process's side of every bridge: the pieces it published, its pair groups, its request door."""
 
-    def __init__(self, store: dist.Store, *, loopback: bool) -> None:
-        """``loopback``: its pair groups and its door listen on loopback only (a world on one machine)."""
-        self.host, self.port = home_of(store)
-        self._loopback = loopback
+    def __init__(self, secret: bytes, *, meet: tuple[str, int] | None = None, host: str = LOOPBACK) -> None:
+        """``secret``: the driver's lane secret, which both ends of a request link prove.
+
+        ``meet``: the store where this process's pairs meet (its world's); ``None``: one of its own, made on
+        first publish.  ``host``: where its door (and own store) listen; loopback keeps every pair there too.
+        """
+        self._secret = secret
+        self._meet = meet
+        self._host = host
+        self._loopback = host == LOOPBACK
+        self._own_store: Any = None
         self.id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._keys = itertools.count()
@@ -98,14 +100,21 @@ class Bridge:
             key = next(self._keys)
             self._held[key] = [flat, readers]
             door = self._door_locked(timeout)
-        return Token(self.host, self.port, door, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat))
+            meet = self._meet_locked()
+        return Token(*meet, door, self.id, key, tuple((t.numel(), t.is_cuda) for t in flat))
+
+    def _meet_locked(self) -> tuple[str, int]:
+        """Where this process's pairs meet: its world's store, or its own (hold ``_lock``)."""
+        if self._meet is None:
+            self._own_store = listening_store(self._host)
+            self._meet = (self._host, int(self._own_store.port))
+        return self._meet
 
     def _door_locked(self, timeout: float) -> tuple[str, int]:
         """Where destinations ask for pieces, listening from the first publish on (hold ``_lock``)."""
         if self._door is None:
             self._reaper_locked()
-            host = LOOPBACK if self._loopback else address_toward(self.host, self.port)
-            self._door = socket.create_server((host, 0), family=socket.getaddrinfo(host, 0)[0][0])
+            self._door = socket.create_server((self._host, 0), family=socket.getaddrinfo(self._host, 0)[0][0])
             threading.Thread(
                 target=self._accept, args=(self._door, timeout), name="dispatchcore-bridge", daemon=True
             ).start()
@@ -125,7 +134,7 @@ class Bridge:
     def _serve(self, sock: socket.socket, timeout: float) -> None:
         """One destination process's requests, once it proved the lane secret (else closed at once)."""
         try:
-            accept_link(sock, lane_secret())
+            accept_link(sock, self._secret)
         except (LaneAuthError, OSError):
             sock.close()
             return
@@ -159,10 +168,11 @@ class Bridge:
         tensors = self.take(key)
         if tensors is None:
             return
+        assert self._meet is not None  # noqa: S101 - set by the publish that kept these pieces
         works = []
         for i, t in enumerate(tensors):
             if t.numel():
-                group = self._group(self.host, self.port, self.id, reader, 0, t.is_cuda, timeout)
+                group = self._group(*self._meet, self.id, reader, 0, t.is_cuda, timeout)
                 works.append(group.send([t], 1, (first + i) % _TAG_SPACE if not t.is_cuda else 0))
         assert self._reaper is not None  # noqa: S101 - made with the thread
         self._reaper.add(works, tensors)
@@ -213,7 +223,7 @@ class Bridge:
             return link
         sock = socket.create_connection(door, timeout=timeout)
         try:
-            offer_link(sock, lane_secret(), 0)
+            offer_link(sock, self._secret, 0)
         except BaseException:
             sock.close()
             raise
@@ -279,6 +289,7 @@ class Bridge:
             self._reaper.close()
         self._groups.clear()
         self._stores.clear()
+        self._own_store = None
 
 
 def _buffer(nbytes: int, device: torch.device | None) -> torch.Tensor:
@@ -300,12 +311,12 @@ def _lost(exc: BaseException) -> TensorSourceLost:
     return TensorSourceLost(f"bridge to the source process failed: {peer_error(exc)}")
 
 
-class BridgeLink:
-    """The :class:`~dispatchcore.executor.TensorLink` of one torchrun rank: its process's bridge, its group's bound."""
+class TensorBridgeLink:
+    """The :class:`~dispatchcore.executor.TensorLink` of one rank: its process's bridge, its group's bound."""
 
     same_process = False
 
-    def __init__(self, bridge: Bridge, death_timeout: float) -> None:
+    def __init__(self, bridge: TensorBridge, death_timeout: float) -> None:
         self._bridge = bridge
         self._timeout = max(float(death_timeout), 1.0)
 
