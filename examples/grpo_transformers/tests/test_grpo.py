@@ -77,22 +77,18 @@ def test_grpo_learns_on_ray_with_exact_weights_after_every_sync(tmp_path: Path, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
-@pytest.mark.parametrize("mode", [["--check-weights"], ["--async-staleness", "1"]], ids=["sync", "async"])
-def test_the_script_under_the_torchrun_launcher_places_the_groups_on_its_ranks(mode: list[str]) -> None:
-    """``torchrun --nproc-per-node=3 train.py``: trainer on world ranks 0-1 (``ranks=[...]``), rollout on rank 2;
-    synchronous with the weights checked after every sync, and asynchronous (a stream, batches <= 1 version old)."""
+def test_the_script_under_the_torchrun_launcher_places_the_groups_on_its_ranks() -> None:
+    """``torchrun --nproc-per-node=3 train.py --async-staleness 1``: trainer on world ranks 0-1 (``ranks=[...]``),
+    rollout on rank 2, a stream whose batches are at most 1 version old.  The synchronous loop with the weights
+    checked after every sync runs self-started above (and a launch's weight bridge in test_torchrun_bridge.py)."""
     script = Path(__file__).parents[1] / "train.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "MASTER_"))}
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     command = [shutil.which("torchrun") or "torchrun", "--standalone", "--nproc-per-node=3", str(script)]
-    command += ["--backend", "torchrun", *mode]
+    command += ["--backend", "torchrun", "--async-staleness", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    if mode[0] == "--check-weights":
-        steps = re.findall(r"^step +\d+ +reward ([\d.]+) .* rollout weights exact: (\w+)$", result.stdout, re.M)
-        assert {exact for _, exact in steps} == {"True"}, result.stdout
-    else:
-        steps = re.findall(r"^step +\d+ +reward ([\d.]+) .* staleness ([01])$", result.stdout, re.M)
+    steps = re.findall(r"^step +\d+ +reward ([\d.]+) .* staleness ([01])$", result.stdout, re.M)
     assert len(steps) == GRPOConfig.steps, result.stdout
     assert float(steps[0][0]) < 0.2 < 0.7 < float(steps[-1][0]), result.stdout
 
