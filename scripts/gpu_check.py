@@ -9,8 +9,8 @@ Reached here:
   * torchrun (self-started) with the user's own gloo group all-reducing
     CUDA tensors inside the workers (``LOCAL_RANK`` device set first).
 Not reachable with one GPU (NCCL refuses two ranks on one device): NCCL
-between two ranks (torchrun's CUDA payloads, CUDA lazy rows, the torchrun
-weight-transfer bridge's ``ProcessGroupNCCL``).  Their CPU twins (gloo, the
+between two ranks (torchrun's CUDA payloads, CUDA lazy rows, the weight
+bridge's ``ProcessGroupNCCL``, which torchrun and Ray share).  Their CPU twins (gloo, the
 same code with CPU tensors) run in the CPU test suite:
 ``tests/test_torchrun_bridge.py``, ``tests/test_torchrun_conformance.py``,
 ``tests/test_weight_sync.py``.
