@@ -91,11 +91,11 @@ class RankActor:
         if self._lane is None:
             os.environ.update(env or {})
             self._rank, self._group, self._death_timeout = rank, group, death_timeout
-            self._bridge = actor_bridge(secret, address)
             self._bulk = RankBulk(rank, inline_bytes, self._shelf)
             gone = self._bulk.driver_gone.set
             self._lane = LaneRank(rank, prepare=self._prepare, bulk=self._bulk, on_driver_gone=gone)
         assert self._bulk is not None  # noqa: S101 - made with the lane
+        self._bridge = actor_bridge(secret, address)  # the serving driver's (one that attached: its own secret)
         _serve(self._lane, self._bulk, address, timeout, secret)
 
     def serve_beside(self, address: str, rank: int, inline_bytes: int, timeout: float, secret: bytes) -> None:
@@ -115,8 +115,7 @@ class RankActor:
         self._select_device()
         self._world_size, self._isolate = host.world_size, not host.share_kept_rows
         host.fetch_rows = RowFetcher(self._death_timeout)
-        assert self._bridge is not None  # noqa: S101 - made with the lane, before any worker
-        host.tensor_link = RayTensorLink(self._bridge, self._death_timeout)  # weight transfers rank to rank
+        host.tensor_link = RayTensorLink(self._current_bridge, self._death_timeout)  # weight transfers rank to rank
         host.collective = StoreCollective.from_environment("ray", os.environ)  # the driver's store
 
     @staticmethod
@@ -131,6 +130,11 @@ class RankActor:
 
         if torch.cuda.is_available():
             torch.cuda.set_device(index % max(1, torch.cuda.device_count()))
+
+    def _current_bridge(self) -> TensorBridge:
+        """The bridge of the driver serving this actor's lane now."""
+        assert self._bridge is not None  # noqa: S101 - set before the lane is served
+        return self._bridge
 
     def _host(self) -> WorkerHost | None:
         return None if self._lane is None else self._lane.host

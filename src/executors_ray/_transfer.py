@@ -56,18 +56,20 @@ class RayTensorLink:
 
     same_process = False
 
-    def __init__(self, bridge: TensorBridge, death_timeout: float) -> None:
-        self._bridged = TensorBridgeLink(bridge, death_timeout)
+    def __init__(self, bridge: Callable[[], TensorBridge], death_timeout: float) -> None:
+        """``bridge``: the process's bridge for the driver serving the actor now (an attached one has its own)."""
+        self._bridge = bridge
+        self._timeout = death_timeout
 
     def publish(self, tensors: list[torch.Tensor], readers: int) -> Any:
         if not any(t.is_cuda for t in tensors) and sum(t.nbytes for t in tensors) <= INLINE_BYTES:
             return _Inline(t.reshape(-1).view(torch.uint8).numpy() for t in tensors)
-        return self._bridged.publish(tensors, readers)
+        return TensorBridgeLink(self._bridge(), self._timeout).publish(tensors, readers)
 
     def receive(self, token: Any, into: list[torch.Tensor | None]) -> Callable[[], tuple[list[torch.Tensor], bool]]:
         """An inline bucket copied into its places (the rest: the message's memory), else the bridge's receive."""
         if not isinstance(token, _Inline):
-            return self._bridged.receive(token, into)
+            return TensorBridgeLink(self._bridge(), self._timeout).receive(token, into)
         got = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the message's read-only memory: only read here, or handed on as shared
