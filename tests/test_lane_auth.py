@@ -6,6 +6,7 @@ process of another user would; none of them learns the secret.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
@@ -99,6 +100,8 @@ def test_a_relay_between_a_rank_and_the_door_gets_neither_side_to_accept() -> No
                 pass
             finally:
                 for s in (src, dst):
+                    with contextlib.suppress(OSError):  # wakes the other direction's recv (a close alone would not)
+                        s.shutdown(socket.SHUT_RDWR)
                     s.close()
 
         def run_relay() -> None:
@@ -108,7 +111,7 @@ def test_a_relay_between_a_rank_and_the_door_gets_neither_side_to_accept() -> No
             threading.Thread(target=forward, args=(door_side, rank_side), daemon=True).start()
 
         threading.Thread(target=run_relay, daemon=True).start()
-        links, errors, thread = _accepting(door, [0], timeout=4.0)
+        links, errors, thread = _accepting(door, [0], timeout=2.0)
         with pytest.raises(LaneAuthError):
             connect_lane(LaneAddress("127.0.0.1", relay.getsockname()[1]), 0, timeout=10, secret=secret)
         thread.join(20)
