@@ -49,6 +49,10 @@ from .._worker import CancelFlag
 INTERRUPT_AFTER_S = 1.0
 #: How many ids of calls cancelled before they started a rank remembers.
 _DOOMED_KEPT = 256
+#: The interrupt's signal is sent again this often until its handler has raised (at most ``_RESIGNALS`` times):
+#: one that lands inside ``time.sleep`` just before the system call starts is handled only once it returns.
+RESIGNAL_S = 0.25
+_RESIGNALS = 40
 #: What interrupts a main thread's blocking system call: a real-time signal, which torch, torchrun
 #: (it forwards SIGUSR1/2 under SLURM) and Ray leave alone (``None`` where the platform has none).
 INTERRUPT_SIGNAL: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
@@ -163,8 +167,26 @@ class CallGate:
             running.interrupted = True
             if running.thread == self.signal_thread and signal.getsignal(INTERRUPT_SIGNAL) is _on_signal:  # type: ignore[arg-type]
                 signal.pthread_kill(running.thread, INTERRUPT_SIGNAL)  # type: ignore[arg-type]
+                self._signal_again(running, _RESIGNALS)
             else:
                 _set_async_exc(running.thread, CallInterrupted)
+
+    def _signal_again(self, running: RunningCall, times: int) -> None:
+        """Send the signal again after :data:`RESIGNAL_S` while the call runs and its handler has not raised."""
+        if times <= 0:
+            return
+        timer = threading.Timer(RESIGNAL_S, self._resignal, (running, times - 1))
+        timer.daemon = True
+        timer.start()
+
+    def _resignal(self, running: RunningCall, times: int) -> None:
+        with self._lock:
+            if self._by_thread.get(running.thread) is not running or running.signalled:
+                return  # it returned, or the handler raised in it
+            if signal.getsignal(INTERRUPT_SIGNAL) is not _on_signal:  # type: ignore[arg-type]
+                return  # the handler was taken away (the process's own now)
+            signal.pthread_kill(running.thread, INTERRUPT_SIGNAL)  # type: ignore[arg-type]
+        self._signal_again(running, times)
 
 
 #: This process's gate: every ``WorkerHost`` enters its calls here.
