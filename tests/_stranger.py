@@ -109,6 +109,22 @@ def listening(pid: int | None = None) -> list[tuple[str, int]]:
     return found
 
 
+def knock_as_another_user(pid: int, *, loopback_only: bool = False) -> dict[str, str]:
+    """From a process without our environment, knock on every port ``pid`` listens on: ``{port: verdict}``.
+
+    ``loopback_only``: only ports bound to loopback (where the library's own doors are; Ray's servers are not).
+    """
+    import subprocess
+
+    at_loopback = ("127.", "::ffff:127.")
+    ports = [str(port) for host, port in listening(pid) if not loopback_only or host.startswith(at_loopback)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHCORE")}
+    knocked = subprocess.run(
+        [sys.executable, __file__, "knock", *ports], capture_output=True, text=True, timeout=120, check=True, env=env
+    )
+    return dict(line.split() for line in knocked.stdout.splitlines())
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):

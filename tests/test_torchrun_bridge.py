@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from _stranger import listening
+from _stranger import knock_as_another_user
 from dispatchcore import Dispatch, WeightSync, WorkerGroup, create_colocated_worker_cls, driver_traffic, register
 from dispatchcore.testing.weight_workers import WeightRollout, WeightTrainer, expected, make_weights
 
@@ -96,17 +95,7 @@ def test_a_replaced_source_rank_gets_new_bridges() -> None:
 
 def _a_stranger_gets_no_bridge(pid: int) -> None:
     """Another user knocks on every port the source process listens on (its bridge door among them): refused."""
-    ports = [str(port) for _, port in listening(pid)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHCORE")}
-    knocked = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_stranger.py"), "knock", *ports],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=env,
-    )
-    verdicts = dict(line.split() for line in knocked.stdout.splitlines())
+    verdicts = knock_as_another_user(pid)
     assert "admitted" not in verdicts.values(), verdicts
     assert "refused" in verdicts.values(), f"the source's bridge door should greet and refuse: {verdicts}"
 

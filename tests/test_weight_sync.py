@@ -8,11 +8,7 @@ cases use the conformance workers; Ray uses the session's one Ray.
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _stranger import listening
+from _stranger import knock_as_another_user
 from dispatchcore import (
     Dispatch,
     Shard,
@@ -428,18 +424,7 @@ def test_ray_buckets_over_a_mebibyte_go_rank_to_rank_and_arrive_exactly() -> Non
 
 def _a_stranger_is_refused_by(pid: int) -> None:
     """Another user knocks on every port the source actor's process listens on at loopback (its bridge door)."""
-    ports = [str(port) for host, port in listening(pid) if host.startswith("127.") or host.endswith(":127.0.0.1")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHCORE")}
-    stranger = Path(__file__).with_name("_stranger.py")
-    knocked = subprocess.run(
-        [sys.executable, str(stranger), "knock", *ports],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=env,
-    )
-    verdicts = dict(line.split() for line in knocked.stdout.splitlines())
+    verdicts = knock_as_another_user(pid, loopback_only=True)
     assert "admitted" not in verdicts.values(), verdicts
     assert "refused" in verdicts.values(), f"the source's bridge door should greet and refuse: {verdicts}"
 
