@@ -119,6 +119,8 @@ class RayExecutor(LaneExecutor):
         self._lane_host: str | None = None
         self.lane_reason_wait = spec.death_timeout  # a lost node is known only after Ray's health checks
         self._ray_key = ""
+        #: The Ray node id of this driver: the ranks there are the processes whose end the store awaits.
+        self._driver_node: str | None = None
         try:
             self.ray = self._rank_actors.ray = ensure_ray(opts)
             #: Which Ray this group's references belong to (a new one after ``ray.shutdown()``/``init``).
@@ -146,7 +148,7 @@ class RayExecutor(LaneExecutor):
 
     def _open_ranks(self, ranks: Sequence[int], env: list[dict[str, str]]) -> None:
         """Hand ``ranks``' actors the lane, then build their workers there (each step within ``start_timeout``)."""
-        here = self.ray.get_runtime_context().get_node_id()
+        here = self._driver_node = self.ray.get_runtime_context().get_node_id()
         self._bulk.bundle = all(info["node_id"] == here for info in self._rank_actors.infos)
         self._launch_env = env
         self._join_lane(ranks)
@@ -512,11 +514,14 @@ class RayExecutor(LaneExecutor):
         self._spares = []
         store, self._collective = self._collective, None
         alive = group.ray is not None and in_session(self.ray, self._ray_key)
+        # The store outlives the actors: a rank whose store vanished under it prints torch's C++ trace.
+        local = [info["pid"] for info in group.infos if info and info.get("node_id") == self._driver_node]
         if alive and not self._detached:
             self._kill(actors)
             _grow.release(self)
-            # The store outlives the actors: a rank whose store vanished under it prints torch's C++ trace.
-            outlive(self.ray, self._ray_key, actors, store)
+            outlive(self.ray, self._ray_key, actors, store, local)
+        elif not self._detached:  # Ray's session ended under the group: its processes end with it
+            outlive(self.ray, self._ray_key, [], store, local)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             if alive:

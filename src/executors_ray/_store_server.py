@@ -9,6 +9,7 @@ outlives the actors it served: a rank whose store vanished under it prints torch
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -29,16 +30,20 @@ def serve_store(host: str) -> tuple[Any, str]:
     return StoreCollective.serve(host)
 
 
-def outlive(ray: Any, session: str, actors: Sequence[Any], store: Any) -> None:
-    """Keep ``store`` until the killed ``actors`` are gone (at most :data:`OUTLIVE_S`), on a daemon thread."""
-    if store is None or not actors:
+def outlive(ray: Any, session: str, actors: Sequence[Any], store: Any, pids: Sequence[int] = ()) -> None:
+    """Keep ``store`` until the killed ``actors`` are gone (at most :data:`OUTLIVE_S`), on a daemon thread.
+
+    Ray calls an actor dead once its kill is decided, before its process has ended: ``pids``, the
+    ranks on this node, are awaited as processes too (a rank elsewhere only as Ray sees it).
+    """
+    if store is None or not (actors or pids):
         return
     threading.Thread(
-        target=_hold, args=(ray, session, list(actors), store), name="dispatchcore-ray-store", daemon=True
+        target=_hold, args=(ray, session, list(actors), store, list(pids)), name="dispatchcore-ray-store", daemon=True
     ).start()
 
 
-def _hold(ray: Any, session: str, actors: list[Any], store: Any) -> None:
+def _hold(ray: Any, session: str, actors: list[Any], store: Any, pids: list[int]) -> None:
     deadline = time.monotonic() + OUTLIVE_S
     with contextlib.suppress(Exception):  # Ray shutting down meanwhile: its actors go with it
         while actors and time.monotonic() < deadline and in_session(ray, session):
@@ -47,7 +52,29 @@ def _hold(ray: Any, session: str, actors: list[Any], store: Any) -> None:
             actors = [actor for actor, probe in zip(actors, probes, strict=True) if not _gone(ray, probe)]
             if actors:
                 time.sleep(0.05)
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if process_alive(pid)]
+        if pids:
+            time.sleep(0.05)
     del store  # now the ranks' clients are gone with their processes
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (an exited one not yet reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[-1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
 
 
 def _gone(ray: Any, probe: Any) -> bool:
