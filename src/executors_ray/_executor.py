@@ -509,23 +509,28 @@ class RayExecutor(LaneExecutor):
         """Kill the actors (detached groups: only let go of them), then release the pool; Ray's session may be gone."""
         group = self._rank_actors
         group.closed = True
-        actors, group.actors = group.actors, []
-        actors += [actor for actor, _, _ in self._spares]
+        ranks, group.actors = group.actors, []
+        actors = ranks + [actor for actor, _, _ in self._spares]
         self._spares = []
         store, self._collective = self._collective, None
         alive = group.ray is not None and in_session(self.ray, self._ray_key)
-        # The store outlives the actors: a rank whose store vanished under it prints torch's C++ trace.
-        local = [info["pid"] for info in group.infos if info and info.get("node_id") == self._driver_node]
-        if alive and not self._detached:
-            self._kill(actors)
-            _grow.release(self)
-            outlive(self.ray, self._ray_key, actors, store, local)
-        elif not self._detached:  # Ray's session ended under the group: its processes end with it
-            outlive(self.ray, self._ray_key, [], store, local)
+        if not self._detached:
+            if alive:
+                self._kill(actors)
+                _grow.release(self)
+            self._outlive(ranks, store, alive)
         if self._pool_acquired and self._pool is not None:
             self._pool_acquired = False
             if alive:
                 self._pool.release()
+
+    def _outlive(self, ranks: list[Any], store: Any, alive: bool) -> None:
+        """The store outlives the killed ranks (spares hold no client): a rank whose store vanished under it prints
+        torch's C++ trace.  Ranks on this node are awaited as processes, others as Ray sees them."""
+        infos, here = self._rank_actors.infos, self._driver_node
+        local = [info["pid"] for info in infos if info and info.get("node_id") == here]
+        remote = [a for i, a in enumerate(ranks) if i >= len(infos) or infos[i].get("node_id") != here]
+        outlive(self.ray, self._ray_key, remote if alive else [], store, local)
 
     def _kill(self, actors: Iterable[Any]) -> None:
         for actor in actors:

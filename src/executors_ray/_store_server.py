@@ -45,18 +45,26 @@ def outlive(ray: Any, session: str, actors: Sequence[Any], store: Any, pids: Seq
 
 def _hold(ray: Any, session: str, actors: list[Any], store: Any, pids: list[int]) -> None:
     deadline = time.monotonic() + OUTLIVE_S
-    with contextlib.suppress(Exception):  # Ray shutting down meanwhile: its actors go with it
-        while actors and time.monotonic() < deadline and in_session(ray, session):
-            probes = [actor.__ray_ready__.remote() for actor in actors]
-            ray.wait(probes, num_returns=len(probes), timeout=_PROBE_S)
-            actors = [actor for actor, probe in zip(actors, probes, strict=True) if not _gone(ray, probe)]
-            if actors:
-                time.sleep(0.05)
+    _await_actors(ray, session, actors, deadline)
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if process_alive(pid)]
         if pids:
             time.sleep(0.05)
     del store  # now the ranks' clients are gone with their processes
+
+
+def _await_actors(ray: Any, session: str, actors: list[Any], deadline: float) -> None:
+    """Until Ray calls every actor gone; then ``actors`` is emptied: no handle or reference of Ray's outlives
+    this call (one dropped after the user's ``ray.shutdown()`` ends the process)."""
+    with contextlib.suppress(Exception):  # Ray shutting down meanwhile: its actors go with it
+        while actors and time.monotonic() < deadline and in_session(ray, session):
+            probes = [actor.__ray_ready__.remote() for actor in actors]
+            ray.wait(probes, num_returns=len(probes), timeout=_PROBE_S)
+            actors[:] = [actor for actor, probe in zip(actors, probes, strict=True) if not _gone(ray, probe)]
+            del probes
+            if actors:
+                time.sleep(0.05)
+    actors.clear()
 
 
 def process_alive(pid: int) -> bool:
