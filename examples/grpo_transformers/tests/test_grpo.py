@@ -62,9 +62,9 @@ def test_grpo_learns_asynchronously_on_torchrun_with_staleness_at_most_one(tmp_p
 
 @pytest.mark.slow
 def test_a_step_recovered_after_a_raise_inside_backward_ends_as_a_clean_run() -> None:
-    clean = train(GRPOConfig(backend="torchrun", steps=5))
-    faulted = train(GRPOConfig(backend="torchrun", steps=5, fault_step=2))
-    assert [r.retried for r in faulted] == [False, True, False, False, False]
+    clean = train(GRPOConfig(backend="torchrun", steps=3))
+    faulted = train(GRPOConfig(backend="torchrun", steps=3, fault_step=2))
+    assert [r.retried for r in faulted] == [False, True, False]
     assert [(r.reward, r.loss, r.kl) for r in faulted] == [(r.reward, r.loss, r.kl) for r in clean]
 
 
