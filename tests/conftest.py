@@ -38,15 +38,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if any(isinstance(value, str) and value == _PLUGIN_VARIANT for value in callspec.params.values()):
             item.add_marker(skip)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A test module's ``start_beside_the_run()``, once collection ends: long work of its own (a subprocess)
-    that runs beside the tests before it (``tests/typing/test_mypy_strict_src.py``)."""
-    started = set()
-    for item in session.items:
-        module = getattr(item, "module", None)
-        start = getattr(module, "start_beside_the_run", None)
-        if callable(start) and module not in started:
-            started.add(module)
-            start()

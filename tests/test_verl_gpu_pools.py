@@ -69,7 +69,7 @@ def test_in_a_process_of_its_own() -> None:
         pytest.skip("the parent's test")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "DISPATCHCORE_GPU_POOLS_CHILD": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=170, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "3 passed" in result.stdout, result.stdout[-2000:]
