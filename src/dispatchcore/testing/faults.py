@@ -143,11 +143,12 @@ class _FaultyCallHandle(RankCallHandle):
             self._settle_inner(wait)
             return
         try:
-            values = inner.result(wait)
-        except DispatchTimeoutError:
-            if inner.done():
-                raise
-            return  # only this wait ran out
+            try:
+                values = inner.result(wait)
+            except DispatchTimeoutError:
+                if not inner.done():
+                    return  # only this wait ran out
+                values = inner.result(0.0)  # it ended as the wait ran out: its outcome (its own bound raises)
         except WorkerDiedError as exc:
             self.rank_died(self._position_of(exc.rank), exc.detail)
         except WorkerError as exc:
