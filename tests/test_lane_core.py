@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from _freeze import freeze
 from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
 from dispatchcore.executor import (
     Call,
@@ -228,7 +229,7 @@ def test_the_death_signal_alone_ends_a_rank_whose_links_stay_open() -> None:
     executor = SpawnLane(spec(death_timeout=600))  # pings could not tell within the test's bound
     try:
         handle = executor.submit(call("sleep", 60))
-        os.kill(executor.processes[1].pid, signal.SIGSTOP)  # alive, links open, silent
+        freeze(executor.processes[1].pid)  # alive, links open, silent
         executor.declared[1] = "its actor was declared dead"
         with pytest.raises(WorkerDiedError) as info:
             handle.result(60)
@@ -241,7 +242,7 @@ def test_a_silent_rank_is_given_up_after_death_timeout() -> None:
     executor = SpawnLane(spec(death_timeout=1.0), death_signal=False)
     try:
         handle = executor.submit(call("sleep", 60))
-        os.kill(executor.processes[1].pid, signal.SIGSTOP)
+        freeze(executor.processes[1].pid)
         with pytest.raises(WorkerDiedError) as info:
             handle.result(60)
         assert info.value.rank == 1 and "liveness ping" in str(info.value)

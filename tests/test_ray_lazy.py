@@ -20,6 +20,7 @@ pytest.importorskip("ray")
 
 import ray  # noqa: E402
 
+from _freeze import freeze  # noqa: E402
 from dispatchcore import DataProto, LazyDataProto, WorkerDiedError, WorkerGroup, driver_traffic  # noqa: E402
 from dispatchcore.executor import RowRequest  # noqa: E402
 from dispatchcore.testing import assert_dataproto_equal  # noqa: E402
@@ -141,7 +142,7 @@ def test_a_hung_producer_is_seen_within_death_timeout(fresh_producer: Any, consu
     """The producer is stopped for good: only the consumers' bounded wait lets the call end."""
     lazy = fresh_producer.gen.options(lazy=True)(prompts(12))
     pid = fresh_producer.pid()[1]
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         with pytest.raises(WorkerDiedError, match="death_timeout") as info:
             consumer.echo(lazy)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from _freeze import freeze
 from dispatchcore import Dispatch, DispatchTimeoutError, Worker, WorkerGroup, register
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
@@ -37,7 +38,7 @@ class Sleeper(Worker):
 def test_a_frozen_rank_does_not_hold_the_timeout_back() -> None:
     with WorkerGroup(Sleeper, 2, backend="torchrun", death_timeout=60) as wg:
         frozen = wg.pid()[1]
-        os.kill(frozen, signal.SIGSTOP)
+        freeze(frozen)
         try:
             started = time.monotonic()
             with pytest.raises(DispatchTimeoutError) as info:

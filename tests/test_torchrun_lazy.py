@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from _freeze import freeze
 from dispatchcore import (
     DataProto,
     Dispatch,
@@ -174,7 +175,7 @@ def test_a_producer_killed_while_another_world_fetches_is_named_and_replaced() -
             lazy = producer.gen.options(lazy=True)(batch)
             assert_same(consumer.use(lazy), consumer.use(producer.gen(batch)))  # bridges to both producers
             pid = producer.pid()[1]
-            os.kill(pid, signal.SIGSTOP)
+            freeze(pid)
             outcome: dict[str, BaseException] = {}
 
             def consume() -> None:
@@ -213,7 +214,7 @@ def test_producer_death_fails_the_consuming_call_naming_the_producer() -> None:
         lazy = spawned["gen"].gen.options(lazy=True)(prompts(8, 32))
         producer = spawned["gen"].pid()[1]
         consumer = spawned["use"].ranks([0]).use  # needs rank 1's rows, kept in the other process
-        os.kill(producer, signal.SIGSTOP)
+        freeze(producer)
         try:
             with pytest.raises(WorkerDiedError) as frozen:
                 consumer(lazy)
@@ -241,7 +242,7 @@ def test_shutdown_ends_a_call_stuck_fetching_rows() -> None:
         lazy = spawned["gen"].gen.options(lazy=True)(prompts(8, 32))
         producer = spawned["gen"].pid()[1]
         consumer = spawned["use"].ranks([0]).use
-        os.kill(producer, signal.SIGSTOP)
+        freeze(producer)
         outcome: dict[str, BaseException] = {}
 
         def consume() -> None:
@@ -333,7 +334,7 @@ def test_a_driver_read_from_a_frozen_or_killed_producer_names_it() -> None:
             gen = wg.spawn(["gen"])["gen"]
             lazy = gen.gen.options(lazy=True)(prompts(8, 16))
             producer = gen.pid()[1]
-            os.kill(producer, stop)
+            freeze(producer) if stop == signal.SIGSTOP else os.kill(producer, stop)
             try:
                 with pytest.raises(WorkerDiedError) as died:
                     lazy.batch["big"]
