@@ -9,13 +9,12 @@ outlives the actors it served: a rank whose store vanished under it prints torch
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore.executor import StoreCollective
+from dispatchcore.executor import StoreCollective, wait_processes_ended
 
 from ._runtime import in_session
 
@@ -46,10 +45,7 @@ def outlive(ray: Any, session: str, actors: Sequence[Any], store: Any, pids: Seq
 def _hold(ray: Any, session: str, actors: list[Any], store: Any, pids: list[int]) -> None:
     deadline = time.monotonic() + OUTLIVE_S
     _await_actors(ray, session, actors, deadline)
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if process_alive(pid)]
-        if pids:
-            time.sleep(0.05)
+    wait_processes_ended(pids, deadline)
     del store  # now the ranks' clients are gone with their processes
 
 
@@ -65,24 +61,6 @@ def _await_actors(ray: Any, session: str, actors: list[Any], deadline: float) ->
             if actors:
                 time.sleep(0.05)
     actors.clear()
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (an exited one not yet reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[-1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            return True
-        return True
 
 
 def _gone(ray: Any, probe: Any) -> bool:

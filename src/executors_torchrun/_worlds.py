@@ -43,7 +43,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedError
-from dispatchcore.executor import LOOPBACK, use_lane_secret
+from dispatchcore.executor import LOOPBACK, use_lane_secret, wait_processes_ended
 
 from . import _env
 from ._hub import Hub
@@ -241,8 +241,8 @@ class LaunchWorld(World):
                 host, pid = bytes(self.store.get(stopped_key(d))).decode().split()
             except Exception:  # noqa: BLE001, S112 - the store is gone: leave it to the agent
                 continue
-            if host == socket.gethostname():
-                _wait_process_ended(int(pid), min(deadline, time.monotonic() + KILL_WAIT_S))
+            if host == socket.gethostname():  # a driver ending first would make the agent call the rank failed
+                wait_processes_ended([int(pid)], min(deadline, time.monotonic() + KILL_WAIT_S))
         self.hub.close()
         self.services.rows.close()
         self.services.bridge.close()
@@ -341,22 +341,6 @@ def launch_world(*, start_timeout: float, transport_timeout: float) -> LaunchWor
             atexit.register(_launch.stop)
             _install_sigterm_report()
         return _launch
-
-
-def _wait_process_ended(pid: int, until: float) -> None:
-    """Poll ``/proc`` until ``pid`` has exited (gone or a zombie), or ``until`` (best effort).
-
-    A driver failing between a rank's "stopped" and its end makes the agent report that rank failed too.
-    """
-    while time.monotonic() < until:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                state = stat.read().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in (b"Z", b"X"):
-            return
-        time.sleep(0.005)
 
 
 def _install_sigterm_report() -> None:

@@ -4,6 +4,7 @@ that owns every time bound."""
 from ._call_handle import RankCallHandle, liveness_poll
 from ._cancel import INTERRUPT_SIGNAL, cancel_in_process, install_cancel_signal
 from ._isolation import ATOMS, check_copyable, isolated_copy
+from ._process_end import process_alive, wait_processes_ended
 from ._rank_thread import RankThread, run_isolated
 from ._stacks import note_stacks_soon, stacks_note, thread_stacks
 from ._timeout_wording import timeout_error
@@ -25,6 +26,7 @@ __all__ = [
     "isolated_copy",
     "liveness_poll",
     "note_stacks_soon",
+    "process_alive",
     "run_isolated",
     "stacks_note",
     "thread_stacks",
@@ -32,4 +34,5 @@ __all__ = [
     "unpicklable_call_error",
     "unpicklable_error",
     "unpicklable_spec_error",
+    "wait_processes_ended",
 ]

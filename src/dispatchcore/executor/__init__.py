@@ -54,11 +54,13 @@ from .._runtime import (
     install_cancel_signal,
     isolated_copy,
     liveness_poll,
+    process_alive,
     run_isolated,
     thread_stacks,
     timeout_error,
     unpicklable_error,
     unpicklable_spec_error,
+    wait_processes_ended,
 )
 from .._spi import (
     LOOPBACK,
@@ -169,6 +171,7 @@ __all__ = [
     "peer_error",
     "plan_forward",
     "plan_transfer",
+    "process_alive",
     "rank_environment",
     "register_executor",
     "remaining",
@@ -181,4 +184,5 @@ __all__ = [
     "unpicklable_error",
     "unpicklable_spec_error",
     "use_lane_secret",
+    "wait_processes_ended",
 ]
