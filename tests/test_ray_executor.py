@@ -20,7 +20,7 @@ from dispatchcore import (  # noqa: E402
     WorkerError,
     WorkerGroup,
 )
-from executors_ray import PlacementError, RayResourcePool  # noqa: E402
+from executors_ray import PlacementError, PlacementTimeoutError, RayResourcePool  # noqa: E402
 from executors_ray.testing import ray_session  # noqa: E402, F401
 from ray_workers import BadInit, DataWorker, EnvWorker  # noqa: E402
 
@@ -190,9 +190,11 @@ def test_call_timeout(groups):
 
 @pytest.mark.timeout(90)  # the bound: unplaceable groups fail instead of waiting forever
 def test_unplaceable_group_raises_after_start_timeout():
-    with pytest.raises(PlacementError, match="start_timeout"):
+    with pytest.raises(PlacementTimeoutError, match="start_timeout") as unplaced:
         WorkerGroup(DataWorker, 2, backend="ray", num_gpus=1, start_timeout=2)
-    with pytest.raises(PlacementError, match="could not be placed"):
+    # A start-up past its bound, as on every backend: caught as a timeout, and still a PlacementError.
+    assert isinstance(unplaced.value, DispatchTimeoutError) and isinstance(unplaced.value, PlacementError)
+    with pytest.raises(PlacementTimeoutError, match="could not be placed"):
         WorkerGroup(
             DataWorker,
             2,

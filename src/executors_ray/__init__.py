@@ -4,7 +4,14 @@ from dispatchcore import create_colocated_worker_cls, create_colocated_worker_ra
 
 from ._detached import attach_detached, detached_world_size, kill_detached
 from ._executor import RayExecutor
-from ._pool import NODE_ORDER_LABEL, PlacementError, RayResourcePool, SubRayResourcePool, split_resource_pool
+from ._pool import (
+    NODE_ORDER_LABEL,
+    PlacementError,
+    PlacementTimeoutError,
+    RayResourcePool,
+    SubRayResourcePool,
+    split_resource_pool,
+)
 from .verl import (
     RayClassWithInitArgs,
     RayWorkerGroup,
@@ -17,6 +24,7 @@ from .verl import (
 __all__ = [
     "NODE_ORDER_LABEL",
     "PlacementError",
+    "PlacementTimeoutError",
     "RayClassWithInitArgs",
     "RayExecutor",
     "RayResourcePool",

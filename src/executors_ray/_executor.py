@@ -38,7 +38,7 @@ from . import _grow
 from ._actor import actor_class
 from ._bulk import DriverBulk, KeptResult
 from ._lane_setup import inline_bytes, lane_host, refuse_ray_client, refuse_removed
-from ._pool import PlacementError, RayResourcePool
+from ._pool import PlacementTimeoutError, RayResourcePool
 from ._rank_actors import RankActors
 from ._rows import RowAddress
 from ._runtime import DETACHED_NAMESPACE, ensure_ray, in_session, session_key
@@ -354,7 +354,7 @@ class RayExecutor(LaneExecutor):
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
         if len(ready) < len(refs):
             late = [rank for rank, ref in enumerate(refs) if ref not in ready]
-            raise PlacementError(
+            raise PlacementTimeoutError(
                 f"ray group {self.spec.name!r}: could not {what} for rank(s) {late} within "
                 f"{self._start_timeout:g} s (start_timeout). Each actor asks for {self._resources_text()}; "
                 f"the cluster has {ray.available_resources()} available of {ray.cluster_resources()}"

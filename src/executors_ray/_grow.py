@@ -16,7 +16,7 @@ from typing import Any
 
 from dispatchcore import DispatchError
 
-from ._pool import PlacementError
+from ._pool import PlacementTimeoutError
 from ._tags import CONTROL_GROUP
 
 #: Placement groups a grow reserved, per executor: each with the names of the actors still placed in it.
@@ -100,7 +100,7 @@ def _placements(executor: Any, count: int, deadline: float) -> list[dict[str, An
     pg = placement_group([pool.bundle() for _ in range(count)], strategy=pool.strategy)
     if not ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))[0]:
         _remove(executor, pg)
-        raise PlacementError(
+        raise PlacementTimeoutError(
             f"ray group {executor.spec.name!r}: a placement group of {count} bundle(s) like the pool's "
             f"({pool.bundle()}, {pool.strategy}) could not be reserved within {executor._start_timeout:g} s "
             f"(start_timeout); the cluster has {ray.available_resources()} available of {ray.cluster_resources()}"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchValueError
+from dispatchcore import DispatchError, DispatchTimeoutError, DispatchValueError
 
 from ._runtime import ip_sort_key
 
@@ -22,7 +22,11 @@ NODE_ORDER_LABEL = "dispatchcore-node-order"
 
 
 class PlacementError(DispatchError, RuntimeError):
-    """Ray could not place a group's actors or a pool's bundles in time."""
+    """Ray could not place a group's actors or a pool's bundles (none fit the cluster, or none in time)."""
+
+
+class PlacementTimeoutError(PlacementError, DispatchTimeoutError):
+    """Placement did not finish within ``start_timeout``: a start-up timeout like any other backend's."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ class RayResourcePool:
         )
         if len(ready) < len(groups):
             self.remove()
-            raise PlacementError(
+            raise PlacementTimeoutError(
                 f"resource pool {self.store} (bundle {self.bundle()}) could not be placed within "
                 f"{timeout:g} s; the cluster has {ray.available_resources()} available of "
                 f"{ray.cluster_resources()}. Ask for fewer resources or raise start_timeout"
