@@ -221,3 +221,27 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_fails_before_serving_exits_at_once_saying_why() -> None:
+    """A self-started child whose start raises prints the traceback and exits 1 (``os._exit``), so the
+    driver sees a death at once: the interpreter's own exit could wait forever in torch's destructors."""
+    env = {k: v for k, v in os.environ.items() if k != "DISPATCHCORE_TORCHRUN_BOOT"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from executors_torchrun._child import main; main()"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert child.stdin is not None and child.stderr is not None
+    child.stdin.write(b"00" * 32 + b"\n")  # a secret line, as the driver writes; no boot description follows
+    child.stdin.flush()
+    try:
+        assert child.wait(timeout=30) == 1  # while the pipe from the driver is still open
+        err = child.stderr.read().decode()
+    finally:
+        child.kill()
+        child.stdin.close()
+        child.stderr.close()
+    assert "Traceback" in err and "KeyError" in err, err

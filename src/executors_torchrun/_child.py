@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 
 def main() -> None:
@@ -24,9 +25,16 @@ def main() -> None:
     if not line.endswith(b"\n"):  # the driver ended before handing the secret over
         os._exit(0)
     threading.Thread(target=_watch_driver, name="dispatchcore-driver-watch", daemon=True).start()
-    from ._spawn import child_main
+    try:
+        from ._spawn import child_main
 
-    child_main(bytes.fromhex(line.decode()))
+        child_main(bytes.fromhex(line.decode()))
+    except BaseException:  # noqa: BLE001 - said on stderr (relayed with the rank's label), then a plain exit
+        traceback.print_exc()
+        sys.stderr.flush()
+        # Never the interpreter's own exit: its finalisers can wait forever in torch's destructors (a gloo
+        # group whose peer was killed), leaving a live process that never serves and is never seen dead.
+        os._exit(1)
 
 
 def _watch_driver() -> None:
