@@ -260,6 +260,43 @@ def test_a_rank_that_dies_before_joining_fails_the_start_at_once_by_the_death_si
         NeverJoins(spec())
 
 
+class ReplacingLane(SpawnLane):
+    """Replaces a rank by a new process; its ``rank_gone`` is slow, as a loaded machine makes any thread."""
+
+    def __init__(self, spec: GroupSpec) -> None:
+        #: The pid each ``rank_gone`` took for the rank's process (what a backend marks gone).
+        self.gone: list[int] = []
+        super().__init__(spec)
+
+    def rank_gone(self, rank: int, reason: str) -> None:
+        time.sleep(0.5)  # meanwhile the caller its death woke replaces the rank
+        self.gone.append(self.processes[rank].pid)
+
+    def replace(self, rank: int) -> None:
+        with self.lane.membership:  # as a backend does: retire the rank, then give it another process
+            self.lane.retire([rank], f"rank {rank} was replaced")
+            self.processes.pop(rank).join(5)
+        self.open_ranks([rank], self.start_timeout)
+
+
+def test_a_late_death_report_never_names_the_process_that_replaced_the_rank() -> None:
+    """A torchrun spare was once marked gone this way: its join order was dropped, and the replace hung."""
+    executor = ReplacingLane(spec())
+    try:
+        old = executor.processes[1].pid
+        handle = executor.submit(call("sleep", 60))
+        os.kill(old, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError):
+            handle.result(30)
+        executor.replace(1)  # at once, as a user's recovery does
+        new = executor.processes[1].pid
+        assert executor.submit(Call("kept", (1,), [()], [{}])).result(30) is not None  # the new process serves
+        time.sleep(1.0)  # a report still on its way would land by now
+        assert new not in executor.gone and set(executor.gone) <= {old}, (old, new, executor.gone)
+    finally:
+        executor.shutdown()
+
+
 def test_a_bulk_path_carries_large_values_once_for_every_rank_reading_them() -> None:
     with tempfile.TemporaryDirectory() as folder:
         bulk = FileBulk(folder)

@@ -240,6 +240,8 @@ class RayExecutor(LaneExecutor):
             raise DispatchError("ranks of a detached ray group cannot be replaced; create a new group")
         group = self._rank_actors
         deadline = time.monotonic() + self._start_timeout
+        for rank in ranks:  # the old actors' ends are not the new ones' to report
+            self.lane.retire([rank], f"rank {rank} was replaced")
         self._kill(group.actors[rank] for rank in ranks)
         used_spares = min(len(self._spares), len(ranks))
         fresh = dict(zip(ranks, self._spares[:used_spares], strict=False))  # the first ranks take the spares

@@ -223,11 +223,14 @@ class TorchrunExecutor(LaneExecutor):
             )
         port = free_port(LOOPBACK)
         for g in ranks:
-            world.kill(self._data_ranks[g])
-            d = world.take_spare()
-            if d is None:
-                raise DispatchError(f"every spare process is gone; cannot replace rank {g}")
-            self._data_ranks[g] = d
+            # The old process's end, if the lane reports it late, must never be taken for the spare's.
+            with self.lane.membership:
+                self.lane.retire([g], f"rank {g} was replaced")
+                old, d = self._data_ranks[g], world.take_spare()
+                if d is None:
+                    raise DispatchError(f"every spare process is gone; cannot replace rank {g}")
+                self._data_ranks[g] = d
+            world.kill(old)
             world.output.label(d, f"rank {g}")  # its output says which rank it now is
             self._envs[g] = rank_environment(g, self.spec.world_size, master_addr=LOOPBACK, master_port=port)
         self.open_ranks(ranks, self._start_timeout)

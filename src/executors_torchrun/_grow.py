@@ -92,8 +92,9 @@ def _open(
 
 def _forget(executor: Any, n: int, data_ranks: list[int], envs: dict[int, dict[str, str]]) -> None:
     """Undo a failed ``_open``: the group is back at its ``n`` ranks; self-started processes it took are ended."""
-    executor.lane.renumber(range(n), "the grow that added its rank failed")
-    del executor._data_ranks[n:]
+    with executor.lane.membership:
+        executor.lane.renumber(range(n), "the grow that added its rank failed")
+        del executor._data_ranks[n:]
     for g in envs:
         executor._envs.pop(g, None)
     executor.resize_spec(n)
@@ -109,8 +110,9 @@ def remove_ranks(executor: Any, ranks: Sequence[int]) -> dict[str, str]:
     gone = set(ranks)
     keep = [g for g in range(executor.spec.world_size) if g not in gone]
     leaving = [executor._data_ranks[g] for g in sorted(gone)]
-    executor.lane.renumber(keep, REMOVED)
-    executor._data_ranks = [executor._data_ranks[g] for g in keep]
+    with executor.lane.membership:  # a late death report names the process that served the rank then
+        executor.lane.renumber(keep, REMOVED)
+        executor._data_ranks = [executor._data_ranks[g] for g in keep]
     executor.resize_spec(len(keep))
     if not isinstance(world, SpawnedWorld):  # a launch's process goes on serving its other groups
         return {}

@@ -71,6 +71,8 @@ class _Rank:
         self.last_ping = 0.0
         self.pings = itertools.count()
         self.dead_since: float | None = None
+        #: Its process no longer serves ``rank`` (replaced or removed): its end is not the rank's to report.
+        self.retired = False
 
 
 class LaneDriver:
@@ -104,6 +106,9 @@ class LaneDriver:
         self._isolate = isolate
         self._ranks: dict[int, _Rank] = {}
         self._cids = itertools.count(1)
+        #: Held while ranks change processes (``retire``, ``renumber``, and the executor's own mapping) and while
+        #: ``on_gone`` runs: a late death report of a rank's old process never names the process now serving it.
+        self.membership = threading.RLock()
         self._reader = LinkReader(f"dispatchcore-lane-{name}", self._on_message, self._on_end)
 
     def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
@@ -113,26 +118,36 @@ class LaneDriver:
         """
         expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
         dead = self._rank_dead or (lambda rank: None)
+        for rank in ranks:  # usually retired already by the executor, before it gave the rank another process
+            self.retire([rank], f"rank {rank} was replaced")
         with open_lane(self.host) as door:
             launch(door.address)
             links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
         for rank in ranks:
-            old = self._ranks.get(rank)
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
-            if old is not None:
-                self._end(old, f"rank {rank} was replaced", found=False)
             entry.calls.place_with(functools.partial(self._place, entry))
             self._reader.add(entry, (entry.calls, entry.control))
+
+    def retire(self, ranks: Sequence[int], reason: str) -> None:
+        """End ``ranks``' links before other processes take them (``reason``); their old ends report nothing.
+
+        Call it holding :attr:`membership` while the executor maps the ranks to their new processes.
+        """
+        with self.membership:
+            for rank in ranks:
+                entry = self._ranks.get(rank)
+                if entry is not None:
+                    entry.retired = True
+                    self._end(entry, reason, found=False)
 
     def renumber(self, keep: Sequence[int], reason: str) -> None:
         """After a shrink: end the links of the ranks not in ``keep`` (``reason``); number ``keep``'s ``0..k-1``."""
         kept = set(keep)
-        for rank, entry in list(self._ranks.items()):
-            if rank not in kept:
-                self._end(entry, reason, found=False)
-        self._ranks = {new: self._ranks[old] for new, old in enumerate(keep)}
-        for new, entry in self._ranks.items():
-            entry.rank = new
+        with self.membership:
+            self.retire([rank for rank in self._ranks if rank not in kept], reason)
+            self._ranks = {new: self._ranks[old] for new, old in enumerate(keep)}
+            for new, entry in self._ranks.items():
+                entry.rank = new
 
     def start(self, ranks: Sequence[int], boot: Serialized, world_size: int, timeout: float) -> None:
         """Build the worker on each of ``ranks`` from ``boot``; raises what ``__init__`` or the wait raised."""
@@ -325,7 +340,9 @@ class LaneDriver:
         for handle, position in pending.values():
             handle.rank_died(position, reason)
         if found and self._on_gone is not None:
-            self._on_gone(entry.rank, reason)
+            with self.membership:
+                if not entry.retired:
+                    self._on_gone(entry.rank, reason)
 
     def close(self, reason: str = "the group was shut down") -> None:
         """End every rank's links (their waiting calls fail with ``reason``) and the reader."""
