@@ -24,7 +24,14 @@ import pytest
 import torch
 
 from _freeze import freeze
-from dispatchcore import DataProto, DispatchError, UnpicklableError, WorkerDiedError, WorkerError
+from dispatchcore import (
+    DataProto,
+    DispatchError,
+    DispatchTimeoutError,
+    UnpicklableError,
+    WorkerDiedError,
+    WorkerError,
+)
 from dispatchcore.executor import (
     Call,
     GroupSpec,
@@ -258,6 +265,23 @@ class NeverJoins(SpawnLane):
 def test_a_rank_that_dies_before_joining_fails_the_start_at_once_by_the_death_signal() -> None:
     with pytest.raises(DispatchError, match=r"never connected.*exited with code 3"):
         NeverJoins(spec())
+
+
+def never_connect(address: str, rank: int, bulk_folder: str | None, secret: bytes) -> None:
+    """A rank process that is alive but never connects (stuck before its lane, as a hung start-up is)."""
+    time.sleep(120)
+
+
+class NeverConnects(SpawnLane):
+    target = staticmethod(never_connect)
+    start_timeout = 1.0
+
+
+def test_ranks_that_never_connect_are_named_by_rank_in_the_timeout() -> None:
+    with pytest.raises(DispatchTimeoutError) as info:
+        NeverConnects(spec())
+    assert info.value.ranks == (0, 1) and info.value.method is None, "the backend learns which never connected"
+    assert "rank processes [0, 1] did not connect to the driver within 1 s" in str(info.value)
 
 
 class ReplacingLane(SpawnLane):

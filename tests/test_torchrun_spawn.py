@@ -116,6 +116,26 @@ def test_large_and_uneven_payloads(pg_group: WorkerGroup[PGWorker]) -> None:
     assert torch.equal(out.batch["x"], data.batch["x"] + 1)
 
 
+def test_a_rank_process_prints_its_stacks_on_the_stacks_signal(
+    pg_group: WorkerGroup[PGWorker], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the driver sends a process that never connected before it raises; a user may send it too."""
+    from executors_torchrun import STACKS_SIGNAL
+
+    if STACKS_SIGNAL is None:
+        pytest.skip("no real-time signals on this platform")
+    pid = pg_group.pid()[1]
+    capsys.readouterr()
+    os.kill(pid, STACKS_SIGNAL)
+    err, deadline = "", time.monotonic() + 30
+    while "in serve_process" not in err and time.monotonic() < deadline:
+        time.sleep(0.1)
+        err += capsys.readouterr().err
+    stack = [line for line in err.splitlines() if "rank 1)" in line]
+    assert any("in serve_process" in line for line in stack), err[-2000:]  # its main thread, labelled
+    assert pg_group.pid()[1] == pid, "the process prints and goes on serving"
+
+
 def test_classes_and_lambdas_defined_in_a_function_travel_by_value() -> None:
     class Local(Worker):
         def __init__(self, base: int) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._child import STACKS_SIGNAL
+
 if TYPE_CHECKING:
     from ._executor import TorchrunExecutor
 
-__all__ = ["TorchrunExecutor"]
+__all__ = ["STACKS_SIGNAL", "TorchrunExecutor"]
 
 
 def __getattr__(name: str) -> Any:

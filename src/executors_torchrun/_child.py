@@ -9,15 +9,23 @@ Only the standard library is imported by this module.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
 import threading
 import traceback
 
+#: Makes a self-started process print every thread's stack on stderr (relayed with its label): the driver
+#: sends it to processes that never connected, before it raises the timeout.  A real-time signal, which
+#: torch, torchrun and SLURM leave alone.
+STACKS_SIGNAL: int | None = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else None
+
 
 def main() -> None:
     """Entry point of a self-started rank process (``_spawn.spawn_process``)."""
+    if STACKS_SIGNAL is not None:
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     # A terminal's Ctrl-C reaches this process too (same process group): it is the driver's to
     # handle; a rank that died of it would turn the driver's KeyboardInterrupt into a dead rank.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from dispatchcore import DispatchError, DispatchTypeError, DispatchValueError, WorkerError
+from dispatchcore import DispatchError, DispatchTimeoutError, DispatchTypeError, DispatchValueError, WorkerError
 from dispatchcore.executor import (
     LOOPBACK,
     Call,
@@ -118,6 +118,9 @@ class TorchrunExecutor(LaneExecutor):
         """The lane's start; under the launcher, a second default group in one process is explained."""
         try:
             super().open_ranks(ranks, timeout)
+        except DispatchTimeoutError as exc:
+            self._show_unconnected(exc)
+            raise
         except WorkerError as exc:
             if self._meeting is not None and "default process group twice" in exc.exc_message:
                 exc.add_note(
@@ -127,6 +130,19 @@ class TorchrunExecutor(LaneExecutor):
                     "(docs/process-groups.md)"
                 )
             raise
+
+    def _show_unconnected(self, exc: DispatchTimeoutError) -> None:
+        """Ranks that never connected (self-started): their processes print their stacks, and ``exc`` says so."""
+        world = self._world
+        if exc.method is not None or not isinstance(world, SpawnedWorld):  # connected (a slow ``__init__``)
+            return
+        by_data = {self._data_ranks[g]: g for g in exc.ranks if g < len(self._data_ranks)}
+        shown = world.show_stacks(list(by_data))
+        if shown:
+            exc.add_note(
+                f"the processes of ranks {sorted(by_data[d] for d in shown)} are alive; each printed its threads' "
+                "stacks above (lines labelled with its group and rank), to show where it is stuck"
+            )
 
     def launch_ranks(self, ranks: Sequence[int], address: LaneAddress) -> None:
         """Tell each rank's process to join, with the lane's address, on its link (worker 0: a thread here)."""

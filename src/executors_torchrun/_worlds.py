@@ -46,6 +46,7 @@ from dispatchcore import DispatchRuntimeError, DispatchTimeoutError, WorkerDiedE
 from dispatchcore.executor import LOOPBACK, use_lane_secret, wait_processes_ended
 
 from . import _env
+from ._child import STACKS_SIGNAL
 from ._hub import Hub
 from ._protocol import FOREVER_S, HUB_KEY, stopped_key, transport_key
 from ._rank_process import Home, Services, serve_and_exit, world_bridge
@@ -58,6 +59,8 @@ from ._transport import Transport
 STOP_WAIT_S = 10.0
 #: How long a killed rank's process is waited for (SIGKILL: a moment, unless the machine is swamped).
 KILL_WAIT_S = 5.0
+#: How long processes asked for their stacks get to print them before the driver raises (``show_stacks``).
+STACKS_WAIT_S = 1.0
 #: How long the SIGTERM report waits for a lane to see which rank died (the agent waits 30 s before SIGKILL).
 SIGTERM_REPORT_WAIT_S = 5.0
 #: Says which data rank is known dead and why, or ``None`` (a group's answer to the SIGTERM report).
@@ -125,6 +128,19 @@ class SpawnedWorld(World):
         super().__init__(store, hub)
         #: The newest generation of the processes' row transport (the driver moves no rows: not a member).
         self.generation = 0
+
+    def show_stacks(self, data_ranks: list[int], wait: float = STACKS_WAIT_S) -> list[int]:
+        """Have the live processes of ``data_ranks`` print their threads' stacks (relayed, labelled); which did."""
+        shown = []
+        for d in data_ranks:
+            proc = self.processes.get(d)
+            if STACKS_SIGNAL is not None and proc is not None and proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(STACKS_SIGNAL)
+                    shown.append(d)
+        if shown:
+            time.sleep(wait)  # the relay copies their lines to the driver's output meanwhile
+        return shown
 
     def exit_reason(self, data_rank: int) -> str | None:
         """``"its process exited with code N"`` once ``data_rank``'s process has exited (the death signal)."""

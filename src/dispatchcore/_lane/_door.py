@@ -115,7 +115,8 @@ class LaneDoor:
             if left <= 0:
                 raise DispatchTimeoutError(
                     f"rank processes {sorted(waiting)} did not connect to the driver within {timeout:g} s "
-                    "(is a firewall in the way? raise start_timeout if start-up is slow)"
+                    "(is a firewall in the way? raise start_timeout if start-up is slow)",
+                    ranks=tuple(sorted(waiting)),
                 )
             try:
                 who, sock = self._proved.get(timeout=min(left, 0.5))

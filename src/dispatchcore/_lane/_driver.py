@@ -114,7 +114,8 @@ class LaneDriver:
     def join(self, ranks: Sequence[int], launch: Callable[[LaneAddress], None], timeout: float) -> None:
         """Open the door, ``launch(address)`` (start or tell the ranks), accept both links of each of ``ranks``.
 
-        A replaced rank's old links end; raises ``DispatchTimeoutError``, or ``DispatchError`` for a rank gone.
+        A replaced rank's old links end; raises ``DispatchTimeoutError`` (``ranks``: those that never connected,
+        ``method``: ``None``), or ``DispatchError`` for a rank gone.
         """
         expected = [*ranks, *(rank | CONTROL_LINK for rank in ranks)]
         dead = self._rank_dead or (lambda rank: None)
@@ -122,7 +123,15 @@ class LaneDriver:
             self.retire([rank], f"rank {rank} was replaced")
         with open_lane(self.host) as door:
             launch(door.address)
-            links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
+            try:
+                links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
+            except DispatchTimeoutError as exc:  # named by rank (the door counts each rank's two links)
+                missing = tuple(sorted({who & ~CONTROL_LINK for who in exc.ranks}))
+                raise DispatchTimeoutError(
+                    f"rank processes {list(missing)} did not connect to the driver within {timeout:g} s "
+                    "(is a firewall in the way? raise start_timeout if start-up is slow)",
+                    ranks=missing,
+                ) from None
         for rank in ranks:
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             entry.calls.place_with(functools.partial(self._place, entry))
