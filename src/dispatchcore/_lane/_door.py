@@ -101,22 +101,27 @@ class LaneDoor:
         ranks: Iterable[int],
         timeout: float,
         gone: Callable[[int], str | None] = lambda rank: None,
+        rank_of: Callable[[int], int] = lambda who: who,
     ) -> dict[int, LaneLink]:
-        """One link from each of ``ranks`` within ``timeout`` s; ``gone(rank)``: why one never will (fail at once)."""
+        """One link from each of ``ranks`` within ``timeout`` s; ``gone(rank)``: why one never will (fail at once).
+
+        ``rank_of(who)``: the rank a link id belongs to (a rank may connect several links), as errors name it.
+        """
         waiting = set(ranks)
         links: dict[int, LaneLink] = {}
         deadline = time.monotonic() + timeout
         while waiting:
-            for rank in sorted(waiting):
+            for rank in sorted({rank_of(who) for who in waiting}):
                 reason = gone(rank)
                 if reason is not None:
                     raise DispatchRuntimeError(f"rank process {rank} never connected to the driver: {reason}")
             left = deadline - time.monotonic()
             if left <= 0:
+                missing = tuple(sorted({rank_of(who) for who in waiting}))
                 raise DispatchTimeoutError(
-                    f"rank processes {sorted(waiting)} did not connect to the driver within {timeout:g} s "
+                    f"rank processes {list(missing)} did not connect to the driver within {timeout:g} s "
                     "(is a firewall in the way? raise start_timeout if start-up is slow)",
-                    ranks=tuple(sorted(waiting)),
+                    ranks=missing,
                 )
             try:
                 who, sock = self._proved.get(timeout=min(left, 0.5))

@@ -123,15 +123,7 @@ class LaneDriver:
             self.retire([rank], f"rank {rank} was replaced")
         with open_lane(self.host) as door:
             launch(door.address)
-            try:
-                links = door.accept(expected, timeout, lambda who: dead(who & ~CONTROL_LINK))
-            except DispatchTimeoutError as exc:  # named by rank (the door counts each rank's two links)
-                missing = tuple(sorted({who & ~CONTROL_LINK for who in exc.ranks}))
-                raise DispatchTimeoutError(
-                    f"rank processes {list(missing)} did not connect to the driver within {timeout:g} s "
-                    "(is a firewall in the way? raise start_timeout if start-up is slow)",
-                    ranks=missing,
-                ) from None
+            links = door.accept(expected, timeout, dead, rank_of=lambda who: who & ~CONTROL_LINK)
         for rank in ranks:
             entry = self._ranks[rank] = _Rank(rank, links[rank], links[rank | CONTROL_LINK])
             entry.calls.place_with(functools.partial(self._place, entry))
